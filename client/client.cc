@@ -1,0 +1,164 @@
+#include "client/client.h"
+
+#include <utility>
+
+#include "server/rpc/status_mapping.h"
+
+namespace normd::client {
+namespace {
+
+// Runs a unary stub call and returns its response or mapped status.
+template <typename Response, typename Call>
+absl::StatusOr<Response> Unary(Call&& call) {
+  Response response;
+  grpc::Status status = call(&response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace
+
+std::unique_ptr<NormdClient> NormdClient::Connect(const std::string& target,
+                                                  ClientOptions options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  return std::make_unique<NormdClient>(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                args),
+      options);
+}
+
+NormdClient::NormdClient(std::shared_ptr<grpc::Channel> channel,
+                         ClientOptions options)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Normalizer::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void NormdClient::Prepare(grpc::ClientContext& context,
+                          absl::string_view model) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  if (!model.empty()) context.AddMetadata(kModelHeader, std::string(model));
+}
+
+absl::StatusOr<v1::NormalizeResponse> NormdClient::Normalize(
+    const v1::NormalizeRequest& request) {
+  return Unary<v1::NormalizeResponse>([&](v1::NormalizeResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context, request.mode() == v1::LAYER_NORM ? "" : request.model());
+    return stub_->Normalize(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::FitResponse> NormdClient::Fit(
+    const v1::FitRequest& request) {
+  return Unary<v1::FitResponse>([&](v1::FitResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context, request.model());
+    return stub_->Fit(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::CreateModel(
+    const v1::CreateModelRequest& request) {
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, request.name());
+    return stub_->CreateModel(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::GetModel(absl::string_view name) {
+  v1::GetModelRequest request;
+  request.set_name(std::string(name));
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, name);
+    return stub_->GetModel(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ListModelsResponse> NormdClient::ListModels() {
+  return Unary<v1::ListModelsResponse>([&](v1::ListModelsResponse* response) {
+    grpc::ClientContext context;
+    Prepare(context, "");
+    return stub_->ListModels(&context, v1::ListModelsRequest(), response);
+  });
+}
+
+absl::Status NormdClient::DeleteModel(absl::string_view name) {
+  v1::DeleteModelRequest request;
+  request.set_name(std::string(name));
+  return Unary<v1::DeleteModelResponse>([&](v1::DeleteModelResponse* response) {
+           grpc::ClientContext context;
+           Prepare(context, name);
+           return stub_->DeleteModel(&context, request, response);
+         })
+      .status();
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::ResetModel(absl::string_view name) {
+  v1::ResetModelRequest request;
+  request.set_name(std::string(name));
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, name);
+    return stub_->ResetModel(&context, request, response);
+  });
+}
+
+absl::StatusOr<std::vector<v1::NormalizeResponse>> NormdClient::NormalizeStream(
+    const std::vector<v1::NormalizeRequest>& requests) {
+  grpc::ClientContext context;
+  Prepare(context, requests.empty() || requests[0].mode() == v1::LAYER_NORM
+                       ? ""
+                       : requests[0].model());
+  auto stream = stub_->NormalizeStream(&context);
+  std::vector<v1::NormalizeResponse> responses;
+  // Lock-step: one request, one response (keeps memory bounded).
+  for (const v1::NormalizeRequest& request : requests) {
+    if (!stream->Write(request)) break;
+    v1::NormalizeResponse response;
+    if (!stream->Read(&response)) break;
+    responses.push_back(std::move(response));
+  }
+  stream->WritesDone();
+  v1::NormalizeResponse extra;
+  while (stream->Read(&extra)) responses.push_back(std::move(extra));
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return responses;
+}
+
+absl::StatusOr<v1::FitResponse> NormdClient::FitStream(
+    const std::vector<v1::FitRequest>& requests) {
+  grpc::ClientContext context;
+  Prepare(context, requests.empty() ? "" : requests[0].model());
+  v1::FitResponse response;
+  auto stream = stub_->FitStream(&context, &response);
+  for (const v1::FitRequest& request : requests) {
+    if (!stream->Write(request)) break;
+  }
+  stream->WritesDone();
+  grpc::Status status = stream->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>
+NormdClient::Health(absl::string_view service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(std::string(service));
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+      Unary<grpc::health::v1::HealthCheckResponse>(
+          [&](grpc::health::v1::HealthCheckResponse* out) {
+            grpc::ClientContext context;
+            Prepare(context, "");
+            return health_->Check(&context, request, out);
+          });
+  if (!response.ok()) return response.status();
+  return response->status();
+}
+
+}  // namespace normd::client

@@ -1,0 +1,74 @@
+// normd C++ client: a thin, typed wrapper over the normd.v1.Normalizer stub
+// that returns absl::StatusOr, applies a per-call deadline, and sends the
+// routing header `x-normd-model` (the request's model name; absent for
+// LAYER_NORM) so that an HTTP/2 proxy can keep one model on one replica.
+//
+// Thread-safe: one NormdClient may be shared by any number of threads (gRPC
+// stubs and channels are thread-safe).
+#ifndef NORMD_CLIENT_CLIENT_H_
+#define NORMD_CLIENT_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "normd/v1/normalizer.grpc.pb.h"
+
+namespace normd::client {
+
+// The metadata key that carries the model name.
+inline constexpr char kModelHeader[] = "x-normd-model";
+
+struct ClientOptions {
+  absl::Duration timeout = absl::Seconds(30);  // Per call.
+  int max_message_bytes = 64 << 20;
+};
+
+class NormdClient {
+ public:
+  // A client on an insecure channel to `target` ("host:port").
+  static std::unique_ptr<NormdClient> Connect(const std::string& target,
+                                              ClientOptions options = {});
+  NormdClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  absl::StatusOr<v1::NormalizeResponse> Normalize(
+      const v1::NormalizeRequest& request);
+  absl::StatusOr<v1::FitResponse> Fit(const v1::FitRequest& request);
+  absl::StatusOr<v1::ModelState> CreateModel(
+      const v1::CreateModelRequest& request);
+  absl::StatusOr<v1::ModelState> GetModel(absl::string_view name);
+  absl::StatusOr<v1::ListModelsResponse> ListModels();
+  absl::Status DeleteModel(absl::string_view name);
+  absl::StatusOr<v1::ModelState> ResetModel(absl::string_view name);
+
+  // Sends every request on one NormalizeStream and returns the responses in
+  // order (per-request failures are in each response's `error`).
+  absl::StatusOr<std::vector<v1::NormalizeResponse>> NormalizeStream(
+      const std::vector<v1::NormalizeRequest>& requests);
+  // Sends every request on one FitStream; the model after the last step.
+  absl::StatusOr<v1::FitResponse> FitStream(
+      const std::vector<v1::FitRequest>& requests);
+
+  // grpc.health.v1 Check: SERVING, NOT_SERVING, ... ("" = whole server).
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(
+      absl::string_view service = "");
+
+ private:
+  // A context with the deadline and, if `model` is not empty, the header.
+  void Prepare(grpc::ClientContext& context, absl::string_view model) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Normalizer::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+}  // namespace normd::client
+
+#endif  // NORMD_CLIENT_CLIENT_H_

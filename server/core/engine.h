@@ -1,0 +1,96 @@
+// The normd engine: validates core requests, runs the kernels and keeps the
+// model store consistent. It knows nothing of gRPC or protobuf: the RPC layer
+// translates messages into the structs below and the engine's absl::Status
+// codes into gRPC codes.
+//
+// Thread-safe: any number of threads may call it at once (the store
+// serializes changes of one model; reductions run on oneTBB).
+#ifndef NORMD_SERVER_CORE_ENGINE_H_
+#define NORMD_SERVER_CORE_ENGINE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/core/kernels.h"
+#include "server/core/layout.h"
+#include "server/core/model.h"
+#include "server/core/model_store.h"
+#include "server/core/tensor.h"
+
+namespace normd {
+
+// A read-only tensor of either dtype; `data` holds `size` elements.
+struct InputTensor {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  const void* data = nullptr;
+  int64_t size = 0;
+};
+
+// An affine parameter (weight or bias) as sent, converted to fp64.
+struct AffineParam {
+  Shape shape;
+  std::vector<double> values;
+};
+
+enum class NormMode { kLayerNorm, kBatchNorm };
+
+// The core form of NormalizeRequest.
+struct NormalizeSpec {
+  NormMode mode = NormMode::kLayerNorm;
+  std::string model;  // BatchNorm only.
+  InputTensor input;
+  bool training = false;
+  std::optional<int32_t> channel_axis;
+  int32_t normalized_ndim = 0;
+  std::optional<double> eps;
+  LayerNormStyle layer_norm_style = LayerNormStyle::kPyTorch;
+  std::optional<AffineParam> weight;
+  std::optional<AffineParam> bias;
+};
+
+// The core form of FitRequest.
+struct FitSpec {
+  std::string model;
+  InputTensor input;
+  std::optional<int32_t> channel_axis;
+};
+
+class Engine {
+ public:
+  explicit Engine(ModelStoreOptions options = {});
+
+  // Normalizes spec.input into `output` (input.size elements of input.dtype;
+  // may alias the input). Returns the model after the call for BatchNorm,
+  // nullopt for LayerNorm. Every INVALID_ARGUMENT is found before the store
+  // is consulted; a failed call changes nothing.
+  absl::StatusOr<std::optional<BatchNormModel>> Normalize(
+      const NormalizeSpec& spec, void* output);
+
+  // One training step without output; returns the model after it.
+  absl::StatusOr<BatchNormModel> Fit(const FitSpec& spec);
+
+  ModelStore& store() { return store_; }
+  const ModelStore& store() const { return store_; }
+
+ private:
+  absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
+  absl::StatusOr<BatchNormModel> NormalizeBatch(const NormalizeSpec& spec,
+                                                void* output);
+
+  ModelStore store_;
+};
+
+// Per-channel moments of a batch for a training step: INVALID_ARGUMENT unless
+// every channel has at least `min_per_channel` values and all are finite.
+absl::StatusOr<std::vector<Moments>> TrainingMoments(
+    const InputTensor& input, const ChannelLayout& layout,
+    int64_t min_per_channel);
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_ENGINE_H_

@@ -1,0 +1,46 @@
+// How a tensor splits around its channel axis. Plain value types.
+#ifndef NORMD_SERVER_CORE_LAYOUT_H_
+#define NORMD_SERVER_CORE_LAYOUT_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace normd {
+
+// A row-major tensor seen as [outer, channels, inner]: outer is the product of
+// the dims before the channel axis, inner of those after it. NCHW is
+// [N, C, H*W]; channels-last (axis -1) is [N*H*W, C, 1].
+struct ChannelLayout {
+  int64_t outer = 0;
+  int64_t channels = 0;
+  int64_t inner = 0;
+
+  // Values per channel (m in numerics.md).
+  int64_t PerChannel() const { return outer * inner; }
+  int64_t NumElements() const { return outer * channels * inner; }
+};
+
+// Resolves the BatchNorm channel axis of `shape`: unset = 1, negative counts
+// from the end. INVALID_ARGUMENT (naming `channel_axis` / `input.shape`) for a
+// rank below 2, an axis out of range, or the batch axis 0.
+absl::StatusOr<ChannelLayout> ResolveChannelAxis(
+    absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis);
+
+// The rows of LayerNorm: `rows` rows of `row_size` elements (the last
+// normalized_ndim dims).
+struct RowLayout {
+  int64_t rows = 0;
+  int64_t row_size = 0;
+};
+
+// Resolves LayerNorm rows; normalized_ndim 0 means 1. INVALID_ARGUMENT (naming
+// `normalized_ndim`) when it is negative or exceeds the rank.
+absl::StatusOr<RowLayout> ResolveNormalizedDims(absl::Span<const int64_t> shape,
+                                                int32_t normalized_ndim);
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_LAYOUT_H_

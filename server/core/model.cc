@@ -1,0 +1,169 @@
+#include "server/core/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace normd {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
+         c == '/' || c == '-';
+}
+
+// Copies `values` (empty = `fill` for every channel) after checking its
+// length and that every value is finite (and >= 0 when `non_negative`).
+absl::StatusOr<std::vector<double>> ChannelArray(
+    const std::vector<double>& values, int64_t channels, double fill,
+    absl::string_view field, bool non_negative = false) {
+  if (values.empty()) return std::vector<double>(channels, fill);
+  if (static_cast<int64_t>(values.size()) != channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": has ", values.size(),
+                     " values, expected num_features = ", channels, " or 0"));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: ", values[i], " is not ",
+                       non_negative ? "finite and >= 0" : "finite"));
+    }
+  }
+  return values;
+}
+
+}  // namespace
+
+std::vector<double> BatchNormModel::PooledMean() const {
+  std::vector<double> out;
+  out.reserve(pooled.size());
+  for (const Moments& m : pooled) out.push_back(m.mean);
+  return out;
+}
+
+std::vector<double> BatchNormModel::PooledVariance() const {
+  std::vector<double> out;
+  out.reserve(pooled.size());
+  for (const Moments& m : pooled) out.push_back(m.BiasedVariance());
+  return out;
+}
+
+absl::Status ValidateModelName(absl::string_view name,
+                               absl::string_view field) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": must be 1-", kMaxNameLength,
+        " characters of [A-Za-z0-9._:/-], got ", name.size(), " characters"));
+  }
+  for (char c : name) {
+    if (!IsNameChar(c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": character '", std::string(1, c),
+                       "' is not allowed; use [A-Za-z0-9._:/-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEps(double eps, absl::string_view field) {
+  if (!std::isfinite(eps) || eps <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be finite and > 0, got ", eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
+  if (absl::Status s = ValidateModelName(spec.name, "name"); !s.ok()) return s;
+  if (spec.num_features < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_features: must be >= 1, got ", spec.num_features));
+  }
+  BatchNormModel model;
+  model.name = spec.name;
+  model.num_features = spec.num_features;
+  model.momentum = spec.momentum.value_or(kDefaultMomentum);
+  if (!(model.momentum >= 0.0 && model.momentum <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum: must be in [0, 1], got ", model.momentum));
+  }
+  model.cumulative_average = spec.cumulative_average;
+  model.eps = spec.eps.value_or(kDefaultEps);
+  if (absl::Status s = ValidateEps(model.eps, "eps"); !s.ok()) return s;
+  if (spec.num_batches_tracked < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_batches_tracked: must be >= 0, got ", spec.num_batches_tracked));
+  }
+  model.num_batches_tracked = spec.num_batches_tracked;
+  model.use_pooled_statistics = spec.use_pooled_statistics;
+  const int64_t c = spec.num_features;
+  auto mean = ChannelArray(spec.running_mean, c, 0.0, "running_mean");
+  if (!mean.ok()) return mean.status();
+  auto var = ChannelArray(spec.running_var, c, 1.0, "running_var",
+                          /*non_negative=*/true);
+  if (!var.ok()) return var.status();
+  auto weight = ChannelArray(spec.weight, c, 1.0, "weight");
+  if (!weight.ok()) return weight.status();
+  auto bias = ChannelArray(spec.bias, c, 0.0, "bias");
+  if (!bias.ok()) return bias.status();
+  model.running_mean = *std::move(mean);
+  model.running_var = *std::move(var);
+  model.weight = *std::move(weight);
+  model.bias = *std::move(bias);
+  model.generation = 1;
+  return model;
+}
+
+BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features) {
+  BatchNormModel model;
+  model.name = std::string(name);
+  model.num_features = num_features;
+  model.running_mean.assign(num_features, 0.0);
+  model.running_var.assign(num_features, 1.0);
+  model.weight.assign(num_features, 1.0);
+  model.bias.assign(num_features, 0.0);
+  model.generation = 1;
+  return model;
+}
+
+void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
+  const int64_t per_channel = batch.empty() ? 0 : batch[0].count;
+  if (model.pooled.empty()) {
+    model.pooled.assign(batch.begin(), batch.end());
+  } else {
+    for (size_t c = 0; c < batch.size(); ++c) {
+      MergeMoments(model.pooled[c], batch[c]);
+    }
+  }
+  model.sample_count += per_channel;
+  if (per_channel > 1) {
+    model.num_batches_tracked += 1;
+    const double factor =
+        model.cumulative_average
+            ? 1.0 / static_cast<double>(model.num_batches_tracked)
+            : model.momentum;
+    for (size_t c = 0; c < batch.size(); ++c) {
+      model.running_mean[c] =
+          (1.0 - factor) * model.running_mean[c] + factor * batch[c].mean;
+      model.running_var[c] = (1.0 - factor) * model.running_var[c] +
+                             factor * batch[c].UnbiasedVariance();
+    }
+  }
+  model.generation += 1;
+}
+
+void ResetStatistics(BatchNormModel& model) {
+  std::fill(model.running_mean.begin(), model.running_mean.end(), 0.0);
+  std::fill(model.running_var.begin(), model.running_var.end(), 1.0);
+  model.num_batches_tracked = 0;
+  model.sample_count = 0;
+  model.pooled.clear();
+  model.generation += 1;
+}
+
+}  // namespace normd

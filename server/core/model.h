@@ -1,0 +1,88 @@
+// BatchNorm model state and the pure functions that change it. A
+// BatchNormModel is a plain value: the ModelStore guards the shared copies.
+#ifndef NORMD_SERVER_CORE_MODEL_H_
+#define NORMD_SERVER_CORE_MODEL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "server/core/moments.h"
+
+namespace normd {
+
+inline constexpr double kDefaultMomentum = 0.1;
+inline constexpr double kDefaultEps = 1e-5;
+
+// What CreateModel asks for; empty arrays mean PyTorch's defaults.
+struct ModelSpec {
+  std::string name;
+  int64_t num_features = 0;
+  std::optional<double> momentum;
+  bool cumulative_average = false;
+  std::optional<double> eps;
+  std::vector<double> running_mean;
+  std::vector<double> running_var;
+  std::vector<double> weight;
+  std::vector<double> bias;
+  int64_t num_batches_tracked = 0;
+  bool use_pooled_statistics = false;
+};
+
+// A BatchNorm model: PyTorch's running statistics plus normd's exact pooled
+// statistics over everything ever fitted.
+struct BatchNormModel {
+  std::string name;
+  int64_t num_features = 0;
+  double momentum = kDefaultMomentum;
+  bool cumulative_average = false;
+  double eps = kDefaultEps;
+  bool use_pooled_statistics = false;
+  int64_t num_batches_tracked = 0;
+  int64_t sample_count = 0;
+  std::vector<double> running_mean;
+  std::vector<double> running_var;
+  std::vector<double> weight;
+  std::vector<double> bias;
+  std::vector<Moments> pooled;  // Empty until something is fitted.
+  uint64_t generation = 0;
+
+  // Pooled mean / biased variance per channel (empty when nothing fitted).
+  std::vector<double> PooledMean() const;
+  std::vector<double> PooledVariance() const;
+};
+
+// INVALID_ARGUMENT naming `field` unless `name` is 1-128 chars of
+// [A-Za-z0-9._:/-].
+absl::Status ValidateModelName(absl::string_view name, absl::string_view field);
+
+// INVALID_ARGUMENT naming `field` unless eps is finite and > 0.
+absl::Status ValidateEps(double eps, absl::string_view field);
+
+// Checks a CreateModel spec (name, num_features >= 1, momentum in [0, 1], eps,
+// array lengths 0 or C, finite values, running_var >= 0,
+// num_batches_tracked >= 0) and builds the model at generation 1.
+absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec);
+
+// A fresh model for a first Fit / training step: defaults, C channels.
+BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features);
+
+// One training step with per-channel batch moments (all of one count m):
+// pooled statistics merged, sample_count += m and, when m > 1, the running
+// statistics updated as PyTorch does (num_batches_tracked += 1; factor
+// momentum or 1/num_batches_tracked; unbiased variance). generation += 1.
+// The caller has checked batch.size() == num_features.
+void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch);
+
+// Running stats back to 0 / 1, counts 0, pooled statistics cleared; config,
+// weight and bias kept; generation += 1.
+void ResetStatistics(BatchNormModel& model);
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_MODEL_H_

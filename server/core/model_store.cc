@@ -1,0 +1,183 @@
+#include "server/core/model_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace normd {
+namespace {
+
+absl::Status NotFound(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("model '", name, "' not found"));
+}
+
+BatchNormModel WithoutArrays(const BatchNormModel& model) {
+  BatchNormModel copy;
+  copy.name = model.name;
+  copy.num_features = model.num_features;
+  copy.momentum = model.momentum;
+  copy.cumulative_average = model.cumulative_average;
+  copy.eps = model.eps;
+  copy.use_pooled_statistics = model.use_pooled_statistics;
+  copy.num_batches_tracked = model.num_batches_tracked;
+  copy.sample_count = model.sample_count;
+  copy.generation = model.generation;
+  return copy;
+}
+
+}  // namespace
+
+absl::Status CheckChannels(const BatchNormModel& model, int64_t channels) {
+  if (model.num_features == channels) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("input: has ", channels, " channels but model '", model.name,
+                   "' has ", model.num_features, " (num_features)"));
+}
+
+ModelStore::ModelStore(ModelStoreOptions options) : options_(options) {}
+
+absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
+  if (num_features > options_.max_num_features) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "num_features: ", num_features, " exceeds the server limit of ",
+        options_.max_num_features, " (--max_num_features)"));
+  }
+  if (static_cast<int64_t>(models_.size()) >= options_.max_models) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model: the server already holds ", models_.size(),
+                     " models, its limit (--max_models)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
+  if (spec.num_features > options_.max_num_features) {
+    // Refuse before MakeModel allocates num_features-sized arrays.
+    absl::ReaderMutexLock lock(&mu_);
+    return CheckNewModelLimits(spec.num_features);
+  }
+  absl::StatusOr<BatchNormModel> model = MakeModel(spec);
+  if (!model.ok()) return model.status();
+  auto entry = std::make_shared<Entry>();
+  {
+    absl::MutexLock entry_lock(&entry->mu);
+    entry->model = *model;
+  }
+  absl::MutexLock lock(&mu_);
+  if (models_.contains(spec.name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: model '", spec.name, "' already exists"));
+  }
+  if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
+    return s;
+  }
+  models_.emplace(spec.name, std::move(entry));
+  return model;
+}
+
+std::shared_ptr<ModelStore::Entry> ModelStore::Find(
+    absl::string_view name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = models_.find(name);
+  return it == models_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
+    absl::string_view name, int64_t channels) {
+  if (auto entry = Find(name)) return entry;
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it != models_.end()) return it->second;
+  if (absl::Status s = CheckNewModelLimits(channels); !s.ok()) return s;
+  auto entry = std::make_shared<Entry>();
+  {
+    absl::MutexLock entry_lock(&entry->mu);
+    entry->model = MakeDefaultModel(name, channels);
+  }
+  models_.emplace(std::string(name), entry);
+  return entry;
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Get(absl::string_view name) const {
+  std::shared_ptr<Entry> entry = Find(name);
+  if (entry == nullptr) return NotFound(name);
+  absl::MutexLock lock(&entry->mu);
+  return entry->model;
+}
+
+std::vector<BatchNormModel> ModelStore::List(bool with_arrays) const {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    entries.reserve(models_.size());
+    for (const auto& [name, entry] : models_) entries.push_back(entry);
+  }
+  std::vector<BatchNormModel> out;
+  out.reserve(entries.size());
+  for (const auto& entry : entries) {
+    absl::MutexLock lock(&entry->mu);
+    if (entry->deleted) continue;
+    out.push_back(with_arrays ? entry->model : WithoutArrays(entry->model));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const BatchNormModel& a, const BatchNormModel& b) {
+              return a.name < b.name;
+            });
+  return out;
+}
+
+absl::Status ModelStore::Delete(absl::string_view name) {
+  std::shared_ptr<Entry> entry;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = models_.find(name);
+    if (it == models_.end()) return NotFound(name);
+    entry = std::move(it->second);
+    models_.erase(it);
+  }
+  absl::MutexLock lock(&entry->mu);
+  entry->deleted = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
+  while (true) {
+    std::shared_ptr<Entry> entry = Find(name);
+    if (entry == nullptr) return NotFound(name);
+    absl::MutexLock lock(&entry->mu);
+    if (entry->deleted) continue;  // Deleted meanwhile: look again.
+    ResetStatistics(entry->model);
+    return entry->model;
+  }
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Train(
+    absl::string_view name, absl::Span<const Moments> batch) {
+  const auto channels = static_cast<int64_t>(batch.size());
+  while (true) {
+    absl::StatusOr<std::shared_ptr<Entry>> entry = FindOrCreate(name, channels);
+    if (!entry.ok()) return entry.status();
+    absl::MutexLock lock(&(*entry)->mu);
+    if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
+    BatchNormModel& model = (*entry)->model;
+    if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
+    ApplyTrainingStep(model, batch);
+    return model;
+  }
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::GetForEval(absl::string_view name,
+                                                      int64_t channels) const {
+  absl::StatusOr<BatchNormModel> model = Get(name);
+  if (!model.ok()) return model.status();
+  if (absl::Status s = CheckChannels(*model, channels); !s.ok()) return s;
+  return model;
+}
+
+int64_t ModelStore::size() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return static_cast<int64_t>(models_.size());
+}
+
+}  // namespace normd

@@ -1,0 +1,98 @@
+// The in-memory store of BatchNorm models.
+//
+// Thread-safe. A store-wide mutex guards only the name -> entry map; every
+// model has its own mutex, so work on different models proceeds in parallel
+// and updates of one model are serialized (none is ever lost). Callers do the
+// expensive work (reductions, outputs) outside any lock and hand the store
+// only the finished per-channel moments. Every method returns copies.
+#ifndef NORMD_SERVER_CORE_MODEL_STORE_H_
+#define NORMD_SERVER_CORE_MODEL_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/core/model.h"
+
+namespace normd {
+
+// Limits of a ModelStore.
+struct ModelStoreOptions {
+  int64_t max_models = 10000;
+  int64_t max_num_features = 1 << 20;
+};
+
+class ModelStore {
+ public:
+  explicit ModelStore(ModelStoreOptions options = {});
+  ModelStore(const ModelStore&) = delete;
+  ModelStore& operator=(const ModelStore&) = delete;
+
+  // Creates a model from a validated spec. ALREADY_EXISTS if the name is
+  // taken; RESOURCE_EXHAUSTED beyond max_models or max_num_features.
+  absl::StatusOr<BatchNormModel> Create(const ModelSpec& spec);
+
+  // NOT_FOUND if absent.
+  absl::StatusOr<BatchNormModel> Get(absl::string_view name) const;
+
+  // Every model sorted by name; per-channel arrays left empty unless
+  // `with_arrays`.
+  std::vector<BatchNormModel> List(bool with_arrays = false) const;
+
+  // NOT_FOUND if absent.
+  absl::Status Delete(absl::string_view name);
+
+  // Resets the statistics (see ResetStatistics). NOT_FOUND if absent.
+  absl::StatusOr<BatchNormModel> Reset(absl::string_view name);
+
+  // Applies one training step with per-channel batch moments, creating the
+  // model with defaults if absent. FAILED_PRECONDITION (model untouched) if
+  // the model has a different channel count; RESOURCE_EXHAUSTED when a new
+  // model would exceed a limit. Returns the model after the step.
+  absl::StatusOr<BatchNormModel> Train(absl::string_view name,
+                                       absl::Span<const Moments> batch);
+
+  // The model for an eval step on `channels` channels: NOT_FOUND if absent,
+  // FAILED_PRECONDITION if its channel count differs.
+  absl::StatusOr<BatchNormModel> GetForEval(absl::string_view name,
+                                            int64_t channels) const;
+
+  // Number of models.
+  int64_t size() const;
+
+ private:
+  // One model and the mutex that serializes its changes. `deleted` is set
+  // (under `mu`) when the entry leaves the map, so that an update that
+  // looked it up just before retries on a fresh entry instead of being lost.
+  struct Entry {
+    mutable absl::Mutex mu;
+    BatchNormModel model ABSL_GUARDED_BY(mu);
+    bool deleted ABSL_GUARDED_BY(mu) = false;
+  };
+
+  std::shared_ptr<Entry> Find(absl::string_view name) const;
+  absl::StatusOr<std::shared_ptr<Entry>> FindOrCreate(absl::string_view name,
+                                                      int64_t channels);
+  absl::Status CheckNewModelLimits(int64_t num_features) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const ModelStoreOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Entry>> models_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// FAILED_PRECONDITION unless the model has `channels` channels.
+absl::Status CheckChannels(const BatchNormModel& model, int64_t channels);
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_MODEL_STORE_H_

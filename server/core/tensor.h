@@ -1,0 +1,58 @@
+// Tensor views used by the numeric core. The core never owns tensor memory:
+// callers (the RPC layer, tests, benchmarks) hand it typed views of memory they
+// own. Views are plain values; they are safe to share across threads as long
+// as nobody writes the viewed memory concurrently.
+#ifndef NORMD_SERVER_CORE_TENSOR_H_
+#define NORMD_SERVER_CORE_TENSOR_H_
+
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace normd {
+
+static_assert(std::endian::native == std::endian::little,
+              "normd reads tensor bytes in place and assumes a little-endian "
+              "host, as the wire format is little-endian");
+
+// Element types the core computes in.
+enum class DType { kFloat32, kFloat64 };
+
+// Bytes per element of `dtype`.
+constexpr int64_t ElementSize(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 8;
+}
+
+// "float32" / "float64", for messages.
+absl::string_view DTypeName(DType dtype);
+
+using Shape = std::vector<int64_t>;
+
+// The number of elements of `shape`; INVALID_ARGUMENT naming `field` if a dim
+// is negative or the product overflows int64 (checked so that the byte size,
+// product x 8, fits too).
+absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,
+                                    absl::string_view field);
+
+// Read-only view of a dense row-major tensor of T.
+template <typename T>
+struct ConstTensorView {
+  const T* data = nullptr;
+  Shape shape;
+  int64_t size = 0;  // Number of elements, = prod(shape).
+};
+
+// Writable view of a dense row-major tensor of T.
+template <typename T>
+struct TensorView {
+  T* data = nullptr;
+  int64_t size = 0;
+};
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_TENSOR_H_

@@ -1,0 +1,105 @@
+// normd: the tensor normalization server. See README.md and --help.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/rpc/logging.h"
+#include "server/rpc/server.h"
+
+ABSL_FLAG(std::string, bind_address, "0.0.0.0",
+          "Address the gRPC and metrics ports listen on (e.g. 127.0.0.1, ::).");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged).");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Prometheus metrics port (HTTP GET /metrics); 0 picks a free port, "
+          "-1 disables the endpoint.");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "Largest request or response message in bytes; bigger requests get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_models, 10000,
+          "Most BatchNorm models held at once; creating more is "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_num_features, 1 << 20,
+          "Most channels (num_features) of one model; more is "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, tbb_threads, 0,
+          "Threads for the parallel reductions (oneTBB); 0 = one per core.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
+          "On SIGINT/SIGTERM: how long calls in flight may finish before they "
+          "are cancelled.");
+
+namespace {
+
+const char kUsage[] =
+    "normd: a gRPC server that normalizes tensors (LayerNorm, BatchNorm) with "
+    "PyTorch semantics\nand keeps BatchNorm statistics per model in memory.\n\n"
+    "Usage: normd [--port=50051] [--metrics_port=9464] [flags...]\n\n"
+    "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
+    "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
+    "drain, exit 0.";
+
+// Show only normd's own flags in --help.
+bool IsNormdFlagFile(absl::string_view file) {
+  return absl::StrContains(file, "server/main.cc");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = IsNormdFlagFile;
+  usage_config.contains_helpshort_flags = IsNormdFlagFile;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  normd::ServerOptions options;
+  options.bind_address = absl::GetFlag(FLAGS_bind_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_models = absl::GetFlag(FLAGS_max_models);
+  options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
+  options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+
+  auto server = normd::NormdServer::Start(options);
+  if (!server.ok()) {
+    normd::Log(normd::LogSeverity::kError,
+               absl::StrCat("cannot start: ", server.status().message()));
+    return 1;
+  }
+  normd::Log(
+      normd::LogSeverity::kInfo,
+      absl::StrCat("serving gRPC on ", options.bind_address, ":",
+                   (*server)->port(), ", metrics on ",
+                   (*server)->metrics_port() < 0
+                       ? std::string("(disabled)")
+                       : absl::StrCat(options.bind_address, ":",
+                                      (*server)->metrics_port(), "/metrics")));
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  normd::Log(normd::LogSeverity::kInfo,
+             absl::StrCat("received ", strsignal(signal_number),
+                          "; draining for up to ",
+                          absl::FormatDuration(options.drain_timeout)));
+  (*server)->Shutdown();
+  server->reset();
+  normd::Log(normd::LogSeverity::kInfo, "stopped");
+  return 0;
+}

@@ -1,0 +1,140 @@
+#include "server/rpc/metrics.h"
+
+#include <string>
+
+namespace normd {
+namespace {
+
+constexpr const char* kService = "normd.v1.Normalizer";
+
+struct MethodInfo {
+  const char* name;
+  const char* type;  // grpc_type, as in go-grpc-prometheus.
+};
+
+constexpr MethodInfo kMethods[kNumRpcMethods] = {
+    {"Normalize", "unary"},         {"Fit", "unary"},
+    {"CreateModel", "unary"},       {"GetModel", "unary"},
+    {"ListModels", "unary"},        {"DeleteModel", "unary"},
+    {"ResetModel", "unary"},        {"NormalizeStream", "bidi_stream"},
+    {"FitStream", "client_stream"},
+};
+
+constexpr const char* kCodeNames[] = {
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+};
+
+constexpr const char* kElementModes[kNumElementsModes] = {
+    "layer_norm", "batch_norm_train", "batch_norm_eval", "fit"};
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
+  auto& started = prometheus::BuildCounter()
+                      .Name("grpc_server_started_total")
+                      .Help("RPCs started on the server.")
+                      .Register(registry);
+  auto& handled = prometheus::BuildCounter()
+                      .Name("grpc_server_handled_total")
+                      .Help("RPCs completed on the server, by status code.")
+                      .Register(registry);
+  auto& seconds = prometheus::BuildHistogram()
+                      .Name("grpc_server_handling_seconds")
+                      .Help(
+                          "Time from receiving an RPC to its completion, in "
+                          "seconds.")
+                      .Register(registry);
+  const prometheus::Histogram::BucketBoundaries buckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  for (int m = 0; m < kNumRpcMethods; ++m) {
+    const prometheus::Labels labels = {{"grpc_service", kService},
+                                       {"grpc_method", kMethods[m].name},
+                                       {"grpc_type", kMethods[m].type}};
+    started_[m] = &started.Add(labels);
+    handling_seconds_[m] = &seconds.Add(labels, buckets);
+    for (int c = 0; c < kNumCodes; ++c) {
+      prometheus::Labels with_code = labels;
+      with_code["grpc_code"] = kCodeNames[c];
+      handled_[m][c] = &handled.Add(with_code);
+    }
+  }
+  auto& elements = prometheus::BuildCounter()
+                       .Name("normd_elements_total")
+                       .Help("Tensor elements processed, by mode.")
+                       .Register(registry);
+  for (int e = 0; e < kNumElementsModes; ++e) {
+    elements_[e] = &elements.Add({{"mode", kElementModes[e]}});
+  }
+  models_ = &prometheus::BuildGauge()
+                 .Name("normd_models")
+                 .Help("BatchNorm models held in memory.")
+                 .Register(registry)
+                 .Add({});
+  inflight_ = &prometheus::BuildGauge()
+                   .Name("normd_inflight_requests")
+                   .Help("Normalizer RPCs in progress.")
+                   .Register(registry)
+                   .Add({});
+}
+
+void ServerMetrics::Started(RpcMethod method) {
+  started_[static_cast<int>(method)]->Increment();
+}
+
+void ServerMetrics::Handled(RpcMethod method, grpc::StatusCode code,
+                            double seconds) {
+  const int c = static_cast<int>(code);
+  const int m = static_cast<int>(method);
+  handled_[m][(c >= 0 && c < kNumCodes) ? c : 2 /* Unknown */]->Increment();
+  handling_seconds_[m]->Observe(seconds);
+}
+
+void ServerMetrics::AddElements(ElementsMode mode, int64_t count) {
+  elements_[static_cast<int>(mode)]->Increment(static_cast<double>(count));
+}
+
+void ServerMetrics::SetModels(int64_t count) {
+  models_->Set(static_cast<double>(count));
+}
+
+void ServerMetrics::AddInflight(double delta) { inflight_->Increment(delta); }
+
+CallTracker::CallTracker(ServerMetrics& metrics, RpcMethod method)
+    : metrics_(metrics),
+      method_(method),
+      start_(std::chrono::steady_clock::now()) {
+  metrics_.Started(method_);
+  metrics_.AddInflight(1);
+}
+
+CallTracker::~CallTracker() {
+  if (!finished_) Finish(grpc::StatusCode::CANCELLED);
+}
+
+void CallTracker::Finish(grpc::StatusCode code) {
+  if (finished_) return;
+  finished_ = true;
+  const std::chrono::duration<double> elapsed =
+      std::chrono::steady_clock::now() - start_;
+  metrics_.AddInflight(-1);
+  metrics_.Handled(method_, code, elapsed.count());
+}
+
+}  // namespace normd

@@ -1,0 +1,80 @@
+// Prometheus metrics of the Normalizer service. Every family and every
+// labelled handle is created once, in the constructor; the hot path only
+// indexes cached pointers. Thread-safe (prometheus-cpp metrics are atomic).
+// No label carries a model name or any other unbounded value.
+#ifndef NORMD_SERVER_RPC_METRICS_H_
+#define NORMD_SERVER_RPC_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+#include "grpcpp/support/status.h"
+
+namespace normd {
+
+// The Normalizer RPCs, as metric label values.
+enum class RpcMethod {
+  kNormalize,
+  kFit,
+  kCreateModel,
+  kGetModel,
+  kListModels,
+  kDeleteModel,
+  kResetModel,
+  kNormalizeStream,
+  kFitStream,
+};
+inline constexpr int kNumRpcMethods = 9;
+
+// What normd_elements_total counts, as its `mode` label.
+enum class ElementsMode { kLayerNorm, kBatchNormTrain, kBatchNormEval, kFit };
+inline constexpr int kNumElementsModes = 4;
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(prometheus::Registry& registry);
+
+  void Started(RpcMethod method);
+  void Handled(RpcMethod method, grpc::StatusCode code, double seconds);
+  void AddElements(ElementsMode mode, int64_t count);
+  void SetModels(int64_t count);
+  void AddInflight(double delta);
+
+ private:
+  static constexpr int kNumCodes = 17;  // OK .. UNAUTHENTICATED.
+  std::array<prometheus::Counter*, kNumRpcMethods> started_{};
+  std::array<std::array<prometheus::Counter*, kNumCodes>, kNumRpcMethods>
+      handled_{};
+  std::array<prometheus::Histogram*, kNumRpcMethods> handling_seconds_{};
+  std::array<prometheus::Counter*, kNumElementsModes> elements_{};
+  prometheus::Gauge* models_ = nullptr;
+  prometheus::Gauge* inflight_ = nullptr;
+};
+
+// Tracks one call: counts it started and in flight on construction; Finish
+// (once) records its code and duration. Not thread-safe; owned by one call.
+class CallTracker {
+ public:
+  CallTracker(ServerMetrics& metrics, RpcMethod method);
+  ~CallTracker();
+  CallTracker(const CallTracker&) = delete;
+  CallTracker& operator=(const CallTracker&) = delete;
+
+  void Finish(grpc::StatusCode code);
+
+ private:
+  ServerMetrics& metrics_;
+  const RpcMethod method_;
+  const std::chrono::steady_clock::time_point start_;
+  bool finished_ = false;
+};
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_RPC_METRICS_H_

@@ -1,0 +1,98 @@
+#include "server/rpc/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace normd {
+namespace {
+
+constexpr const char* kServiceName = "normd.v1.Normalizer";
+
+// "host:port", bracketing IPv6 literals.
+std::string HostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+NormdServer::NormdServer(const ServerOptions& options) : options_(options) {}
+
+NormdServer::~NormdServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
+    const ServerOptions& options) {
+  if (options.max_message_bytes < 1 ||
+      options.max_message_bytes > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes: must be in 1..", std::numeric_limits<int>::max(),
+        ", got ", options.max_message_bytes));
+  }
+  if (options.max_models < 0 || options.max_num_features < 1 ||
+      options.tbb_threads < 0) {
+    return absl::InvalidArgumentError(
+        "--max_models must be >= 0, --max_num_features >= 1 and "
+        "--tbb_threads >= 0");
+  }
+  std::unique_ptr<NormdServer> server(new NormdServer(options));
+  if (options.tbb_threads > 0) {
+    server->tbb_threads_ = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, options.tbb_threads);
+  }
+  server->registry_ = std::make_shared<prometheus::Registry>();
+  server->metrics_ = std::make_unique<ServerMetrics>(*server->registry_);
+  if (options.metrics_port >= 0) {
+    const std::string address =
+        HostPort(options.bind_address, options.metrics_port);
+    try {
+      server->exposer_ = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "--metrics_port: cannot serve metrics on ", address, ": ", e.what()));
+    }
+    server->exposer_->RegisterCollectable(server->registry_);
+    const auto ports = server->exposer_->GetListeningPorts();
+    server->metrics_port_ = ports.empty() ? options.metrics_port : ports[0];
+  }
+  server->engine_ = std::make_unique<Engine>(
+      ModelStoreOptions{options.max_models, options.max_num_features});
+  server->service_ =
+      std::make_unique<NormalizerService>(*server->engine_, *server->metrics_);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = HostPort(options.bind_address, options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--port: cannot listen for gRPC on ", address));
+  }
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, true);
+  return server;
+}
+
+void NormdServer::Shutdown() {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  // NOT_SERVING for every service name, and no later change.
+  server_->GetHealthCheckService()->Shutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
+  server_->Wait();
+}
+
+}  // namespace normd

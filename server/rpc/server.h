@@ -1,0 +1,67 @@
+// A running normd server: the gRPC server (Normalizer, health, reflection),
+// the Prometheus exposer and the engine they share. Start() brings everything
+// up; Shutdown() marks health NOT_SERVING, drains calls in flight up to the
+// drain timeout and stops. Shutdown may be called from any thread, once.
+#ifndef NORMD_SERVER_RPC_SERVER_H_
+#define NORMD_SERVER_RPC_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <tbb/global_control.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/core/engine.h"
+#include "server/rpc/metrics.h"
+#include "server/rpc/normalizer_service.h"
+
+namespace normd {
+
+// Everything the command-line flags configure.
+struct ServerOptions {
+  std::string bind_address = "0.0.0.0";
+  int port = 50051;         // 0: pick a free port.
+  int metrics_port = 9464;  // 0: pick a free port; -1: no metrics endpoint.
+  int64_t max_message_bytes = 64 << 20;
+  int64_t max_models = 10000;
+  int64_t max_num_features = 1 << 20;
+  int tbb_threads = 0;  // 0: one per core.
+  absl::Duration drain_timeout = absl::Seconds(10);
+};
+
+class NormdServer {
+ public:
+  // UNAVAILABLE if a port cannot be bound; INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<NormdServer>> Start(
+      const ServerOptions& options);
+  ~NormdServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+
+  void Shutdown();
+
+ private:
+  explicit NormdServer(const ServerOptions& options);
+
+  const ServerOptions options_;
+  std::unique_ptr<tbb::global_control> tbb_threads_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<NormalizerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  int metrics_port_ = -1;
+  bool shut_down_ = false;
+};
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_RPC_SERVER_H_

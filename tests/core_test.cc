@@ -1,0 +1,471 @@
+// Numeric core against an independent fp64 reference, the worked PyTorch
+// numbers of numerics.md, the accuracy bar and thread-count determinism.
+#include <gtest/gtest.h>
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "server/core/engine.h"
+#include "server/core/moments.h"
+#include "tests/reference.h"
+
+namespace normd {
+namespace {
+
+using ::normd::testing::RandomValues;
+using ::normd::testing::ReferenceChannelNormalize;
+using ::normd::testing::ReferenceChannelStats;
+using ::normd::testing::ReferenceLayerNorm;
+using ::normd::testing::RelErr;
+
+template <typename T>
+InputTensor View(const std::vector<T>& x, Shape shape) {
+  InputTensor in;
+  in.dtype = std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+  in.shape = std::move(shape);
+  in.data = x.data();
+  in.size = static_cast<int64_t>(x.size());
+  return in;
+}
+
+TEST(MomentsTest, MergeIsChanFormula) {
+  // {1,2,3} and {10,20}: pooled mean 7.2, M2 = 6.2^2 + 5.2^2 + 4.2^2 + 2.8^2 +
+  // 12.8^2 = 254.8.
+  Moments a{3, 2.0, 2.0};
+  Moments b{2, 15.0, 50.0};
+  MergeMoments(a, b);
+  EXPECT_EQ(a.count, 5);
+  EXPECT_DOUBLE_EQ(a.mean, 7.2);
+  EXPECT_NEAR(a.m2, 254.8, 1e-12);
+  EXPECT_NEAR(a.BiasedVariance(), 50.96, 1e-13);
+}
+
+TEST(MomentsTest, ContiguousMatchesReferenceAcrossBlockBoundaries) {
+  for (int64_t n : {1, 7, 8, 9, 8191, 8192, 8193, 40000, 100003}) {
+    const auto x = RandomValues<float>(n, 11 + n, 3.0, 2.0);
+    const Moments m = ContiguousMoments(x.data(), n);
+    const auto ref = ReferenceChannelStats(x, 1, 1, n);
+    EXPECT_EQ(m.count, n);
+    EXPECT_LE(RelErr(m.mean, ref.mean[0]), 1e-14) << n;
+    if (n > 1) {
+      EXPECT_LE(RelErr(m.BiasedVariance(), ref.var[0]), 1e-12) << n;
+    }
+  }
+}
+
+TEST(MomentsTest, NonFiniteInputIsFlagged) {
+  std::vector<float> x(20000, 1.0f);
+  EXPECT_TRUE(ContiguousMoments(x.data(), 20000).IsFinite());
+  x[12345] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(ContiguousMoments(x.data(), 20000).IsFinite());
+  x[12345] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(ContiguousMoments(x.data(), 20000).IsFinite());
+}
+
+// A layout case: shape, channel axis, and [outer, C, inner] as expected.
+struct LayoutCase {
+  const char* name;
+  Shape shape;
+  int32_t axis;
+  int64_t outer, channels, inner;
+};
+
+std::vector<LayoutCase> Layouts() {
+  return {
+      {"NC", {64, 5}, 1, 64, 5, 1},
+      {"NCL", {8, 3, 50}, 1, 8, 3, 50},
+      {"NCHW", {4, 3, 40, 40}, 1, 4, 3, 1600},
+      {"NHWC", {4, 20, 20, 6}, -1, 1600, 6, 1},
+      {"NCDHW", {2, 4, 6, 7, 8}, 1, 2, 4, 336},
+      {"NDHWC", {2, 5, 6, 7, 3}, -1, 420, 3, 1},
+      {"NLC_axis2", {6, 300, 7}, 2, 1800, 7, 1},
+      {"wide_C", {3, 5000}, 1, 3, 5000, 1},
+  };
+}
+
+TEST(LayoutTest, ResolveChannelAxis) {
+  for (const LayoutCase& c : Layouts()) {
+    auto layout = ResolveChannelAxis(c.shape, c.axis);
+    ASSERT_TRUE(layout.ok()) << c.name;
+    EXPECT_EQ(layout->outer, c.outer) << c.name;
+    EXPECT_EQ(layout->channels, c.channels) << c.name;
+    EXPECT_EQ(layout->inner, c.inner) << c.name;
+  }
+  EXPECT_EQ(ResolveChannelAxis({2, 3}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveChannelAxis({2, 3}, -2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveChannelAxis({2, 3}, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveChannelAxis({5}, std::nullopt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveNormalizedDims({2, 3}, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveNormalizedDims({2, 3}, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+template <typename T>
+void CheckBatchNormLayouts(double tolerance) {
+  for (const LayoutCase& c : Layouts()) {
+    SCOPED_TRACE(c.name);
+    int64_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    const auto x = RandomValues<T>(n, 7, 5.0, 3.0);
+    const ChannelLayout layout{c.outer, c.channels, c.inner};
+    const auto ref = ReferenceChannelStats(x, c.outer, c.channels, c.inner);
+    const auto moments = ChannelMoments(x.data(), layout);
+    ASSERT_EQ(moments.size(), static_cast<size_t>(c.channels));
+    for (int64_t ch = 0; ch < c.channels; ++ch) {
+      EXPECT_LE(RelErr(moments[ch].mean, ref.mean[ch]), 1e-13);
+      EXPECT_LE(RelErr(moments[ch].BiasedVariance(), ref.var[ch]), 1e-12);
+    }
+
+    // Training Normalize on a fresh model, with a per-call weight and bias.
+    Engine engine;
+    NormalizeSpec spec;
+    spec.mode = NormMode::kBatchNorm;
+    spec.model = "m";
+    spec.training = true;
+    spec.channel_axis = c.axis;
+    spec.input = View(x, c.shape);
+    std::vector<double> w(c.channels), b(c.channels);
+    for (int64_t ch = 0; ch < c.channels; ++ch) {
+      w[ch] = 0.5 + 0.25 * static_cast<double>(ch % 7);
+      b[ch] = -1.0 + 0.125 * static_cast<double>(ch % 5);
+    }
+    spec.weight = AffineParam{{c.channels}, w};
+    spec.bias = AffineParam{{c.channels}, b};
+    std::vector<T> y(n);
+    auto model = engine.Normalize(spec, y.data());
+    ASSERT_TRUE(model.ok()) << model.status();
+    const auto expected = ReferenceChannelNormalize(
+        x, c.outer, c.channels, c.inner, ref.mean, ref.var, 1e-5, w, b);
+    for (int64_t k = 0; k < n; ++k) {
+      ASSERT_NEAR(y[k], expected[k], tolerance * (1 + std::abs(expected[k])))
+          << "element " << k;
+    }
+    // Running stats after one momentum-0.1 step: 0.1 * mean, 0.9 + 0.1 * var
+    // * m / (m - 1).
+    const double m = static_cast<double>(c.outer * c.inner);
+    for (int64_t ch = 0; ch < c.channels; ++ch) {
+      EXPECT_NEAR((*model)->running_mean[ch], 0.1 * ref.mean[ch], 1e-12);
+      EXPECT_NEAR((*model)->running_var[ch],
+                  0.9 + 0.1 * ref.var[ch] * m / (m - 1), 1e-11);
+    }
+
+    // Eval with the model's statistics.
+    spec.training = false;
+    spec.weight.reset();
+    spec.bias.reset();
+    ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+    const auto eval_expected = ReferenceChannelNormalize(
+        x, c.outer, c.channels, c.inner, (*model)->running_mean,
+        (*model)->running_var, 1e-5, std::vector<double>(c.channels, 1.0),
+        std::vector<double>(c.channels, 0.0));
+    for (int64_t k = 0; k < n; ++k) {
+      ASSERT_NEAR(y[k], eval_expected[k],
+                  tolerance * (1 + std::abs(eval_expected[k])))
+          << "element " << k;
+    }
+  }
+}
+
+TEST(BatchNormTest, EveryLayoutMatchesReferenceFloat32) {
+  CheckBatchNormLayouts<float>(2e-6);
+}
+
+TEST(BatchNormTest, EveryLayoutMatchesReferenceFloat64) {
+  CheckBatchNormLayouts<double>(1e-12);
+}
+
+// numerics.md: BatchNorm1d(2) in train mode on x = [[1,2],[3,6],[5,10],[7,14]].
+TEST(BatchNormTest, WorkedPyTorchExample) {
+  const std::vector<double> x = {1, 2, 3, 6, 5, 10, 7, 14};
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = "bn";
+  spec.training = true;
+  spec.input = View(x, {4, 2});
+  std::vector<double> y(8);
+  auto model = engine.Normalize(spec, y.data());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_NEAR((*model)->running_mean[0], 0.4, 1e-15);
+  EXPECT_NEAR((*model)->running_mean[1], 0.8, 1e-15);
+  EXPECT_NEAR((*model)->running_var[0], 0.9 + 0.1 * 20.0 / 3.0, 1e-15);
+  EXPECT_NEAR((*model)->running_var[1], 0.9 + 0.1 * 80.0 / 3.0, 1e-15);
+  EXPECT_NEAR((*model)->running_var[0], 1.5667, 1e-4);
+  EXPECT_NEAR((*model)->running_var[1], 3.5667, 1e-4);
+  EXPECT_EQ((*model)->num_batches_tracked, 1);
+  // Output uses the biased batch variance [5, 20]: (1 - 4) / sqrt(5 + 1e-5).
+  EXPECT_NEAR(y[0], -3.0 / std::sqrt(5.0 + 1e-5), 1e-15);
+  EXPECT_NEAR(y[1], -6.0 / std::sqrt(20.0 + 1e-5), 1e-15);
+  EXPECT_NEAR(y[7], 6.0 / std::sqrt(20.0 + 1e-5), 1e-15);
+  // Pooled statistics equal the batch's.
+  EXPECT_EQ((*model)->PooledMean(), (std::vector<double>{4, 8}));
+  EXPECT_NEAR((*model)->PooledVariance()[0], 5.0, 1e-15);
+  EXPECT_NEAR((*model)->PooledVariance()[1], 20.0, 1e-15);
+}
+
+// numerics.md: momentum=None over batches x, 2x+1, [[0,0],[1,1]].
+TEST(BatchNormTest, WorkedCumulativeAverageSequence) {
+  Engine engine;
+  ModelSpec create;
+  create.name = "cma";
+  create.num_features = 2;
+  create.cumulative_average = true;
+  ASSERT_TRUE(engine.store().Create(create).ok());
+  const std::vector<std::vector<double>> batches = {
+      {1, 2, 3, 6, 5, 10, 7, 14}, {3, 5, 7, 13, 11, 21, 15, 29}, {0, 0, 1, 1}};
+  const double expected_mean[3][2] = {{4, 8}, {6.5, 12.5}, {4.5, 8.5}};
+  const double expected_var[3][2] = {
+      {6.667, 26.667}, {16.667, 66.667}, {11.278, 44.611}};
+  for (int step = 0; step < 3; ++step) {
+    const auto& x = batches[step];
+    FitSpec fit{"cma", View(x, {static_cast<int64_t>(x.size() / 2), 2}),
+                std::nullopt};
+    auto model = engine.Fit(fit);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(model->num_batches_tracked, step + 1);
+    for (int c = 0; c < 2; ++c) {
+      EXPECT_NEAR(model->running_mean[c], expected_mean[step][c], 1e-12);
+      EXPECT_NEAR(model->running_var[c], expected_var[step][c], 1e-3);
+    }
+  }
+  // Pooled over all 10 rows: channel 0 = {1,3,5,7,3,7,11,15,0,1}.
+  auto model = engine.store().Get("cma");
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->sample_count, 10);
+  const std::vector<double> ch0 = {1, 3, 5, 7, 3, 7, 11, 15, 0, 1};
+  const auto ref = ReferenceChannelStats(ch0, 1, 1, 10);
+  EXPECT_NEAR(model->PooledMean()[0], ref.mean[0], 1e-14);
+  EXPECT_NEAR(model->PooledVariance()[0], ref.var[0], 1e-13);
+}
+
+// A momentum-0.1 training sequence against an fp64 reference stepped by hand.
+TEST(BatchNormTest, MomentumSequenceMatchesReference) {
+  Engine engine;
+  std::vector<double> rm(3, 0.0), rv(3, 1.0);
+  for (int step = 0; step < 6; ++step) {
+    const auto x = RandomValues<float>(5 * 3 * 4, 100 + step, step, 1 + step);
+    FitSpec fit{"seq", View(x, {5, 3, 4}), std::nullopt};
+    auto model = engine.Fit(fit);
+    ASSERT_TRUE(model.ok());
+    const auto ref = ReferenceChannelStats(x, 5, 3, 4);
+    for (int c = 0; c < 3; ++c) {
+      rm[c] = 0.9 * rm[c] + 0.1 * ref.mean[c];
+      rv[c] = 0.9 * rv[c] + 0.1 * ref.var[c] * 20.0 / 19.0;
+      EXPECT_NEAR(model->running_mean[c], rm[c], 1e-12);
+      EXPECT_NEAR(model->running_var[c], rv[c], 1e-12);
+    }
+    EXPECT_EQ(model->num_batches_tracked, step + 1);
+    EXPECT_EQ(model->generation, static_cast<uint64_t>(step + 1 + 1));
+  }
+}
+
+TEST(BatchNormTest, FitWithOneValuePerChannelUpdatesOnlyPooled) {
+  Engine engine;
+  const std::vector<double> a = {1, 2, 3, 4};
+  ASSERT_TRUE(engine.Fit({"one", View(a, {2, 2}), std::nullopt}).ok());
+  const std::vector<double> single = {10, 20};
+  auto model = engine.Fit({"one", View(single, {1, 2}), std::nullopt});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->num_batches_tracked, 1);
+  EXPECT_EQ(model->sample_count, 3);
+  EXPECT_NEAR(model->running_mean[0], 0.2, 1e-15);
+  EXPECT_NEAR(model->PooledMean()[0], (1 + 3 + 10) / 3.0, 1e-14);
+  // A training Normalize with m = 1 is INVALID_ARGUMENT (PyTorch).
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = "one";
+  spec.training = true;
+  spec.input = View(single, {1, 2});
+  std::vector<double> y(2);
+  EXPECT_EQ(engine.Normalize(spec, y.data()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.store().Get("one")->generation, model->generation);
+}
+
+TEST(BatchNormTest, NonFiniteFitIsRejectedAndChangesNothing) {
+  Engine engine;
+  std::vector<float> x = {1, 2, 3, 4};
+  ASSERT_TRUE(engine.Fit({"nf", View(x, {2, 2}), std::nullopt}).ok());
+  const BatchNormModel before = *engine.store().Get("nf");
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  auto status = engine.Fit({"nf", View(x, {2, 2}), std::nullopt}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("input"), std::string::npos);
+  const BatchNormModel after = *engine.store().Get("nf");
+  EXPECT_EQ(after.generation, before.generation);
+  EXPECT_EQ(after.running_mean, before.running_mean);
+}
+
+TEST(LayerNormTest, MatchesReferenceWithAffine) {
+  for (int k : {1, 2, 3}) {
+    const Shape shape = {3, 4, 5, 6};
+    int64_t n = 1;
+    for (int i = 4 - k; i < 4; ++i) n *= shape[i];
+    const auto x = RandomValues<float>(360, 5 + k, 2.0, 4.0);
+    std::vector<double> w(n), b(n);
+    for (int64_t j = 0; j < n; ++j) {
+      w[j] = 1.0 + 0.01 * static_cast<double>(j);
+      b[j] = 0.5 - 0.02 * static_cast<double>(j);
+    }
+    NormalizeSpec spec;
+    spec.mode = NormMode::kLayerNorm;
+    spec.normalized_ndim = k;
+    spec.input = View(x, shape);
+    spec.weight = AffineParam{Shape(shape.end() - k, shape.end()), w};
+    spec.bias = AffineParam{Shape(shape.end() - k, shape.end()), b};
+    Engine engine;
+    std::vector<float> y(360);
+    ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+    const auto ref = ReferenceLayerNorm(x, n, 1e-5, w, b);
+    for (int64_t i = 0; i < 360; ++i) {
+      ASSERT_NEAR(y[i], ref[i], 2e-6 * (1 + std::abs(ref[i]))) << k << " " << i;
+    }
+    // A weight of the wrong shape names the field.
+    spec.weight = AffineParam{{n + 1}, std::vector<double>(n + 1, 1.0)};
+    auto status = engine.Normalize(spec, y.data()).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("weight.shape"), std::string::npos);
+  }
+}
+
+TEST(LayerNormTest, BertStyleUsesUnbiasedStdOutsideTheRoot) {
+  const std::vector<double> x = {1, 2, 3, 4};
+  NormalizeSpec spec;
+  spec.mode = NormMode::kLayerNorm;
+  spec.layer_norm_style = LayerNormStyle::kBertUnbiasedStd;
+  spec.input = View(x, {1, 4});
+  std::vector<double> y(4);
+  Engine engine;
+  ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+  const double std_unbiased = std::sqrt(5.0 / 3.0);
+  EXPECT_NEAR(y[0], -1.5 / (std_unbiased + 1e-6), 1e-15);
+  EXPECT_NEAR(y[3], 1.5 / (std_unbiased + 1e-6), 1e-15);
+}
+
+TEST(LayerNormTest, NonFiniteValuesPassThroughAsIeee) {
+  const std::vector<float> x = {
+      1, std::numeric_limits<float>::infinity(), 3, 4, 5, 6};
+  NormalizeSpec spec;
+  spec.mode = NormMode::kLayerNorm;
+  spec.input = View(x, {2, 3});
+  std::vector<float> y(6);
+  Engine engine;
+  ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+  EXPECT_TRUE(std::isnan(y[0]));  // Row 0 has an Inf: NaN as in PyTorch.
+  EXPECT_NEAR(y[3], -1.0 / std::sqrt(2.0 / 3.0 + 1e-5), 1e-6);
+}
+
+// numerics.md accuracy bar: 1e4 + N(0,1), 1e7 values per channel / row,
+// relative variance error <= 1e-7 in every layout.
+TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
+  constexpr int64_t kPerChannel = 10'000'000;
+  struct Case {
+    const char* name;
+    Shape shape;
+    int32_t axis;
+  };
+  const Case cases[] = {
+      {"NC", {kPerChannel, 2}, 1},
+      {"NCHW", {10, 2, 1000, 1000}, 1},
+      {"NHWC", {10, 1000, 1000, 2}, -1},
+      {"NCL", {1000, 2, 10000}, 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto x = RandomValues<float>(2 * kPerChannel, 42, 1e4, 1.0);
+    auto layout = ResolveChannelAxis(c.shape, c.axis);
+    ASSERT_TRUE(layout.ok());
+    const auto ref = ReferenceChannelStats(x, layout->outer, layout->channels,
+                                           layout->inner);
+    const auto moments = ChannelMoments(x.data(), *layout);
+    for (int ch = 0; ch < 2; ++ch) {
+      EXPECT_LE(RelErr(moments[ch].BiasedVariance(), ref.var[ch]), 1e-7);
+      EXPECT_LE(RelErr(moments[ch].mean, ref.mean[ch]), 1e-12);
+    }
+  }
+  // LayerNorm: one row of 1e7; check the output against the reference too.
+  const auto x = RandomValues<float>(kPerChannel, 43, 1e4, 1.0);
+  const auto ref = ReferenceChannelStats(x, 1, 1, kPerChannel);
+  const Moments m = ContiguousMoments(x.data(), kPerChannel);
+  EXPECT_LE(RelErr(m.BiasedVariance(), ref.var[0]), 1e-7);
+  NormalizeSpec spec;
+  spec.mode = NormMode::kLayerNorm;
+  spec.input = View(x, {1, kPerChannel});
+  std::vector<float> y(kPerChannel);
+  Engine engine;
+  ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+  const double rstd = 1.0 / std::sqrt(ref.var[0] + 1e-5);
+  for (int64_t i = 0; i < kPerChannel; i += 9973) {
+    ASSERT_NEAR(y[i], (x[i] - ref.mean[0]) * rstd, 1e-5);
+  }
+}
+
+// Runs `f` in an arena of `threads` threads.
+template <typename F>
+auto WithThreads(int threads, F f) {
+  tbb::task_arena arena(threads);
+  return arena.execute(f);
+}
+
+TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
+  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  struct Case {
+    Shape shape;
+    int32_t axis;
+  };
+  const Case cases[] = {{{64, 3, 64, 64}, 1},  {{64, 64, 64, 3}, -1},
+                        {{200000, 7}, 1},      {{2, 3, 300000}, 1},
+                        {{1, 5, 700, 300}, 1}, {{3, 20000, 33}, 2}};
+  for (const Case& c : cases) {
+    int64_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    const auto x = RandomValues<float>(n, 9, 1e3, 5.0);
+    auto run = [&](int threads) {
+      return WithThreads(threads, [&] {
+        Engine engine;
+        NormalizeSpec spec;
+        spec.mode = NormMode::kBatchNorm;
+        spec.model = "d";
+        spec.training = true;
+        spec.channel_axis = c.axis;
+        spec.input = View(x, c.shape);
+        std::vector<float> y(n);
+        auto model = engine.Normalize(spec, y.data());
+        EXPECT_TRUE(model.ok());
+        spec.mode = NormMode::kLayerNorm;
+        spec.normalized_ndim = 2;
+        std::vector<float> ln(n);
+        EXPECT_TRUE(engine.Normalize(spec, ln.data()).ok());
+        return std::make_tuple(y, ln, (*model)->running_var,
+                               (*model)->PooledVariance());
+      });
+    };
+    const auto one = run(1);
+    for (int threads : {2, 3, 8}) {
+      const auto many = run(threads);
+      EXPECT_EQ(std::memcmp(std::get<0>(one).data(), std::get<0>(many).data(),
+                            n * sizeof(float)),
+                0)
+          << threads;
+      EXPECT_EQ(std::memcmp(std::get<1>(one).data(), std::get<1>(many).data(),
+                            n * sizeof(float)),
+                0)
+          << threads;
+      EXPECT_EQ(std::get<2>(one), std::get<2>(many));
+      EXPECT_EQ(std::get<3>(one), std::get<3>(many));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normd

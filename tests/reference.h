@@ -1,0 +1,107 @@
+// Straightforward fp64 (long double accumulation) reference implementations of
+// what normd computes, written independently of the core's blocked kernels.
+// Test-only; single-threaded.
+#ifndef NORMD_TESTS_REFERENCE_H_
+#define NORMD_TESTS_REFERENCE_H_
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace normd::testing {
+
+// Per-channel mean and biased variance, two passes in long double.
+struct RefStats {
+  std::vector<double> mean;
+  std::vector<double> var;  // Biased.
+};
+
+// x laid out as [outer, channels, inner].
+template <typename T>
+RefStats ReferenceChannelStats(const std::vector<T>& x, int64_t outer,
+                               int64_t channels, int64_t inner) {
+  std::vector<long double> sum(channels, 0.0L);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i)
+        sum[c] += x[(o * channels + c) * inner + i];
+  const long double m = static_cast<long double>(outer * inner);
+  std::vector<long double> mean(channels);
+  for (int64_t c = 0; c < channels; ++c) mean[c] = sum[c] / m;
+  std::vector<long double> sq(channels, 0.0L);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const long double d = x[(o * channels + c) * inner + i] - mean[c];
+        sq[c] += d * d;
+      }
+  RefStats out;
+  for (int64_t c = 0; c < channels; ++c) {
+    out.mean.push_back(static_cast<double>(mean[c]));
+    out.var.push_back(static_cast<double>(sq[c] / m));
+  }
+  return out;
+}
+
+// y = (x - mean[c]) / sqrt(var[c] + eps) * w[c] + b[c], in long double.
+template <typename T>
+std::vector<double> ReferenceChannelNormalize(
+    const std::vector<T>& x, int64_t outer, int64_t channels, int64_t inner,
+    const std::vector<double>& mean, const std::vector<double>& var, double eps,
+    const std::vector<double>& w, const std::vector<double>& b) {
+  std::vector<double> y(x.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t k = (o * channels + c) * inner + i;
+        const long double v =
+            (static_cast<long double>(x[k]) - mean[c]) /
+                std::sqrt(static_cast<long double>(var[c]) + eps) * w[c] +
+            b[c];
+        y[k] = static_cast<double>(v);
+      }
+  return y;
+}
+
+// LayerNorm over rows of n: rows = x.size() / n. Empty w / b = none.
+template <typename T>
+std::vector<double> ReferenceLayerNorm(const std::vector<T>& x, int64_t n,
+                                       double eps, const std::vector<double>& w,
+                                       const std::vector<double>& b) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / n;
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const RefStats s = ReferenceChannelStats(
+        std::vector<T>(x.begin() + r * n, x.begin() + (r + 1) * n), 1, 1, n);
+    const long double rstd =
+        1.0L / std::sqrt(static_cast<long double>(s.var[0]) + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      long double v =
+          (static_cast<long double>(x[r * n + j]) - s.mean[0]) * rstd;
+      if (!w.empty()) v *= w[j];
+      if (!b.empty()) v += b[j];
+      y[r * n + j] = static_cast<double>(v);
+    }
+  }
+  return y;
+}
+
+template <typename T>
+std::vector<T> RandomValues(int64_t n, uint32_t seed, double offset = 0.0,
+                            double scale = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(offset, scale);
+  std::vector<T> out(n);
+  for (auto& v : out) v = static_cast<T>(dist(gen));
+  return out;
+}
+
+// |a - b| / max(|b|, floor).
+inline double RelErr(double a, double b, double floor = 1e-30) {
+  return std::abs(a - b) / std::max(std::abs(b), floor);
+}
+
+}  // namespace normd::testing
+
+#endif  // NORMD_TESTS_REFERENCE_H_
