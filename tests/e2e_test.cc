@@ -1,0 +1,733 @@
+// End-to-end tests against a real normd process on loopback: every RPC,
+// every malformed case of api.md with its exact gRPC code (and no state
+// change), streams, health, metrics and graceful shutdown.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "client/tensor_io.h"
+#include "tests/reference.h"
+#include "tests/server_process.h"
+
+namespace normd {
+namespace {
+
+using ::grpc::health::v1::HealthCheckResponse;
+using ::normd::client::MakeTensor;
+using ::normd::client::NormdClient;
+using ::normd::client::TensorValues;
+using ::normd::testing::ServerProcess;
+
+constexpr int64_t kMaxMessageBytes = 4 << 20;
+
+class EndToEndTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess();
+    ASSERT_TRUE(server_->Start(
+        NORMD_BINARY,
+        {"--max_message_bytes=" + std::to_string(kMaxMessageBytes),
+         "--max_models=1000"}))
+        << server_->log();
+    client_ = NormdClient::Connect(server_->target()).release();
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    delete server_;
+  }
+
+  // Everything the server holds, serialized: compared before and after a
+  // rejected request.
+  static std::string StateFingerprint() {
+    std::string out;
+    auto list = client_->ListModels();
+    EXPECT_TRUE(list.ok()) << list.status();
+    for (const auto& m : list->models()) {
+      auto full = client_->GetModel(m.name());
+      EXPECT_TRUE(full.ok());
+      out += full->SerializeAsString();
+    }
+    return out;
+  }
+
+  static ServerProcess* server_;
+  static NormdClient* client_;
+};
+
+ServerProcess* EndToEndTest::server_ = nullptr;
+NormdClient* EndToEndTest::client_ = nullptr;
+
+v1::NormalizeRequest LayerNormRequest(const std::vector<int64_t>& shape,
+                                      const std::vector<double>& values,
+                                      v1::DataType dtype = v1::FLOAT32) {
+  v1::NormalizeRequest request;
+  request.set_mode(v1::LAYER_NORM);
+  *request.mutable_input() = MakeTensor(shape, values, dtype);
+  return request;
+}
+
+v1::NormalizeRequest BatchNormRequest(const std::string& model, bool training,
+                                      const std::vector<int64_t>& shape,
+                                      const std::vector<double>& values) {
+  v1::NormalizeRequest request;
+  request.set_mode(v1::BATCH_NORM);
+  request.set_model(model);
+  request.set_training(training);
+  *request.mutable_input() = MakeTensor(shape, values, v1::FLOAT64);
+  return request;
+}
+
+v1::FitRequest FitRequest(const std::string& model,
+                          const std::vector<int64_t>& shape,
+                          const std::vector<double>& values) {
+  v1::FitRequest request;
+  request.set_model(model);
+  *request.mutable_input() = MakeTensor(shape, values, v1::FLOAT64);
+  return request;
+}
+
+TEST_F(EndToEndTest, HealthIsServingForServerAndService) {
+  EXPECT_EQ(*client_->Health(""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(*client_->Health("normd.v1.Normalizer"),
+            HealthCheckResponse::SERVING);
+  EXPECT_EQ(client_->Health("no.such.Service").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(EndToEndTest, LayerNormInDataAndValuesForms) {
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60};
+  const auto expected = testing::ReferenceLayerNorm(x, 6, 1e-5, {}, {});
+  for (v1::DataType dtype : {v1::FLOAT32, v1::FLOAT64}) {
+    auto request = LayerNormRequest({2, 2, 3}, x, dtype);
+    request.set_normalized_ndim(2);
+    request.set_request_id("ln-1");
+    auto response = client_->Normalize(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->request_id(), "ln-1");
+    EXPECT_EQ(response->output().dtype(), dtype);
+    EXPECT_EQ(response->output().values_size(), 0);
+    EXPECT_FALSE(response->has_model());
+    auto y = TensorValues(response->output());
+    ASSERT_TRUE(y.ok());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR((*y)[i], expected[i], 1e-6);
+    }
+  }
+  // The values form is answered in the values form.
+  v1::NormalizeRequest request;
+  request.set_mode(v1::LAYER_NORM);
+  request.mutable_input()->add_shape(2);
+  request.mutable_input()->add_shape(6);
+  for (double v : x) request.mutable_input()->add_values(v);
+  auto response = client_->Normalize(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->output().values_size(), 12);
+  EXPECT_TRUE(response->output().data().empty());
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_NEAR(response->output().values(i), expected[i], 1e-6);
+  }
+  // Zero elements: returned unchanged.
+  auto empty = LayerNormRequest({0, 4}, {});
+  auto empty_response = client_->Normalize(empty);
+  ASSERT_TRUE(empty_response.ok()) << empty_response.status();
+  EXPECT_EQ(empty_response->output().shape_size(), 2);
+  EXPECT_TRUE(empty_response->output().data().empty());
+}
+
+TEST_F(EndToEndTest, BatchNormTrainEvalAndModelLifecycle) {
+  const std::vector<double> x = {1, 2, 3, 6, 5, 10, 7, 14};
+  auto trained =
+      client_->Normalize(BatchNormRequest("e2e-bn", true, {4, 2}, x));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  const v1::ModelState& m = trained->model();
+  EXPECT_EQ(m.name(), "e2e-bn");
+  EXPECT_EQ(m.num_features(), 2);
+  EXPECT_EQ(m.num_batches_tracked(), 1);
+  EXPECT_EQ(m.sample_count(), 4);
+  EXPECT_NEAR(m.running_mean(0), 0.4, 1e-15);
+  EXPECT_NEAR(m.running_var(1), 0.9 + 0.1 * 80.0 / 3.0, 1e-14);
+  EXPECT_NEAR(m.mean(1), 8.0, 1e-15);
+  EXPECT_NEAR(m.var(0), 5.0, 1e-14);
+  auto y = TensorValues(trained->output());
+  EXPECT_NEAR((*y)[0], -3.0 / std::sqrt(5.0 + 1e-5), 1e-12);
+
+  // Eval uses the running statistics.
+  auto eval = client_->Normalize(BatchNormRequest("e2e-bn", false, {4, 2}, x));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  auto ye = TensorValues(eval->output());
+  EXPECT_NEAR((*ye)[0], (1 - 0.4) / std::sqrt(m.running_var(0) + 1e-5), 1e-12);
+  EXPECT_EQ(eval->model().generation(), m.generation());
+
+  auto got = client_->GetModel("e2e-bn");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->SerializeAsString(), m.SerializeAsString());
+
+  auto list = client_->ListModels();
+  ASSERT_TRUE(list.ok());
+  bool found = false;
+  for (const auto& model : list->models()) {
+    if (model.name() != "e2e-bn") continue;
+    found = true;
+    EXPECT_EQ(model.running_mean_size(), 0);
+    EXPECT_EQ(model.num_batches_tracked(), 1);
+  }
+  EXPECT_TRUE(found);
+
+  auto reset = client_->ResetModel("e2e-bn");
+  ASSERT_TRUE(reset.ok());
+  EXPECT_EQ(reset->num_batches_tracked(), 0);
+  EXPECT_EQ(reset->sample_count(), 0);
+  EXPECT_EQ(reset->running_mean(0), 0.0);
+  EXPECT_EQ(reset->running_var(0), 1.0);
+  EXPECT_EQ(reset->mean_size(), 0);
+  EXPECT_EQ(reset->generation(), m.generation() + 1);
+
+  EXPECT_TRUE(client_->DeleteModel("e2e-bn").ok());
+  EXPECT_EQ(client_->GetModel("e2e-bn").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->DeleteModel("e2e-bn").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EndToEndTest, CreateModelImportsStateAndRejectsDuplicates) {
+  v1::CreateModelRequest create;
+  create.set_name("e2e-import");
+  create.set_num_features(2);
+  create.set_momentum(0.2);
+  create.set_eps(1e-3);
+  for (double v : {1.0, -1.0}) create.add_running_mean(v);
+  for (double v : {4.0, 9.0}) create.add_running_var(v);
+  for (double v : {2.0, 0.5}) create.add_weight(v);
+  for (double v : {0.25, -0.25}) create.add_bias(v);
+  create.set_num_batches_tracked(7);
+  auto state = client_->CreateModel(create);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->generation(), 1u);
+  EXPECT_EQ(state->num_batches_tracked(), 7);
+  EXPECT_EQ(state->momentum(), 0.2);
+  EXPECT_EQ(client_->CreateModel(create).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  auto eval =
+      client_->Normalize(BatchNormRequest("e2e-import", false, {1, 2}, {3, 2}));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  auto y = TensorValues(eval->output());
+  EXPECT_NEAR((*y)[0], (3 - 1) / std::sqrt(4 + 1e-3) * 2 + 0.25, 1e-12);
+  EXPECT_NEAR((*y)[1], (2 + 1) / std::sqrt(9 + 1e-3) * 0.5 - 0.25, 1e-12);
+  // A per-call weight/bias overrides the model's.
+  auto request = BatchNormRequest("e2e-import", false, {1, 2}, {3, 2});
+  *request.mutable_weight() = MakeTensor({2}, {1, 1}, v1::FLOAT32);
+  *request.mutable_bias() = MakeTensor({2}, {0, 0}, v1::FLOAT64);
+  request.set_eps(1e-5);
+  auto plain = client_->Normalize(request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NEAR((*TensorValues(plain->output()))[0], 2 / std::sqrt(4 + 1e-5),
+              1e-12);
+}
+
+TEST_F(EndToEndTest, FitCreatesModelAndPooledEvalWorks) {
+  v1::CreateModelRequest create;
+  create.set_name("e2e-pooled");
+  create.set_num_features(3);
+  create.set_use_pooled_statistics(true);
+  ASSERT_TRUE(client_->CreateModel(create).ok());
+  const std::string before = StateFingerprint();
+  EXPECT_EQ(
+      client_
+          ->Normalize(BatchNormRequest("e2e-pooled", false, {1, 3}, {1, 2, 3}))
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StateFingerprint(), before);
+
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  auto fit = client_->Fit(FitRequest("e2e-pooled", {4, 3}, x));
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_EQ(fit->model().num_batches_tracked(), 1);
+  EXPECT_NEAR(fit->model().mean(0), 5.5, 1e-15);
+  EXPECT_NEAR(fit->model().var(0), 11.25, 1e-13);
+  auto eval = client_->Normalize(
+      BatchNormRequest("e2e-pooled", false, {1, 3}, {1, 2, 3}));
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR((*TensorValues(eval->output()))[0],
+              (1 - 5.5) / std::sqrt(11.25 + 1e-5), 1e-12);
+
+  // Fit on an unknown model creates it with C channels.
+  auto created = client_->Fit(FitRequest("e2e-fit-new", {2, 2}, {1, 2, 3, 4}));
+  ASSERT_TRUE(created.ok());
+  EXPECT_EQ(created->model().num_features(), 2);
+  EXPECT_EQ(created->model().generation(), 2u);
+}
+
+// One malformed request of api.md: what to send, the expected code and a
+// word the message must contain (the field).
+struct BadCase {
+  std::string name;
+  std::function<absl::Status()> call;
+  absl::StatusCode code;
+  std::string field;
+};
+
+TEST_F(EndToEndTest, MalformedRequestsGetExactCodesAndChangeNothing) {
+  // Existing state the bad requests must not touch.
+  ASSERT_TRUE(
+      client_->Fit(FitRequest("e2e-guard", {3, 2}, {1, 2, 3, 4, 5, 7})).ok());
+  NormdClient& c = *client_;
+  auto normalize = [&c](v1::NormalizeRequest r) {
+    return c.Normalize(r).status();
+  };
+  auto fit = [&c](v1::FitRequest r) { return c.Fit(r).status(); };
+  auto bn = [](bool training) {
+    return BatchNormRequest("e2e-guard", training, {2, 2}, {1, 2, 3, 4});
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  std::vector<BadCase> cases;
+  {
+    auto r = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    r.mutable_input()->mutable_data()->resize(20);
+    cases.push_back({"data length vs shape", [=] { return normalize(r); },
+                     kInvalid, "input.data"});
+  }
+  {
+    auto r = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    r.mutable_input()->set_shape(0, -2);
+    cases.push_back({"negative dim", [=] { return normalize(r); }, kInvalid,
+                     "input.shape"});
+  }
+  {
+    auto r = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    r.mutable_input()->set_shape(0, int64_t{1} << 40);
+    r.mutable_input()->set_shape(1, int64_t{1} << 40);
+    cases.push_back({"overflowing dims", [=] { return normalize(r); }, kInvalid,
+                     "input.shape"});
+  }
+  {
+    auto r = LayerNormRequest({2}, {1, 2});
+    r.mutable_input()->add_values(1);
+    r.mutable_input()->add_values(2);
+    cases.push_back(
+        {"data and values", [=] { return normalize(r); }, kInvalid, "input"});
+  }
+  {
+    auto r = LayerNormRequest({3}, {});
+    cases.push_back({"neither data nor values", [=] { return normalize(r); },
+                     kInvalid, "input"});
+  }
+  {
+    auto r = LayerNormRequest({2}, {1, 2});
+    r.mutable_input()->clear_data();
+    r.mutable_input()->add_values(1);
+    cases.push_back({"values count", [=] { return normalize(r); }, kInvalid,
+                     "input.values"});
+  }
+  cases.push_back({"empty tensor for Fit",
+                   [=] {
+                     return fit(FitRequest("e2e-guard", {0, 2}, {}));
+                   },
+                   kInvalid, "input.shape"});
+  cases.push_back(
+      {"empty tensor for training",
+       [=] {
+         return normalize(BatchNormRequest("e2e-guard", true, {0, 2}, {}));
+       },
+       kInvalid, "input.shape"});
+  {
+    auto r = bn(false);
+    r.set_channel_axis(0);
+    cases.push_back({"channel axis 0", [=] { return normalize(r); }, kInvalid,
+                     "channel_axis"});
+  }
+  {
+    auto r = bn(true);
+    r.set_channel_axis(2);
+    cases.push_back({"channel axis out of range", [=] { return normalize(r); },
+                     kInvalid, "channel_axis"});
+  }
+  {
+    auto r = FitRequest("e2e-guard", {2, 2}, {1, 2, 3, 4});
+    r.set_channel_axis(-3);
+    cases.push_back({"fit axis out of range", [=] { return fit(r); }, kInvalid,
+                     "channel_axis"});
+  }
+  cases.push_back({"rank 1 batch norm",
+                   [=] {
+                     return normalize(BatchNormRequest("e2e-guard", true, {4},
+                                                       {1, 2, 3, 4}));
+                   },
+                   kInvalid, "input.shape"});
+  {
+    auto r = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    r.set_normalized_ndim(3);
+    cases.push_back({"normalized_ndim > rank", [=] { return normalize(r); },
+                     kInvalid, "normalized_ndim"});
+  }
+  {
+    auto r = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    *r.mutable_weight() = MakeTensor({2}, {1, 1});
+    cases.push_back({"LN weight shape", [=] { return normalize(r); }, kInvalid,
+                     "weight.shape"});
+  }
+  {
+    auto r = bn(true);
+    *r.mutable_bias() = MakeTensor({3}, {1, 1, 1});
+    cases.push_back({"BN bias shape", [=] { return normalize(r); }, kInvalid,
+                     "bias.shape"});
+  }
+  for (double eps : {0.0, -1.0, std::nan(""), double{INFINITY}}) {
+    auto r = bn(true);
+    r.set_eps(eps);
+    cases.push_back({"eps " + std::to_string(eps), [=] { return normalize(r); },
+                     kInvalid, "eps"});
+    auto l = LayerNormRequest({2, 3}, {1, 2, 3, 4, 5, 6});
+    l.set_eps(eps);
+    cases.push_back({"LN eps " + std::to_string(eps),
+                     [=] { return normalize(l); }, kInvalid, "eps"});
+  }
+  for (double momentum : {-0.1, 1.5, std::nan("")}) {
+    v1::CreateModelRequest create;
+    create.set_name("e2e-bad-momentum");
+    create.set_num_features(2);
+    create.set_momentum(momentum);
+    cases.push_back({"momentum " + std::to_string(momentum),
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     kInvalid, "momentum"});
+  }
+  {
+    v1::CreateModelRequest create;
+    create.set_name("e2e-bad-var");
+    create.set_num_features(2);
+    create.add_running_var(1);
+    create.add_running_var(-1);
+    cases.push_back({"negative running_var",
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     kInvalid, "running_var"});
+    create.clear_running_var();
+    create.add_running_mean(0);
+    cases.push_back({"running_mean length",
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     kInvalid, "running_mean"});
+    create.clear_running_mean();
+    create.set_num_features(0);
+    cases.push_back({"num_features 0",
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     kInvalid, "num_features"});
+    create.set_num_features(2);
+    create.set_eps(-1);
+    cases.push_back({"create eps",
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     kInvalid, "eps"});
+  }
+  {
+    auto r = LayerNormRequest({2}, {1, 2});
+    r.mutable_input()->set_dtype(static_cast<v1::DataType>(9));
+    cases.push_back({"unknown dtype", [=] { return normalize(r); }, kInvalid,
+                     "input.dtype"});
+    auto b = LayerNormRequest({2}, {1, 2});
+    b.mutable_input()->set_dtype(v1::BFLOAT16);
+    cases.push_back({"bfloat16", [=] { return normalize(b); },
+                     absl::StatusCode::kUnimplemented, "input.dtype"});
+  }
+  {
+    auto r = LayerNormRequest({2}, {1, 2});
+    r.set_mode(v1::MODE_UNSPECIFIED);
+    cases.push_back(
+        {"mode unspecified", [=] { return normalize(r); }, kInvalid, "mode"});
+    r.set_mode(static_cast<v1::Mode>(42));
+    cases.push_back(
+        {"unknown mode", [=] { return normalize(r); }, kInvalid, "mode"});
+    r.set_mode(v1::GROUP_NORM);
+    cases.push_back({"group norm", [=] { return normalize(r); },
+                     absl::StatusCode::kUnimplemented, "mode"});
+  }
+  for (std::string name : {std::string(""), std::string("bad name"),
+                           std::string("semi;colon"), std::string(129, 'a')}) {
+    cases.push_back({"model name '" + name.substr(0, 10) + "'",
+                     [=] {
+                       return fit(FitRequest(name, {2, 1}, {1, 2}));
+                     },
+                     kInvalid, "model"});
+    cases.push_back({"get name '" + name.substr(0, 10) + "'",
+                     [=, &c] { return c.GetModel(name).status(); }, kInvalid,
+                     "name"});
+  }
+  cases.push_back(
+      {"NaN in Fit",
+       [=] {
+         return fit(FitRequest("e2e-guard", {2, 2}, {1, std::nan(""), 3, 4}));
+       },
+       kInvalid, "input"});
+  cases.push_back({"Inf in training",
+                   [=] {
+                     return normalize(BatchNormRequest(
+                         "e2e-guard", true, {2, 2}, {1, INFINITY, 3, 4}));
+                   },
+                   kInvalid, "input"});
+  cases.push_back(
+      {"one value per channel in training",
+       [=] {
+         return normalize(BatchNormRequest("e2e-guard", true, {1, 2}, {1, 2}));
+       },
+       kInvalid, "input.shape"});
+  // Precedence: a malformed request is INVALID_ARGUMENT even if its model is
+  // unknown or has another channel count.
+  {
+    auto r = BatchNormRequest("e2e-unknown", false, {2, 2}, {1, 2, 3, 4});
+    r.set_eps(-1);
+    cases.push_back({"invalid beats NOT_FOUND", [=] { return normalize(r); },
+                     kInvalid, "eps"});
+    auto w = BatchNormRequest("e2e-guard", false, {2, 3}, {1, 2, 3, 4, 5, 6});
+    *w.mutable_weight() = MakeTensor({2}, {1, 1});
+    cases.push_back({"invalid beats FAILED_PRECONDITION",
+                     [=] { return normalize(w); }, kInvalid, "weight.shape"});
+  }
+  // Not found / failed precondition / too large.
+  cases.push_back({"eval unknown model",
+                   [=] {
+                     return normalize(BatchNormRequest("e2e-unknown", false,
+                                                       {2, 2}, {1, 2, 3, 4}));
+                   },
+                   absl::StatusCode::kNotFound, "e2e-unknown"});
+  cases.push_back({"reset unknown",
+                   [=, &c] { return c.ResetModel("e2e-unknown").status(); },
+                   absl::StatusCode::kNotFound, "e2e-unknown"});
+  cases.push_back(
+      {"channel mismatch fit",
+       [=] {
+         return fit(FitRequest("e2e-guard", {2, 3}, {1, 2, 3, 4, 5, 6}));
+       },
+       absl::StatusCode::kFailedPrecondition, "channels"});
+  cases.push_back({"channel mismatch training",
+                   [=] {
+                     return normalize(BatchNormRequest(
+                         "e2e-guard", true, {2, 3}, {1, 2, 3, 4, 5, 6}));
+                   },
+                   absl::StatusCode::kFailedPrecondition, "channels"});
+  cases.push_back({"channel mismatch eval",
+                   [=] {
+                     return normalize(BatchNormRequest(
+                         "e2e-guard", false, {2, 3}, {1, 2, 3, 4, 5, 6}));
+                   },
+                   absl::StatusCode::kFailedPrecondition, "channels"});
+  {
+    v1::CreateModelRequest create;
+    create.set_name("e2e-guard");
+    create.set_num_features(2);
+    cases.push_back({"create existing",
+                     [=, &c] { return c.CreateModel(create).status(); },
+                     absl::StatusCode::kAlreadyExists, "e2e-guard"});
+  }
+  {
+    const int64_t n = kMaxMessageBytes / 4 + 1024;
+    auto r = LayerNormRequest({n}, std::vector<double>(n, 1.0));
+    cases.push_back({"message too large", [=] { return normalize(r); },
+                     absl::StatusCode::kResourceExhausted, ""});
+  }
+
+  for (const BadCase& bad : cases) {
+    SCOPED_TRACE(bad.name);
+    const std::string before = StateFingerprint();
+    const absl::Status status = bad.call();
+    EXPECT_EQ(status.code(), bad.code) << status;
+    EXPECT_NE(status.message().find(bad.field), std::string::npos)
+        << "message does not name '" << bad.field << "': " << status;
+    EXPECT_EQ(StateFingerprint(), before) << "state changed";
+  }
+  // The server is still healthy after all of it.
+  EXPECT_EQ(*client_->Health(), HealthCheckResponse::SERVING);
+}
+
+TEST_F(EndToEndTest, NormalizeStreamAnswersInOrderAndReportsErrorsInline) {
+  std::vector<v1::NormalizeRequest> requests;
+  for (int i = 0; i < 5; ++i) {
+    auto r = LayerNormRequest({1, 3}, {1.0 * i, 2.0 * i + 1, 4.0 * i + 3});
+    r.set_request_id("s" + std::to_string(i));
+    if (i == 2) r.set_normalized_ndim(5);  // Bad.
+    requests.push_back(r);
+  }
+  auto responses = client_->NormalizeStream(requests);
+  ASSERT_TRUE(responses.ok()) << responses.status();
+  ASSERT_EQ(responses->size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    const auto& r = (*responses)[i];
+    EXPECT_EQ(r.request_id(), "s" + std::to_string(i));
+    if (i == 2) {
+      EXPECT_EQ(r.error().code(), 3);  // INVALID_ARGUMENT
+      EXPECT_NE(r.error().message().find("normalized_ndim"), std::string::npos);
+      EXPECT_FALSE(r.has_output());
+    } else {
+      EXPECT_FALSE(r.has_error());
+      const auto single = client_->Normalize(requests[i]);
+      EXPECT_EQ(r.output().SerializeAsString(),
+                single->output().SerializeAsString());
+    }
+  }
+}
+
+TEST_F(EndToEndTest, FitStreamAppliesStepsInOrderAndStopsAtFirstError) {
+  std::vector<v1::FitRequest> steps;
+  for (int i = 0; i < 4; ++i) {
+    steps.push_back(
+        FitRequest("e2e-fitstream", {2, 2}, {1.0 + i, 2, 3, 4.0 * i}));
+  }
+  auto response = client_->FitStream(steps);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->model().num_batches_tracked(), 4);
+  EXPECT_EQ(response->model().sample_count(), 8);
+  // Same as four unary Fits on another model.
+  for (auto step : steps) {
+    step.set_model("e2e-fitunary");
+    ASSERT_TRUE(client_->Fit(step).ok());
+  }
+  auto unary = client_->GetModel("e2e-fitunary");
+  EXPECT_EQ(std::vector<double>(unary->running_var().begin(),
+                                unary->running_var().end()),
+            std::vector<double>(response->model().running_var().begin(),
+                                response->model().running_var().end()));
+
+  // A failing third message: the call fails, the first two stay applied.
+  steps[2] = FitRequest("e2e-fitstream", {2, 3}, {1, 2, 3, 4, 5, 6});
+  auto failed = client_->FitStream(steps);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(failed.status().message().find("message 2"), std::string::npos);
+  EXPECT_EQ(client_->GetModel("e2e-fitstream")->num_batches_tracked(), 6);
+
+  EXPECT_EQ(client_->FitStream({}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EndToEndTest, RoutingHeaderIsNeverTrustedOverTheBody) {
+  auto channel = grpc::CreateChannel(server_->target(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Normalizer::NewStub(channel);
+  grpc::ClientContext context;
+  context.AddMetadata("x-normd-model", "e2e-header-other");
+  v1::FitResponse response;
+  ASSERT_TRUE(stub->Fit(&context, FitRequest("e2e-header-body", {2, 1}, {1, 2}),
+                        &response)
+                  .ok());
+  EXPECT_EQ(response.model().name(), "e2e-header-body");
+  EXPECT_EQ(client_->GetModel("e2e-header-other").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Reads one sample's value from Prometheus text: the line that starts with
+// `name{` and contains every `label`.
+double MetricValue(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) {
+      continue;
+    }
+    bool all = true;
+    for (const auto& label : labels)
+      all &= line.find(label) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+TEST_F(EndToEndTest, MetricsCountCallsCodesElementsAndModels) {
+  const std::string before =
+      testing::HttpGet(server_->metrics_port(), "/metrics");
+  const double ok_before =
+      MetricValue(before, "grpc_server_handled_total",
+                  {"grpc_method=\"Normalize\"", "grpc_code=\"OK\""});
+  const double bad_before = MetricValue(
+      before, "grpc_server_handled_total",
+      {"grpc_method=\"Normalize\"", "grpc_code=\"InvalidArgument\""});
+  const double ln_before =
+      MetricValue(before, "normd_elements_total", {"mode=\"layer_norm\""});
+  ASSERT_GE(ok_before, 0) << before;
+
+  ASSERT_TRUE(
+      client_->Normalize(LayerNormRequest({2, 5}, std::vector<double>(10, 1)))
+          .ok());
+  auto bad = LayerNormRequest({2}, {1, 2});
+  bad.set_normalized_ndim(4);
+  ASSERT_FALSE(client_->Normalize(bad).ok());
+  ASSERT_TRUE(client_->Fit(FitRequest("e2e-metrics", {2, 1}, {1, 2})).ok());
+
+  const std::string after =
+      testing::HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_EQ(MetricValue(after, "grpc_server_handled_total",
+                        {"grpc_method=\"Normalize\"", "grpc_code=\"OK\""}),
+            ok_before + 1);
+  EXPECT_EQ(MetricValue(
+                after, "grpc_server_handled_total",
+                {"grpc_method=\"Normalize\"", "grpc_code=\"InvalidArgument\""}),
+            bad_before + 1);
+  EXPECT_EQ(MetricValue(after, "normd_elements_total", {"mode=\"layer_norm\""}),
+            ln_before + 10);
+  EXPECT_GE(
+      MetricValue(after, "grpc_server_started_total", {"grpc_method=\"Fit\""}),
+      1);
+  EXPECT_GE(MetricValue(after, "grpc_server_handling_seconds_count",
+                        {"grpc_method=\"Normalize\""}),
+            2);
+  EXPECT_EQ(MetricValue(after, "normd_models", {}),
+            static_cast<double>(client_->ListModels()->models_size()));
+  EXPECT_EQ(MetricValue(after, "normd_inflight_requests", {}), 0);
+  // No label carries a model name.
+  EXPECT_EQ(after.find("e2e-metrics"), std::string::npos);
+}
+
+TEST(ServerLimitsTest, MaxModelsAndMaxFeaturesAreResourceExhausted) {
+  ServerProcess server;
+  ASSERT_TRUE(
+      server.Start(NORMD_BINARY, {"--max_models=2", "--max_num_features=4"}))
+      << server.log();
+  auto client = NormdClient::Connect(server.target());
+  ASSERT_TRUE(client->Fit(FitRequest("a", {2, 1}, {1, 2})).ok());
+  ASSERT_TRUE(client->Fit(FitRequest("b", {2, 1}, {1, 2})).ok());
+  auto third = client->Fit(FitRequest("c", {2, 1}, {1, 2}));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("max_models"), std::string::npos);
+  ASSERT_TRUE(client->DeleteModel("b").ok());
+  v1::CreateModelRequest wide;
+  wide.set_name("wide");
+  wide.set_num_features(5);
+  EXPECT_EQ(client->CreateModel(wide).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(client->ListModels()->models_size(), 1);
+  EXPECT_EQ(server.Stop(SIGINT), 0) << server.log();
+}
+
+TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--drain_timeout=20s"}))
+      << server.log();
+  auto channel =
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Normalizer::NewStub(channel);
+  grpc::ClientContext context;
+  v1::FitResponse response;
+  auto stream = stub->FitStream(&context, &response);
+  ASSERT_TRUE(stream->Write(FitRequest("drain", {2, 1}, {1, 2})));
+  // Make sure the first step is applied before the signal.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  server.Signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The call in flight still completes.
+  ASSERT_TRUE(stream->Write(FitRequest("drain", {2, 1}, {3, 5})));
+  stream->WritesDone();
+  grpc::Status status = stream->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.model().num_batches_tracked(), 2);
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  const std::string log = server.log();
+  EXPECT_NE(log.find("received"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+  // Start and stop only: no per-request lines.
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3) << log;
+}
+
+}  // namespace
+}  // namespace normd
