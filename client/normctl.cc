@@ -65,7 +65,7 @@ namespace normd::client {
 namespace {
 
 constexpr char kUsage[] =
-    "normctl: command-line client for the normd tensor normalization server.\n"
+    "command-line client for the normd tensor normalization server.\n"
     "\n"
     "Usage: normctl [--server=host:port] COMMAND [flags]\n"
     "\n"

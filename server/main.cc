@@ -38,7 +38,7 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
 namespace {
 
 const char kUsage[] =
-    "normd: a gRPC server that normalizes tensors (LayerNorm, BatchNorm) with "
+    "a gRPC server that normalizes tensors (LayerNorm, BatchNorm) with "
     "PyTorch semantics\nand keeps BatchNorm statistics per model in memory.\n\n"
     "Usage: normd [--port=50051] [--metrics_port=9464] [flags...]\n\n"
     "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "

@@ -712,9 +712,21 @@ TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   v1::FitResponse response;
   auto stream = stub->FitStream(&context, &response);
   ASSERT_TRUE(stream->Write(FitRequest("drain", {2, 1}, {1, 2})));
+  // A load balancer's health watch sees SERVING, then NOT_SERVING on SIGTERM.
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext watch_context;
+  grpc::health::v1::HealthCheckRequest watch_request;
+  watch_request.set_service("normd.v1.Normalizer");
+  auto watch = health->Watch(&watch_context, watch_request);
+  grpc::health::v1::HealthCheckResponse update;
+  ASSERT_TRUE(watch->Read(&update));
+  EXPECT_EQ(update.status(), HealthCheckResponse::SERVING);
   // Make sure the first step is applied before the signal.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto signalled = std::chrono::steady_clock::now();
   server.Signal(SIGTERM);
+  ASSERT_TRUE(watch->Read(&update));
+  EXPECT_EQ(update.status(), HealthCheckResponse::NOT_SERVING);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // The call in flight still completes.
   ASSERT_TRUE(stream->Write(FitRequest("drain", {2, 1}, {3, 5})));
@@ -722,7 +734,13 @@ TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   grpc::Status status = stream->Finish();
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.model().num_batches_tracked(), 2);
+  // The watch ended by itself after NOT_SERVING.
+  EXPECT_FALSE(watch->Read(&update));
+  EXPECT_TRUE(watch->Finish().ok());
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  // The open health watch did not hold the drain to its 20 s limit.
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled,
+            std::chrono::seconds(15));
   const std::string log = server.log();
   EXPECT_NE(log.find("received"), std::string::npos) << log;
   EXPECT_NE(log.find("stopped"), std::string::npos) << log;

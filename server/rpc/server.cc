@@ -1,7 +1,6 @@
 #include "server/rpc/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <exception>
 
@@ -65,7 +64,9 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   server->service_ =
       std::make_unique<NormalizerService>(*server->engine_, *server->metrics_);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  // normd's own health service (see health_service.h), not gRPC's default.
+  grpc::EnableDefaultHealthCheckService(false);
+  server->health_ = std::make_unique<HealthService>();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
@@ -74,23 +75,22 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->health_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("--port: cannot listen for gRPC on ", address));
   }
-  grpc::HealthCheckServiceInterface* health =
-      server->server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus(kServiceName, true);
+  server->health_->SetServing("", true);
+  server->health_->SetServing(kServiceName, true);
   return server;
 }
 
 void NormdServer::Shutdown() {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
-  // NOT_SERVING for every service name, and no later change.
-  server_->GetHealthCheckService()->Shutdown();
+  // NOT_SERVING for every service name, watches told and ended.
+  health_->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
   server_->Wait();
 }

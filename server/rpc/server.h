@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
 
@@ -56,6 +57,7 @@ class NormdServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<NormalizerService> service_;
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int metrics_port_ = -1;
