@@ -375,10 +375,9 @@ TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
     int32_t axis;
   };
   const Case cases[] = {
-      {"NC", {kPerChannel, 2}, 1},
-      {"NCHW", {10, 2, 1000, 1000}, 1},
-      {"NHWC", {10, 1000, 1000, 2}, -1},
-      {"NCL", {1000, 2, 10000}, 1},
+      {"NC", {kPerChannel, 2}, 1},        {"NCHW", {10, 2, 1000, 1000}, 1},
+      {"NHWC", {10, 1000, 1000, 2}, -1},  {"NCL_long", {1000, 2, 10000}, 1},
+      {"NCL_short", {100000, 2, 100}, 1}, {"NCDHW", {10, 2, 100, 100, 100}, 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

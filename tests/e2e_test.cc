@@ -696,9 +696,36 @@ TEST(ServerLimitsTest, MaxModelsAndMaxFeaturesAreResourceExhausted) {
   wide.set_num_features(5);
   EXPECT_EQ(client->CreateModel(wide).status().code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(client->ListModels()->models_size(), 1);
+  // Huge: refused before anything is allocated.
+  wide.set_num_features(int64_t{1} << 40);
+  EXPECT_EQ(client->CreateModel(wide).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Malformed beats over-limit.
+  ASSERT_TRUE(client->Fit(FitRequest("b", {2, 1}, {1, 2})).ok());
+  wide.set_name("bad name");
+  EXPECT_EQ(client->CreateModel(wide).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Fit(FitRequest("bad name", {2, 1}, {1, 2})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->ListModels()->models_size(), 2);
   client.reset();  // An idle sync client would not ack the GOAWAY ping.
   EXPECT_EQ(server.Stop(SIGINT), 0) << server.log();
+}
+
+TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
+  ServerProcess first;
+  ASSERT_TRUE(first.Start(NORMD_BINARY)) << first.log();
+  // gRPC would share a port through SO_REUSEPORT; normd refuses.
+  ServerProcess second;
+  EXPECT_FALSE(
+      second.Start(NORMD_BINARY, {"--port=" + std::to_string(first.port())}));
+  EXPECT_NE(second.log().find("cannot listen for gRPC"), std::string::npos)
+      << second.log();
+  ServerProcess bad;
+  EXPECT_FALSE(bad.Start(NORMD_BINARY, {"--max_message_bytes=0"}));
+  EXPECT_NE(bad.log().find("--max_message_bytes"), std::string::npos)
+      << bad.log();
+  EXPECT_EQ(first.Stop(), 0);
 }
 
 TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,12 +17,12 @@ bool IsNameChar(char c) {
          c == '/' || c == '-';
 }
 
-// Copies `values` (empty = `fill` for every channel) after checking its
-// length and that every value is finite (and >= 0 when `non_negative`).
-absl::StatusOr<std::vector<double>> ChannelArray(
-    const std::vector<double>& values, int64_t channels, double fill,
-    absl::string_view field, bool non_negative = false) {
-  if (values.empty()) return std::vector<double>(channels, fill);
+// INVALID_ARGUMENT naming `field` unless `values` is empty or has `channels`
+// finite entries (>= 0 when `non_negative`).
+absl::Status CheckChannelArray(const std::vector<double>& values,
+                               int64_t channels, absl::string_view field,
+                               bool non_negative = false) {
+  if (values.empty()) return absl::OkStatus();
   if (static_cast<int64_t>(values.size()) != channels) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": has ", values.size(),
@@ -34,7 +35,13 @@ absl::StatusOr<std::vector<double>> ChannelArray(
                        non_negative ? "finite and >= 0" : "finite"));
     }
   }
-  return values;
+  return absl::OkStatus();
+}
+
+// `values`, or `fill` for every channel when empty.
+std::vector<double> ChannelArray(const std::vector<double>& values,
+                                 int64_t channels, double fill) {
+  return values.empty() ? std::vector<double>(channels, fill) : values;
 }
 
 }  // namespace
@@ -78,43 +85,54 @@ absl::Status ValidateEps(double eps, absl::string_view field) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
+absl::Status ValidateModelSpec(const ModelSpec& spec) {
   if (absl::Status s = ValidateModelName(spec.name, "name"); !s.ok()) return s;
   if (spec.num_features < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_features: must be >= 1, got ", spec.num_features));
   }
-  BatchNormModel model;
-  model.name = spec.name;
-  model.num_features = spec.num_features;
-  model.momentum = spec.momentum.value_or(kDefaultMomentum);
-  if (!(model.momentum >= 0.0 && model.momentum <= 1.0)) {
+  const double momentum = spec.momentum.value_or(kDefaultMomentum);
+  if (!(momentum >= 0.0 && momentum <= 1.0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("momentum: must be in [0, 1], got ", model.momentum));
+        absl::StrCat("momentum: must be in [0, 1], got ", momentum));
   }
-  model.cumulative_average = spec.cumulative_average;
-  model.eps = spec.eps.value_or(kDefaultEps);
-  if (absl::Status s = ValidateEps(model.eps, "eps"); !s.ok()) return s;
+  if (absl::Status s = ValidateEps(spec.eps.value_or(kDefaultEps), "eps");
+      !s.ok()) {
+    return s;
+  }
   if (spec.num_batches_tracked < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_batches_tracked: must be >= 0, got ", spec.num_batches_tracked));
   }
-  model.num_batches_tracked = spec.num_batches_tracked;
-  model.use_pooled_statistics = spec.use_pooled_statistics;
   const int64_t c = spec.num_features;
-  auto mean = ChannelArray(spec.running_mean, c, 0.0, "running_mean");
-  if (!mean.ok()) return mean.status();
-  auto var = ChannelArray(spec.running_var, c, 1.0, "running_var",
-                          /*non_negative=*/true);
-  if (!var.ok()) return var.status();
-  auto weight = ChannelArray(spec.weight, c, 1.0, "weight");
-  if (!weight.ok()) return weight.status();
-  auto bias = ChannelArray(spec.bias, c, 0.0, "bias");
-  if (!bias.ok()) return bias.status();
-  model.running_mean = *std::move(mean);
-  model.running_var = *std::move(var);
-  model.weight = *std::move(weight);
-  model.bias = *std::move(bias);
+  for (const auto& [values, field, non_negative] :
+       {std::tuple{&spec.running_mean, "running_mean", false},
+        std::tuple{&spec.running_var, "running_var", true},
+        std::tuple{&spec.weight, "weight", false},
+        std::tuple{&spec.bias, "bias", false}}) {
+    if (absl::Status s = CheckChannelArray(*values, c, field, non_negative);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
+  if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
+  const int64_t c = spec.num_features;
+  BatchNormModel model;
+  model.name = spec.name;
+  model.num_features = c;
+  model.momentum = spec.momentum.value_or(kDefaultMomentum);
+  model.cumulative_average = spec.cumulative_average;
+  model.eps = spec.eps.value_or(kDefaultEps);
+  model.use_pooled_statistics = spec.use_pooled_statistics;
+  model.num_batches_tracked = spec.num_batches_tracked;
+  model.running_mean = ChannelArray(spec.running_mean, c, 0.0);
+  model.running_var = ChannelArray(spec.running_var, c, 1.0);
+  model.weight = ChannelArray(spec.weight, c, 1.0);
+  model.bias = ChannelArray(spec.bias, c, 0.0);
   model.generation = 1;
   return model;
 }

@@ -64,9 +64,12 @@ absl::Status ValidateModelName(absl::string_view name, absl::string_view field);
 // INVALID_ARGUMENT naming `field` unless eps is finite and > 0.
 absl::Status ValidateEps(double eps, absl::string_view field);
 
-// Checks a CreateModel spec (name, num_features >= 1, momentum in [0, 1], eps,
-// array lengths 0 or C, finite values, running_var >= 0,
-// num_batches_tracked >= 0) and builds the model at generation 1.
+// INVALID_ARGUMENT (naming the field) unless the spec is well formed: name,
+// num_features >= 1, momentum in [0, 1], eps, array lengths 0 or C, finite
+// values, running_var >= 0, num_batches_tracked >= 0. Allocates nothing.
+absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// Validates `spec` and builds the model at generation 1.
 absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec);
 
 // A fresh model for a first Fit / training step: defaults, C channels.

@@ -52,10 +52,14 @@ absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
-  if (spec.num_features > options_.max_num_features) {
-    // Refuse before MakeModel allocates num_features-sized arrays.
+  // Malformed first (INVALID_ARGUMENT precedes RESOURCE_EXHAUSTED), then the
+  // limits, before MakeModel allocates num_features-sized arrays.
+  if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
+  {
     absl::ReaderMutexLock lock(&mu_);
-    return CheckNewModelLimits(spec.num_features);
+    if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
+      return s;
+    }
   }
   absl::StatusOr<BatchNormModel> model = MakeModel(spec);
   if (!model.ok()) return model.status();

@@ -33,6 +33,12 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         "--max_message_bytes: must be in 1..", std::numeric_limits<int>::max(),
         ", got ", options.max_message_bytes));
   }
+  if (options.port < 0 || options.port > 65535 || options.metrics_port < -1 ||
+      options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--port must be in 0..65535 and --metrics_port in -1..65535, got ",
+        options.port, " and ", options.metrics_port));
+  }
   if (options.max_models < 0 || options.max_num_features < 1 ||
       options.tbb_threads < 0) {
     return absl::InvalidArgumentError(
@@ -72,6 +78,8 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   const std::string address = HostPort(options.bind_address, options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &server->port_);
+  // A second normd on a busy port must fail, not silently share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(server->service_.get());
