@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,11 +188,14 @@ absl::Status AffineTensor(const std::string& text, absl::string_view flag,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> ChannelAxis() {
-  absl::StatusOr<double> axis =
-      ParseDouble(absl::GetFlag(FLAGS_channel_axis), "--channel_axis");
-  if (!axis.ok()) return axis.status();
-  return static_cast<int>(*axis);
+// The number in a string flag, or nullopt when the flag is empty.
+absl::StatusOr<std::optional<double>> OptionalNumber(
+    const absl::Flag<std::string>& flag, absl::string_view name) {
+  const std::string text = absl::GetFlag(flag);
+  if (text.empty()) return std::nullopt;
+  absl::StatusOr<double> value = ParseDouble(text, name);
+  if (!value.ok()) return value.status();
+  return *value;
 }
 
 int RunNormalize(NormdClient& client) {
@@ -213,16 +217,12 @@ int RunNormalize(NormdClient& client) {
   request.set_training(absl::GetFlag(FLAGS_training));
   request.set_normalized_ndim(absl::GetFlag(FLAGS_normalized_ndim));
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
-  if (!absl::GetFlag(FLAGS_channel_axis).empty()) {
-    absl::StatusOr<int> axis = ChannelAxis();
-    if (!axis.ok()) return Fail(axis.status(), 2);
-    request.set_channel_axis(*axis);
-  }
-  if (!absl::GetFlag(FLAGS_eps).empty()) {
-    absl::StatusOr<double> eps = ParseDouble(absl::GetFlag(FLAGS_eps), "--eps");
-    if (!eps.ok()) return Fail(eps.status(), 2);
-    request.set_eps(*eps);
-  }
+  auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
+  if (!axis.ok()) return Fail(axis.status(), 2);
+  if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
+  auto eps = OptionalNumber(FLAGS_eps, "--eps");
+  if (!eps.ok()) return Fail(eps.status(), 2);
+  if (eps->has_value()) request.set_eps(**eps);
   if (absl::Status s =
           AffineTensor(absl::GetFlag(FLAGS_weight), "--weight", request,
                        &v1::NormalizeRequest::mutable_weight);
@@ -267,11 +267,9 @@ int RunFit(NormdClient& client) {
   absl::StatusOr<v1::Tensor> input = InputTensor();
   if (!input.ok()) return Fail(input.status(), 2);
   *request.mutable_input() = *std::move(input);
-  if (!absl::GetFlag(FLAGS_channel_axis).empty()) {
-    absl::StatusOr<int> axis = ChannelAxis();
-    if (!axis.ok()) return Fail(axis.status(), 2);
-    request.set_channel_axis(*axis);
-  }
+  auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
+  if (!axis.ok()) return Fail(axis.status(), 2);
+  if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
   absl::StatusOr<v1::FitResponse> response = client.Fit(request);
   if (!response.ok()) return Fail(response.status());
   if (Json()) {
@@ -289,17 +287,12 @@ int RunCreate(NormdClient& client) {
   request.set_cumulative_average(absl::GetFlag(FLAGS_cumulative_average));
   request.set_num_batches_tracked(absl::GetFlag(FLAGS_num_batches_tracked));
   request.set_use_pooled_statistics(absl::GetFlag(FLAGS_use_pooled_statistics));
-  if (!absl::GetFlag(FLAGS_momentum).empty()) {
-    absl::StatusOr<double> m =
-        ParseDouble(absl::GetFlag(FLAGS_momentum), "--momentum");
-    if (!m.ok()) return Fail(m.status(), 2);
-    request.set_momentum(*m);
-  }
-  if (!absl::GetFlag(FLAGS_eps).empty()) {
-    absl::StatusOr<double> eps = ParseDouble(absl::GetFlag(FLAGS_eps), "--eps");
-    if (!eps.ok()) return Fail(eps.status(), 2);
-    request.set_eps(*eps);
-  }
+  auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
+  if (!momentum.ok()) return Fail(momentum.status(), 2);
+  if (momentum->has_value()) request.set_momentum(**momentum);
+  auto eps = OptionalNumber(FLAGS_eps, "--eps");
+  if (!eps.ok()) return Fail(eps.status(), 2);
+  if (eps->has_value()) request.set_eps(**eps);
   for (auto [text, flag, field] :
        {std::tuple{absl::GetFlag(FLAGS_running_mean), "--running_mean",
                    request.mutable_running_mean()},

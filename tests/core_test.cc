@@ -33,6 +33,19 @@ InputTensor View(const std::vector<T>& x, Shape shape) {
   return in;
 }
 
+// A training BatchNorm request for model `model` on x.
+template <typename T>
+NormalizeSpec TrainingSpec(const std::string& model, const std::vector<T>& x,
+                           Shape shape, int32_t axis) {
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = model;
+  spec.training = true;
+  spec.channel_axis = axis;
+  spec.input = View(x, std::move(shape));
+  return spec;
+}
+
 TEST(MomentsTest, MergeIsChanFormula) {
   // {1,2,3} and {10,20}: pooled mean 7.2, M2 = 6.2^2 + 5.2^2 + 4.2^2 + 2.8^2 +
   // 12.8^2 = 254.8.
@@ -128,12 +141,7 @@ void CheckBatchNormLayouts(double tolerance) {
 
     // Training Normalize on a fresh model, with a per-call weight and bias.
     Engine engine;
-    NormalizeSpec spec;
-    spec.mode = NormMode::kBatchNorm;
-    spec.model = "m";
-    spec.training = true;
-    spec.channel_axis = c.axis;
-    spec.input = View(x, c.shape);
+    NormalizeSpec spec = TrainingSpec("m", x, c.shape, c.axis);
     std::vector<double> w(c.channels), b(c.channels);
     for (int64_t ch = 0; ch < c.channels; ++ch) {
       w[ch] = 0.5 + 0.25 * static_cast<double>(ch % 7);
@@ -432,12 +440,7 @@ TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
     auto run = [&](int threads) {
       return WithThreads(threads, [&] {
         Engine engine;
-        NormalizeSpec spec;
-        spec.mode = NormMode::kBatchNorm;
-        spec.model = "d";
-        spec.training = true;
-        spec.channel_axis = c.axis;
-        spec.input = View(x, c.shape);
+        NormalizeSpec spec = TrainingSpec("d", x, c.shape, c.axis);
         std::vector<float> y(n);
         auto model = engine.Normalize(spec, y.data());
         EXPECT_TRUE(model.ok());
