@@ -14,7 +14,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
   python3-numpy
 
-.PHONY: all deps build test run clean format
+.PHONY: all deps build test run clean format bench
 
 all: build
 
@@ -49,3 +49,12 @@ format:
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# Kernel benchmarks vs copy / read-only-sum baselines and PyTorch, same run.
+BENCH_REPS ?= 5
+bench: build
+	$(BUILD_DIR)/bench/kernel_bench --benchmark_repetitions=$(BENCH_REPS) \
+	  --benchmark_report_aggregates_only=true --benchmark_format=json \
+	  --benchmark_out=$(BUILD_DIR)/kernel_bench.json --benchmark_out_format=json > /dev/null
+	/usr/bin/python3 bench/torch_bench.py $(BENCH_REPS) > $(BUILD_DIR)/torch_bench.json
+	/usr/bin/python3 bench/report.py $(BUILD_DIR)/kernel_bench.json $(BUILD_DIR)/torch_bench.json

@@ -1,0 +1,170 @@
+// In-process kernel benchmarks (Google Benchmark): normd's core against the
+// memory-bus baselines measured in the same run — a plain parallel copy of the
+// same size (for outputs) and a parallel read-only sum (for statistics only).
+// fp32, 64 MiB tensors, oneTBB limited to --threads (default 2).
+//
+//   build/bench/kernel_bench --benchmark_repetitions=5 \
+//       --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/core/engine.h"
+
+namespace normd {
+namespace {
+
+constexpr int64_t kBytes = 64 << 20;
+constexpr int64_t kElements = kBytes / sizeof(float);
+
+const std::vector<float>& Input() {
+  static const std::vector<float>* input = [] {
+    auto* v = new std::vector<float>(kElements);
+    std::mt19937 gen(1);
+    std::normal_distribution<float> dist(3.0f, 2.0f);
+    for (float& x : *v) x = dist(gen);
+    return v;
+  }();
+  return *input;
+}
+
+std::vector<float>& Output() {
+  static auto* output = new std::vector<float>(kElements, 1.0f);
+  return *output;
+}
+
+void SetBytes(benchmark::State& state, int64_t bytes_per_iteration) {
+  state.SetBytesProcessed(state.iterations() * bytes_per_iteration);
+}
+
+// Baseline: parallel copy of 64 MiB (read + write).
+void BM_Copy(benchmark::State& state) {
+  const float* src = Input().data();
+  float* dst = Output().data();
+  for (auto _ : state) {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kElements, 1 << 16),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        std::memcpy(dst + r.begin(), src + r.begin(),
+                                    (r.end() - r.begin()) * sizeof(float));
+                      });
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_Copy)->UseRealTime();
+
+// Baseline: parallel read-only sum of 64 MiB.
+void BM_ReadSum(benchmark::State& state) {
+  const float* src = Input().data();
+  for (auto _ : state) {
+    float total = tbb::parallel_reduce(
+        tbb::blocked_range<int64_t>(0, kElements, 1 << 16), 0.0f,
+        [&](const tbb::blocked_range<int64_t>& r, float acc) {
+          float lanes[16] = {};
+          int64_t i = r.begin();
+          for (; i + 16 <= r.end(); i += 16) {
+            for (int j = 0; j < 16; ++j) lanes[j] += src[i + j];
+          }
+          for (; i < r.end(); ++i) acc += src[i];
+          for (float l : lanes) acc += l;
+          return acc;
+        },
+        [](float a, float b) { return a + b; });
+    benchmark::DoNotOptimize(total);
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_ReadSum)->UseRealTime();
+
+InputTensor View(const Shape& shape) {
+  return InputTensor{DType::kFloat32, shape, Input().data(), kElements};
+}
+
+// LayerNorm over D of [1, T, D] (the largest T within 64 MiB).
+void BM_LayerNorm(benchmark::State& state) {
+  const int64_t d = state.range(0);
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kLayerNorm;
+  const int64_t rows = kElements / d;  // [1, T, D], T * D <= 64 MiB.
+  spec.input = View({1, rows, d});
+  spec.input.size = rows * d;
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
+}
+BENCHMARK(BM_LayerNorm)->Arg(768)->Arg(4096)->UseRealTime();
+
+// BatchNorm NCHW [16, 64, 128, 128] or channels-last [16, 128, 128, 64].
+Shape BatchNormShape(bool channels_last) {
+  return channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128};
+}
+
+void BM_BatchNorm(benchmark::State& state) {
+  const bool training = state.range(0) != 0;
+  const bool channels_last = state.range(1) != 0;
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = "bench";
+  spec.training = training;
+  spec.channel_axis = channels_last ? -1 : 1;
+  spec.input = View(BatchNormShape(channels_last));
+  ModelSpec create;
+  create.name = "bench";
+  create.num_features = 64;
+  if (!engine.store().Create(create).ok()) state.SkipWithError("create");
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_BatchNorm)
+    ->ArgNames({"train", "channels_last"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->UseRealTime();
+
+void BM_Fit(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  Engine engine;
+  FitSpec spec{"bench", View(BatchNormShape(channels_last)),
+               channels_last ? -1 : 1};
+  for (auto _ : state) {
+    auto result = engine.Fit(spec);
+    if (!result.ok()) state.SkipWithError("fit failed");
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_Fit)->ArgNames({"channels_last"})->Arg(0)->Arg(1)->UseRealTime();
+
+}  // namespace
+}  // namespace normd
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  if (const char* env = std::getenv("NORMD_BENCH_THREADS")) {
+    threads = std::atoi(env);
+  }
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                            threads);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/python3
+"""Prints the kernel table of `make bench`: normd's kernels against the copy /
+read-only-sum baselines of the same run and against PyTorch.
+
+Usage: report.py KERNEL_BENCH_JSON TORCH_JSON
+KERNEL_BENCH_JSON is Google Benchmark's --benchmark_format=json output with
+repetitions (medians are used); TORCH_JSON is torch_bench.py's output.
+"""
+
+import json
+import sys
+
+# (benchmark, what, baseline, target, kind): kind "bw" = bandwidth ratio vs
+# baseline must be >= target; "time" = time ratio vs baseline must be <= target.
+ROWS = [
+    ("BM_LayerNorm/768", "LayerNorm [B,T,768]", "BM_Copy", 0.9, "bw"),
+    ("BM_LayerNorm/4096", "LayerNorm [B,T,4096]", "BM_Copy", 0.9, "bw"),
+    ("BM_BatchNorm/train:0/channels_last:0", "BatchNorm eval NCHW", "BM_Copy",
+     0.9, "bw"),
+    ("BM_BatchNorm/train:0/channels_last:1", "BatchNorm eval NHWC", "BM_Copy",
+     0.9, "bw"),
+    ("BM_BatchNorm/train:1/channels_last:0", "BatchNorm train NCHW", "BM_Copy",
+     1.5, "time"),
+    ("BM_BatchNorm/train:1/channels_last:1", "BatchNorm train NHWC", "BM_Copy",
+     1.5, "time"),
+    ("BM_Fit/channels_last:0", "Fit NCHW", "BM_ReadSum", 0.9, "bw"),
+    ("BM_Fit/channels_last:1", "Fit NHWC", "BM_ReadSum", 0.9, "bw"),
+]
+
+
+def medians(path):
+    data = json.load(open(path))
+    out = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            out[b["run_name"].replace("/real_time", "")] = b["real_time"] * 1e-9
+    return out
+
+
+def main():
+    normd = medians(sys.argv[1])
+    # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
+    elements = (64 << 20) // 4
+    sizes = {f"BM_LayerNorm/{d}": (elements // d * d) / elements
+             for d in (768, 4096)}
+    torch = json.load(open(sys.argv[2]))
+    print(f"{'case (fp32, 64 MiB, 2 threads)':34} {'normd ms':>9} "
+          f"{'vs baseline':>18} {'target':>8} {'torch ms':>9} "
+          f"{'torch/normd':>11}")
+    misses = 0
+    for name, what, base, target, kind in ROWS:
+        t = normd.get(name)
+        if t is None:
+            continue
+        b = normd[base]
+        if kind == "bw":
+            ratio = b / t * sizes.get(name, 1.0)
+            shown = f"{ratio:.2f}x {'copy' if base == 'BM_Copy' else 'sum'} bw"
+            ok = ratio >= target
+            goal = f">={target}"
+        else:
+            ratio = t / b
+            shown = f"{ratio:.2f}x copy time"
+            ok = ratio <= target
+            goal = f"<={target}"
+        tt = torch.get(name)
+        speedup = f"{tt / t:.2f}x" if tt else "-"
+        misses += not ok
+        print(f"{what:34} {t * 1e3:9.2f} {shown:>18} {goal:>8} "
+              f"{(tt or 0) * 1e3:9.2f} {speedup:>11}{'' if ok else '  MISS'}")
+    print(f"baselines: copy {normd['BM_Copy'] * 1e3:.2f} ms "
+          f"({64 / 1024 / normd['BM_Copy']:.1f} GiB/s), read-only sum "
+          f"{normd['BM_ReadSum'] * 1e3:.2f} ms; torch copy "
+          f"{torch['BM_Copy'] * 1e3:.2f} ms")
+    print(f"{misses} of {len(ROWS)} kernel targets missed")
+
+
+if __name__ == "__main__":
+    main()
