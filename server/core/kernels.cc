@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "server/core/moments.h"
+#include "server/core/simd.h"
 
 namespace normd {
 namespace {
@@ -18,10 +21,13 @@ constexpr int64_t kApplyChunk = 16384;
 constexpr int64_t kLongRow = 4 * kMomentsBlock;
 
 // y[j] = (x[j] - mean) * scale * weight[j] + bias[j] for j in [0, n), with
-// weight / bias optional.
+// weight / bias optional; all in fp64.
 template <typename T>
-void AffineRow(const T* x, T* y, int64_t n, double mean, double scale,
-               const double* weight, const double* bias) {
+NORMD_INLINE_INTO_CLONES void AffineRowImpl(const T* __restrict x,
+                                            T* __restrict y, int64_t n,
+                                            double mean, double scale,
+                                            const double* __restrict weight,
+                                            const double* __restrict bias) {
   if (weight != nullptr && bias != nullptr) {
     for (int64_t j = 0; j < n; ++j) {
       y[j] = static_cast<T>(
@@ -44,6 +50,153 @@ void AffineRow(const T* x, T* y, int64_t n, double mean, double scale,
   }
 }
 
+NORMD_MULTIVERSION void AffineRowF64(const double* x, double* y, int64_t n,
+                                     double mean, double scale,
+                                     const double* weight, const double* bias) {
+  AffineRowImpl(x, y, n, mean, scale, weight, bias);
+}
+
+// A fp64 mean split into two floats, mean ~= hi + lo, so that fp32 lanes can
+// subtract it first: (x - hi) is exact near the mean (Sterbenz), and lo
+// restores the bits hi dropped.
+struct SplitMean {
+  float hi;
+  float lo;
+  explicit SplitMean(double mean)
+      : hi(static_cast<float>(mean)),
+        lo(static_cast<float>(mean - static_cast<double>(hi))) {}
+};
+
+// fp32 lanes: y = ((x - hi) - lo) * scale * weight[j] + bias[j].
+NORMD_MULTIVERSION void AffineRowF32(const float* __restrict x,
+                                     float* __restrict y, int64_t n,
+                                     SplitMean mean, float scale,
+                                     const float* __restrict weight,
+                                     const float* __restrict bias) {
+  const float hi = mean.hi;
+  const float lo = mean.lo;
+  if (weight != nullptr && bias != nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      y[j] = ((x[j] - hi) - lo) * scale * weight[j] + bias[j];
+    }
+  } else if (weight != nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      y[j] = ((x[j] - hi) - lo) * scale * weight[j];
+    }
+  } else if (bias != nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      y[j] = ((x[j] - hi) - lo) * scale + bias[j];
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = ((x[j] - hi) - lo) * scale;
+  }
+}
+
+// The per-call affine parameters in the element type of the data.
+template <typename T>
+struct AffineParams {
+  AffineParams(const double* w, const double* b, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (w != nullptr) weight_storage.assign(w, w + n);
+      if (b != nullptr) bias_storage.assign(b, b + n);
+      weight = w == nullptr ? nullptr : weight_storage.data();
+      bias = b == nullptr ? nullptr : bias_storage.data();
+    } else {
+      weight = w;
+      bias = b;
+    }
+  }
+  std::vector<T> weight_storage;
+  std::vector<T> bias_storage;
+  const T* weight;
+  const T* bias;
+};
+
+void AffineRow(const float* x, float* y, int64_t n, double mean, double scale,
+               const float* weight, const float* bias) {
+  AffineRowF32(x, y, n, SplitMean(mean), static_cast<float>(scale), weight,
+               bias);
+}
+void AffineRow(const double* x, double* y, int64_t n, double mean, double scale,
+               const double* weight, const double* bias) {
+  AffineRowF64(x, y, n, mean, scale, weight, bias);
+}
+
+// Channel affine over [begin, end) of a [outer, C, inner] tensor.
+template <typename T, typename Params>
+NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
+    const T* __restrict x, T* __restrict y, int64_t begin, int64_t end,
+    int64_t channels, int64_t inner, const Params& p) {
+  int64_t pos = begin;
+  if (inner == 1) {
+    // Channels-last: walk runs of consecutive channels.
+    while (pos < end) {
+      const int64_t c = pos % channels;
+      const int64_t run = std::min(channels - c, end - pos);
+      const T* __restrict xs = x + pos;
+      T* __restrict ys = y + pos;
+      for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], c + k);
+      pos += run;
+    }
+    return;
+  }
+  // Walk runs of one channel's contiguous values.
+  while (pos < end) {
+    const int64_t c = (pos / inner) % channels;
+    const int64_t run = std::min(inner - pos % inner, end - pos);
+    const T* __restrict xs = x + pos;
+    T* __restrict ys = y + pos;
+    const auto constants = p.Constants(c);
+    for (int64_t k = 0; k < run; ++k) ys[k] = constants.Apply(xs[k]);
+    pos += run;
+  }
+}
+
+// y = (x - mean[c]) * scale[c] + shift[c] in fp64.
+struct ChannelParamsF64 {
+  const double* mean;
+  const double* scale;
+  const double* shift;
+  struct One {
+    double mean, scale, shift;
+    double Apply(double x) const { return (x - mean) * scale + shift; }
+  };
+  double Apply(double x, int64_t c) const {
+    return (x - mean[c]) * scale[c] + shift[c];
+  }
+  One Constants(int64_t c) const { return {mean[c], scale[c], shift[c]}; }
+};
+
+// y = ((x - hi[c]) - lo[c]) * scale[c] + shift[c] in fp32.
+struct ChannelParamsF32 {
+  const float* hi;
+  const float* lo;
+  const float* scale;
+  const float* shift;
+  struct One {
+    float hi, lo, scale, shift;
+    float Apply(float x) const { return ((x - hi) - lo) * scale + shift; }
+  };
+  float Apply(float x, int64_t c) const {
+    return ((x - hi[c]) - lo[c]) * scale[c] + shift[c];
+  }
+  One Constants(int64_t c) const { return {hi[c], lo[c], scale[c], shift[c]}; }
+};
+
+NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* y,
+                                              int64_t begin, int64_t end,
+                                              int64_t channels, int64_t inner,
+                                              const ChannelParamsF32& p) {
+  ChannelAffineRangeImpl(x, y, begin, end, channels, inner, p);
+}
+
+NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* y,
+                                              int64_t begin, int64_t end,
+                                              int64_t channels, int64_t inner,
+                                              const ChannelParamsF64& p) {
+  ChannelAffineRangeImpl(x, y, begin, end, channels, inner, p);
+}
+
 double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
   if (style == LayerNormStyle::kBertUnbiasedStd) {
     return 1.0 / (std::sqrt(moments.UnbiasedVariance()) + eps);
@@ -59,20 +212,21 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                      const double* bias) {
   const int64_t n = rows.row_size;
   if (rows.rows == 0 || n == 0) return;
+  const AffineParams<T> affine(weight, bias, n);
   if (n >= kLongRow) {
     for (int64_t r = 0; r < rows.rows; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
       const Moments moments = ContiguousMoments(xr, n);
       const double scale = RowScale(moments, eps, style);
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kApplyChunk),
-                        [&](const tbb::blocked_range<int64_t>& range) {
-                          const int64_t j = range.begin();
-                          AffineRow(xr + j, yr + j, range.end() - j,
-                                    moments.mean, scale,
-                                    weight == nullptr ? nullptr : weight + j,
-                                    bias == nullptr ? nullptr : bias + j);
-                        });
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, n, kApplyChunk),
+          [&](const tbb::blocked_range<int64_t>& range) {
+            const int64_t j = range.begin();
+            AffineRow(xr + j, yr + j, range.end() - j, moments.mean, scale,
+                      affine.weight == nullptr ? nullptr : affine.weight + j,
+                      affine.bias == nullptr ? nullptr : affine.bias + j);
+          });
     }
     return;
   }
@@ -82,7 +236,8 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                       for (int64_t r = range.begin(); r < range.end(); ++r) {
                         const Moments moments = ContiguousMoments(x + r * n, n);
                         AffineRow(x + r * n, y + r * n, n, moments.mean,
-                                  RowScale(moments, eps, style), weight, bias);
+                                  RowScale(moments, eps, style), affine.weight,
+                                  affine.bias);
                       }
                     });
 }
@@ -91,45 +246,29 @@ template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
                          const double* shift) {
-  const int64_t total = layout.NumElements();
   const int64_t channels = layout.channels;
-  const int64_t inner = layout.inner;
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, total, kApplyChunk),
-      [&](const tbb::blocked_range<int64_t>& range) {
-        int64_t pos = range.begin();
-        const int64_t end = range.end();
-        if (inner == 1) {
-          // Channels-last: walk runs of consecutive channels.
-          while (pos < end) {
-            const int64_t c = pos % channels;
-            const int64_t run = std::min(channels - c, end - pos);
-            const T* xs = x + pos;
-            T* ys = y + pos;
-            for (int64_t k = 0; k < run; ++k) {
-              ys[k] = static_cast<T>(
-                  (static_cast<double>(xs[k]) - mean[c + k]) * scale[c + k] +
-                  shift[c + k]);
-            }
-            pos += run;
-          }
-          return;
-        }
-        // Walk runs of one channel's contiguous values.
-        while (pos < end) {
-          const int64_t c = (pos / inner) % channels;
-          const int64_t run = std::min(inner - pos % inner, end - pos);
-          const T* xs = x + pos;
-          T* ys = y + pos;
-          const double m = mean[c];
-          const double s = scale[c];
-          const double b = shift[c];
-          for (int64_t k = 0; k < run; ++k) {
-            ys[k] = static_cast<T>((static_cast<double>(xs[k]) - m) * s + b);
-          }
-          pos += run;
-        }
-      });
+  auto run = [&](const auto& params, auto range_fn) {
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, layout.NumElements(), kApplyChunk),
+        [&](const tbb::blocked_range<int64_t>& range) {
+          range_fn(x, y, range.begin(), range.end(), channels, layout.inner,
+                   params);
+        });
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    std::vector<float> hi(channels), lo(channels), s(channels), b(channels);
+    for (int64_t c = 0; c < channels; ++c) {
+      const SplitMean split(mean[c]);
+      hi[c] = split.hi;
+      lo[c] = split.lo;
+      s[c] = static_cast<float>(scale[c]);
+      b[c] = static_cast<float>(shift[c]);
+    }
+    run(ChannelParamsF32{hi.data(), lo.data(), s.data(), b.data()},
+        ChannelAffineRangeF32);
+  } else {
+    run(ChannelParamsF64{mean, scale, shift}, ChannelAffineRangeF64);
+  }
 }
 
 template void LayerNormKernel<float>(const float*, float*, const RowLayout&,

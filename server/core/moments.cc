@@ -7,32 +7,59 @@
 #include <cmath>
 #include <limits>
 
+#include "server/core/simd.h"
+
 namespace normd {
 namespace {
 
 // Independent accumulators per reduction, so that the compiler can keep them
 // in SIMD registers; the lane sums are combined in a fixed order.
 constexpr int kLanes = 8;
+// fp32 lanes of the fast path, and how many values each fp32 lane sums
+// before it is flushed into fp64 (keeps every fp32 partial sum short).
+constexpr int kFloatLanes = 32;
+constexpr int64_t kFloatFlush = 256;  // Elements per flush (8 per lane).
 
-double SumLanes(const double (&lanes)[kLanes]) {
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+template <int N>
+double SumLanes(const double (&lanes)[N]) {
+  // Pairwise, in a fixed order.
+  double tmp[N];
+  std::copy(lanes, lanes + N, tmp);
+  for (int step = N / 2; step >= 1; step /= 2) {
+    for (int j = 0; j < step; ++j) tmp[j] += tmp[j + step];
+  }
+  return tmp[0];
 }
 
-// Corrected two-pass moments of one block x[0..n), n >= 1: a first pass for
-// the mean, a second for the deviations d = x - mean0 and their squares; the
-// residual sum of d corrects both the mean and M2 for rounding in mean0.
+// Moments from a first-pass mean `mean0` and the second-pass sums of
+// d = x - mean0 (`residual`) and d^2 (`squares`) over n values.
+NORMD_INLINE_INTO_CLONES Moments Corrected(int64_t n, double mean0,
+                                           double residual, double squares) {
+  const double count = static_cast<double>(n);
+  Moments result;
+  result.count = n;
+  result.mean = mean0 + residual / count;
+  result.m2 = std::max(0.0, squares - residual * residual / count);
+  if (!std::isfinite(mean0) || !std::isfinite(squares)) {
+    // Keep the non-finite marker visible in both fields.
+    result.mean = result.m2 = std::numeric_limits<double>::quiet_NaN();
+  }
+  return result;
+}
+
+// Corrected two-pass moments of one block x[0..n), n >= 1, entirely in fp64:
+// a first pass for the mean, a second for the deviations d = x - mean0 and
+// their squares; the residual sum of d corrects both the mean and M2 for
+// rounding in mean0.
 template <typename T>
-Moments BlockMoments(const T* x, int64_t n) {
+NORMD_INLINE_INTO_CLONES Moments BlockMomentsExactImpl(const T* x, int64_t n) {
   double sum[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) sum[j] += static_cast<double>(x[i + j]);
   }
   for (int j = 0; i < n; ++i, ++j) sum[j] += static_cast<double>(x[i]);
-  const double count = static_cast<double>(n);
-  const double mean0 = SumLanes(sum) / count;
-
+  const double mean0 = SumLanes(sum) / static_cast<double>(n);
   double dev[kLanes] = {};
   double sq[kLanes] = {};
   i = 0;
@@ -48,17 +75,77 @@ Moments BlockMoments(const T* x, int64_t n) {
     dev[j] += d;
     sq[j] += d * d;
   }
-  const double residual = SumLanes(dev);
-  Moments result;
-  result.count = n;
-  result.mean = mean0 + residual / count;
-  result.m2 = std::max(0.0, SumLanes(sq) - residual * residual / count);
-  if (!std::isfinite(mean0)) {
-    // Keep the non-finite marker visible in both fields.
-    result.mean = mean0;
-    result.m2 = mean0;
+  return Corrected(n, mean0, SumLanes(dev), SumLanes(sq));
+}
+
+NORMD_MULTIVERSION Moments BlockMomentsExactF32(const float* x, int64_t n) {
+  return BlockMomentsExactImpl(x, n);
+}
+NORMD_MULTIVERSION Moments BlockMomentsF64(const double* x, int64_t n) {
+  return BlockMomentsExactImpl(x, n);
+}
+
+// True when an fp32 fast-path result may have lost accuracy: non-finite
+// (overflow or NaN/Inf input) or a variance so small that fp32 squares of the
+// deviations were denormal.
+bool NeedsExactPath(const Moments& m) {
+  return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count);
+}
+
+// The fp32 fast path: the same corrected two-pass algorithm with fp32 SIMD
+// lanes that are flushed into fp64 every kFloatFlush elements, and the second
+// pass centred on mean0 rounded to float (x - mean0f is exact near the mean).
+// Falls back to the fp64 path if fp32 over- or underflowed.
+NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
+  double wide[kFloatLanes] = {};
+  int64_t i = 0;
+  for (; i + kFloatFlush <= n; i += kFloatFlush) {
+    float lanes[kFloatLanes] = {};
+    for (int64_t k = 0; k < kFloatFlush; k += kFloatLanes) {
+      for (int j = 0; j < kFloatLanes; ++j) lanes[j] += x[i + k + j];
+    }
+    for (int j = 0; j < kFloatLanes; ++j) wide[j] += lanes[j];
   }
+  double tail = 0.0;
+  for (int64_t k = i; k < n; ++k) tail += x[k];
+  const double mean0 = (SumLanes(wide) + tail) / static_cast<double>(n);
+  const float center = static_cast<float>(mean0);
+
+  double wide_dev[kFloatLanes] = {};
+  double wide_sq[kFloatLanes] = {};
+  for (i = 0; i + kFloatFlush <= n; i += kFloatFlush) {
+    float dev[kFloatLanes] = {};
+    float sq[kFloatLanes] = {};
+    for (int64_t k = 0; k < kFloatFlush; k += kFloatLanes) {
+      for (int j = 0; j < kFloatLanes; ++j) {
+        const float d = x[i + k + j] - center;
+        dev[j] += d;
+        sq[j] += d * d;
+      }
+    }
+    for (int j = 0; j < kFloatLanes; ++j) {
+      wide_dev[j] += dev[j];
+      wide_sq[j] += sq[j];
+    }
+  }
+  double tail_dev = 0.0;
+  double tail_sq = 0.0;
+  for (int64_t k = i; k < n; ++k) {
+    const double d = static_cast<double>(x[k]) - center;
+    tail_dev += d;
+    tail_sq += d * d;
+  }
+  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev,
+                             SumLanes(wide_sq) + tail_sq);
+  if (NeedsExactPath(result)) return BlockMomentsExactF32(x, n);
   return result;
+}
+
+Moments BlockMoments(const float* x, int64_t n) {
+  return BlockMomentsF32(x, n);
+}
+Moments BlockMoments(const double* x, int64_t n) {
+  return BlockMomentsF64(x, n);
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -93,36 +180,57 @@ std::vector<Moments> ChannelMomentsLongRuns(const T* x,
   return result;
 }
 
-// The moments of channels [c0, c1) over rows [r0, r1) of a short-run layout
-// (e.g. channels-last), merged into acc[0..c1-c0). The block is small enough
-// to stay in cache between its two passes.
+// A block of a short-run layout: channels [c0, c1) over rows [r0, r1).
+struct RowBlock {
+  int64_t c0, c1, r0, r1;
+  int64_t width() const { return c1 - c0; }
+};
+
+// Per-task scratch for row blocks of up to `width` channels.
+struct RowScratch {
+  explicit RowScratch(int64_t width) : wide(3 * width) {}
+  std::vector<double> wide;
+};
+
+// Exact fp64 moments of every channel of a row block into out[0..width):
+// per-channel fp64 accumulators, vectorized across channels.
 template <typename T>
-void AccumulateRowBlock(const T* x, const ChannelLayout& layout, int64_t c0,
-                        int64_t c1, int64_t r0, int64_t r1, double* sum,
-                        double* dev, double* sq, Moments* acc) {
-  const int64_t width = c1 - c0;
+NORMD_INLINE_INTO_CLONES void RowBlockMomentsExact(const T* x,
+                                                   const ChannelLayout& layout,
+                                                   const RowBlock& block,
+                                                   RowScratch& scratch,
+                                                   Moments* out) {
+  const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t row_stride = layout.channels * inner;
-  std::fill(sum, sum + width, 0.0);
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* row = x + r * row_stride + c0 * inner;
+  double* __restrict sum = scratch.wide.data();
+  double* __restrict dev = sum + width;
+  double* __restrict sq = dev + width;
+  std::fill(sum, sum + 3 * width, 0.0);
+  for (int64_t r = block.r0; r < block.r1; ++r) {
+    const T* __restrict row = x + r * row_stride + block.c0 * inner;
     if (inner == 1) {
       for (int64_t c = 0; c < width; ++c) sum[c] += static_cast<double>(row[c]);
-    } else {
-      for (int64_t c = 0; c < width; ++c) {
-        for (int64_t i = 0; i < inner; ++i) {
-          sum[c] += static_cast<double>(row[c * inner + i]);
-        }
+      continue;
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      for (int64_t i = 0; i < inner; ++i) {
+        sum[c] += static_cast<double>(row[c * inner + i]);
       }
     }
   }
-  const int64_t count = (r1 - r0) * inner;
-  const double n = static_cast<double>(count);
-  for (int64_t c = 0; c < width; ++c) sum[c] /= n;  // sum now holds mean0.
-  std::fill(dev, dev + width, 0.0);
-  std::fill(sq, sq + width, 0.0);
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* row = x + r * row_stride + c0 * inner;
+  const int64_t count = (block.r1 - block.r0) * inner;
+  for (int64_t c = 0; c < width; ++c) sum[c] /= static_cast<double>(count);
+  for (int64_t r = block.r0; r < block.r1; ++r) {
+    const T* __restrict row = x + r * row_stride + block.c0 * inner;
+    if (inner == 1) {
+      for (int64_t c = 0; c < width; ++c) {
+        const double d = static_cast<double>(row[c]) - sum[c];
+        dev[c] += d;
+        sq[c] += d * d;
+      }
+      continue;
+    }
     for (int64_t c = 0; c < width; ++c) {
       for (int64_t i = 0; i < inner; ++i) {
         const double d = static_cast<double>(row[c * inner + i]) - sum[c];
@@ -132,13 +240,31 @@ void AccumulateRowBlock(const T* x, const ChannelLayout& layout, int64_t c0,
     }
   }
   for (int64_t c = 0; c < width; ++c) {
-    Moments block;
-    block.count = count;
-    block.mean = sum[c] + dev[c] / n;
-    block.m2 = std::max(0.0, sq[c] - dev[c] * dev[c] / n);
-    if (!std::isfinite(sum[c])) block.mean = block.m2 = sum[c];
-    MergeMoments(acc[c], block);
+    out[c] = Corrected(count, sum[c], dev[c], sq[c]);
   }
+}
+
+NORMD_MULTIVERSION void RowBlockMomentsF32(const float* x,
+                                           const ChannelLayout& layout,
+                                           const RowBlock& block,
+                                           RowScratch& scratch, Moments* out) {
+  RowBlockMomentsExact(x, layout, block, scratch, out);
+}
+
+NORMD_MULTIVERSION void RowBlockMomentsF64(const double* x,
+                                           const ChannelLayout& layout,
+                                           const RowBlock& block,
+                                           RowScratch& scratch, Moments* out) {
+  RowBlockMomentsExact(x, layout, block, scratch, out);
+}
+
+void RowBlockMoments(const float* x, const ChannelLayout& layout,
+                     const RowBlock& block, RowScratch& scratch, Moments* out) {
+  RowBlockMomentsF32(x, layout, block, scratch, out);
+}
+void RowBlockMoments(const double* x, const ChannelLayout& layout,
+                     const RowBlock& block, RowScratch& scratch, Moments* out) {
+  RowBlockMomentsF64(x, layout, block, scratch, out);
 }
 
 // Channel moments for short runs (inner < kMinRun, e.g. channels-last or
@@ -166,7 +292,8 @@ std::vector<Moments> ChannelMomentsShortRuns(const T* x,
   tbb::parallel_for(
       tbb::blocked_range<int64_t>(0, num_ranges * num_groups),
       [&](const tbb::blocked_range<int64_t>& items) {
-        std::vector<double> scratch(3 * range_width);
+        RowScratch scratch(range_width);
+        std::vector<Moments> block_moments(range_width);
         for (int64_t item = items.begin(); item < items.end(); ++item) {
           const int64_t group = item / num_ranges;
           const int64_t c0 = (item % num_ranges) * range_width;
@@ -176,10 +303,12 @@ std::vector<Moments> ChannelMomentsShortRuns(const T* x,
           Moments* acc = per_group.data() + group * channels + c0;
           for (int64_t b = b0; b < b1; ++b) {
             const int64_t r0 = b * rows_per_block;
-            const int64_t r1 = std::min(layout.outer, r0 + rows_per_block);
-            AccumulateRowBlock(x, layout, c0, c1, r0, r1, scratch.data(),
-                               scratch.data() + range_width,
-                               scratch.data() + 2 * range_width, acc);
+            const RowBlock block{c0, c1, r0,
+                                 std::min(layout.outer, r0 + rows_per_block)};
+            RowBlockMoments(x, layout, block, scratch, block_moments.data());
+            for (int64_t c = 0; c < c1 - c0; ++c) {
+              MergeMoments(acc[c], block_moments[c]);
+            }
           }
         }
       });

@@ -1,0 +1,27 @@
+// Compile-time helpers for the hot loops of the numeric core.
+//
+// NORMD_MULTIVERSION builds a function for AVX-512, AVX2 and baseline x86-64
+// and picks one at load time (GCC/Clang target_clones), so one binary runs
+// everywhere and uses the widest vectors the CPU has. The loops keep explicit
+// lane arrays and the build disables FP contraction, so every variant does the
+// same operations in the same order: results are bitwise identical whichever
+// variant runs.
+#ifndef NORMD_SERVER_CORE_SIMD_H_
+#define NORMD_SERVER_CORE_SIMD_H_
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define NORMD_MULTIVERSION \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NORMD_MULTIVERSION
+#endif
+
+// For the bodies that multiversioned wrappers call: inlined into each clone,
+// so they are compiled for that clone's instruction set.
+#if defined(__GNUC__)
+#define NORMD_INLINE_INTO_CLONES [[gnu::always_inline]] inline
+#else
+#define NORMD_INLINE_INTO_CLONES inline
+#endif
+
+#endif  // NORMD_SERVER_CORE_SIMD_H_
