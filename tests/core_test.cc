@@ -60,17 +60,20 @@ TEST(MomentsTest, MergeIsChanFormula) {
 
 // How close the statistics of T data must be to the fp64 reference: the
 // mean relative to its scale |mean| + std, the variance relative. fp32 data
-// goes through the fp32-SIMD fast path (lanes flushed to fp64), fp64 data
-// through the all-fp64 path.
+// goes through the fp32-SIMD fast paths (lanes flushed to fp64): errors of
+// about one fp32 ulp (6e-8) of the data on tensors too small to average them
+// out; fp64 data through the all-fp64 paths.
 template <typename T>
-constexpr double kStatsTolerance = std::is_same_v<T, float> ? 1e-8 : 1e-13;
+constexpr double kMeanTolerance = std::is_same_v<T, float> ? 5e-8 : 1e-13;
+template <typename T>
+constexpr double kVarTolerance = std::is_same_v<T, float> ? 5e-7 : 1e-12;
 
 template <typename T>
 void ExpectStatsNear(const Moments& m, double ref_mean, double ref_var) {
   const double scale = std::abs(ref_mean) + std::sqrt(ref_var);
-  EXPECT_LE(std::abs(m.mean - ref_mean), kStatsTolerance<T> * scale);
+  EXPECT_LE(std::abs(m.mean - ref_mean), kMeanTolerance<T> * scale);
   if (m.count > 1) {
-    EXPECT_LE(RelErr(m.BiasedVariance(), ref_var), 10 * kStatsTolerance<T>);
+    EXPECT_LE(RelErr(m.BiasedVariance(), ref_var), kVarTolerance<T>);
   }
 }
 
@@ -100,11 +103,18 @@ TEST(MomentsTest, FastPathFallsBackWhereFp32WouldLoseAccuracy) {
     std::vector<float> x = RandomValues<float>(10000, 3, 0.0, scale);
     const Moments m = ContiguousMoments(x.data(), 10000);
     const auto ref = ReferenceChannelStats(x, 1, 1, 10000);
+    ASSERT_TRUE(std::isfinite(ref.var[0]));
     EXPECT_LE(RelErr(m.BiasedVariance(), ref.var[0]), 1e-12);
-    const ChannelLayout layout{5000, 2, 1};
-    const auto channels = ChannelMoments(x.data(), layout);
-    const auto ref2 = ReferenceChannelStats(x, 5000, 2, 1);
-    EXPECT_LE(RelErr(channels[1].BiasedVariance(), ref2.var[1]), 1e-12);
+    // Channels-last, untiled (2 channels) and in fp32 register tiles (40).
+    for (int64_t c : {2, 40}) {
+      const ChannelLayout layout{10000 / c, c, 1};
+      const auto channels = ChannelMoments(x.data(), layout);
+      const auto ref2 = ReferenceChannelStats(x, 10000 / c, c, 1);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        EXPECT_LE(RelErr(channels[ch].BiasedVariance(), ref2.var[ch]), 1e-12)
+            << c;
+      }
+    }
   }
 }
 
@@ -197,7 +207,7 @@ void CheckBatchNormLayouts(double tolerance) {
     // Running stats after one momentum-0.1 step: 0.1 * mean, 0.9 + 0.1 * var
     // * m / (m - 1).
     const double m = static_cast<double>(c.outer * c.inner);
-    const double tol = 100 * kStatsTolerance<T>;
+    const double tol = 100 * kVarTolerance<T>;
     for (int64_t ch = 0; ch < c.channels; ++ch) {
       EXPECT_NEAR((*model)->running_mean[ch], 0.1 * ref.mean[ch], tol);
       EXPECT_NEAR((*model)->running_var[ch],

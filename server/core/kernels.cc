@@ -10,12 +10,15 @@
 
 #include "server/core/moments.h"
 #include "server/core/simd.h"
+#include "server/core/stream_copy.h"
 
 namespace normd {
 namespace {
 
 // Elements per parallel work item of the elementwise passes.
 constexpr int64_t kApplyChunk = 16384;
+// Elements computed into the per-thread staging buffer per StreamCopy.
+constexpr int64_t kStagingElements = 4096;
 // Rows at least this long are reduced and written in parallel one at a time;
 // shorter rows are processed whole, many rows per work item.
 constexpr int64_t kLongRow = 4 * kMomentsBlock;
@@ -122,10 +125,11 @@ void AffineRow(const double* x, double* y, int64_t n, double mean, double scale,
   AffineRowF64(x, y, n, mean, scale, weight, bias);
 }
 
-// Channel affine over [begin, end) of a [outer, C, inner] tensor.
+// Channel affine over elements [begin, end) of a [outer, C, inner] tensor;
+// element begin + k goes to out[k].
 template <typename T, typename Params>
 NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
-    const T* __restrict x, T* __restrict y, int64_t begin, int64_t end,
+    const T* __restrict x, T* __restrict out, int64_t begin, int64_t end,
     int64_t channels, int64_t inner, const Params& p) {
   int64_t pos = begin;
   if (inner == 1) {
@@ -134,7 +138,7 @@ NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
       const int64_t c = pos % channels;
       const int64_t run = std::min(channels - c, end - pos);
       const T* __restrict xs = x + pos;
-      T* __restrict ys = y + pos;
+      T* __restrict ys = out + (pos - begin);
       for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], c + k);
       pos += run;
     }
@@ -145,7 +149,7 @@ NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
     const int64_t c = (pos / inner) % channels;
     const int64_t run = std::min(inner - pos % inner, end - pos);
     const T* __restrict xs = x + pos;
-    T* __restrict ys = y + pos;
+    T* __restrict ys = out + (pos - begin);
     const auto constants = p.Constants(c);
     for (int64_t k = 0; k < run; ++k) ys[k] = constants.Apply(xs[k]);
     pos += run;
@@ -183,18 +187,30 @@ struct ChannelParamsF32 {
   One Constants(int64_t c) const { return {hi[c], lo[c], scale[c], shift[c]}; }
 };
 
-NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* y,
+NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* out,
                                               int64_t begin, int64_t end,
                                               int64_t channels, int64_t inner,
                                               const ChannelParamsF32& p) {
-  ChannelAffineRangeImpl(x, y, begin, end, channels, inner, p);
+  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, p);
 }
 
-NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* y,
+NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* out,
                                               int64_t begin, int64_t end,
                                               int64_t channels, int64_t inner,
                                               const ChannelParamsF64& p) {
-  ChannelAffineRangeImpl(x, y, begin, end, channels, inner, p);
+  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, p);
+}
+
+// A per-thread buffer that outputs are computed into before StreamCopy.
+template <typename T>
+T* Staging(int64_t elements) {
+  thread_local std::vector<T> buffer;
+  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(elements);
+  return buffer.data();
+}
+
+bool StreamOutput(int64_t elements, size_t element_size) {
+  return elements * static_cast<int64_t>(element_size) >= kStreamingOutputBytes;
 }
 
 double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
@@ -213,6 +229,10 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
   const int64_t n = rows.row_size;
   if (rows.rows == 0 || n == 0) return;
   const AffineParams<T> affine(weight, bias, n);
+  const bool stream = StreamOutput(rows.rows * n, sizeof(T));
+  auto offset = [](const T* p, int64_t j) {
+    return p == nullptr ? nullptr : p + j;
+  };
   if (n >= kLongRow) {
     for (int64_t r = 0; r < rows.rows; ++r) {
       const T* xr = x + r * n;
@@ -222,24 +242,38 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, n, kApplyChunk),
           [&](const tbb::blocked_range<int64_t>& range) {
-            const int64_t j = range.begin();
-            AffineRow(xr + j, yr + j, range.end() - j, moments.mean, scale,
-                      affine.weight == nullptr ? nullptr : affine.weight + j,
-                      affine.bias == nullptr ? nullptr : affine.bias + j);
+            for (int64_t j = range.begin(); j < range.end();
+                 j += kStagingElements) {
+              const int64_t len = std::min(range.end() - j, kStagingElements);
+              T* out = stream ? Staging<T>(kStagingElements) : yr + j;
+              AffineRow(xr + j, out, len, moments.mean, scale,
+                        offset(affine.weight, j), offset(affine.bias, j));
+              if (stream) StreamCopy(yr + j, out, len * sizeof(T));
+            }
           });
     }
     return;
   }
+  // Short rows: whole rows per work item; when streaming, as many rows as fit
+  // the staging buffer per StreamCopy.
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t r = range.begin(); r < range.end(); ++r) {
-                        const Moments moments = ContiguousMoments(x + r * n, n);
-                        AffineRow(x + r * n, y + r * n, n, moments.mean,
-                                  RowScale(moments, eps, style), affine.weight,
-                                  affine.bias);
-                      }
-                    });
+  const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        for (int64_t r0 = range.begin(); r0 < range.end();
+             r0 += rows_per_piece) {
+          const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+          T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
+          for (int64_t r = r0; r < r1; ++r) {
+            const Moments moments = ContiguousMoments(x + r * n, n);
+            AffineRow(x + r * n, out + (r - r0) * n, n, moments.mean,
+                      RowScale(moments, eps, style), affine.weight,
+                      affine.bias);
+          }
+          if (stream) StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
+        }
+      });
 }
 
 template <typename T>
@@ -247,12 +281,23 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
                          const double* shift) {
   const int64_t channels = layout.channels;
+  const bool stream = StreamOutput(layout.NumElements(), sizeof(T));
   auto run = [&](const auto& params, auto range_fn) {
     tbb::parallel_for(
         tbb::blocked_range<int64_t>(0, layout.NumElements(), kApplyChunk),
         [&](const tbb::blocked_range<int64_t>& range) {
-          range_fn(x, y, range.begin(), range.end(), channels, layout.inner,
-                   params);
+          if (!stream) {
+            range_fn(x, y + range.begin(), range.begin(), range.end(), channels,
+                     layout.inner, params);
+            return;
+          }
+          T* staging = Staging<T>(kStagingElements);
+          for (int64_t b = range.begin(); b < range.end();
+               b += kStagingElements) {
+            const int64_t e = std::min(range.end(), b + kStagingElements);
+            range_fn(x, staging, b, e, channels, layout.inner, params);
+            StreamCopy(y + b, staging, (e - b) * sizeof(T));
+          }
         });
   };
   if constexpr (std::is_same_v<T, float>) {

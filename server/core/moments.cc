@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "server/core/simd.h"
 
@@ -192,14 +193,72 @@ struct RowScratch {
   std::vector<double> wide;
 };
 
-// Exact fp64 moments of every channel of a row block into out[0..width):
-// per-channel fp64 accumulators, vectorized across channels.
+// Channels-last (inner == 1) moments of kTile consecutive channels starting
+// at `c`, over rows [r0, r1), with the accumulators held in registers across
+// rows. fp64 data: exactly the operations of the generic loop in
+// RowBlockMomentsExact, in the same order. fp32 data: fp32 accumulators
+// flushed into fp64 every kTileFlush rows, the second pass centred on the
+// fp32-rounded mean (RowBlockMoments falls back to fp64 where that could
+// lose accuracy).
+constexpr int kTile = 32;
+constexpr int64_t kTileFlush = 16;
+
 template <typename T>
-NORMD_INLINE_INTO_CLONES void RowBlockMomentsExact(const T* x,
-                                                   const ChannelLayout& layout,
-                                                   const RowBlock& block,
-                                                   RowScratch& scratch,
-                                                   Moments* out) {
+NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const T* __restrict x,
+                                               int64_t row_stride, int64_t c,
+                                               int64_t r0, int64_t r1,
+                                               double* __restrict mean_out,
+                                               double* __restrict dev_out,
+                                               double* __restrict sq_out) {
+  const int64_t flush = std::is_same_v<T, float> ? kTileFlush : r1 - r0;
+  double sum[kTile] = {};
+  for (int64_t f = r0; f < r1; f += flush) {
+    const int64_t f_end = std::min(r1, f + flush);
+    T acc[kTile] = {};
+    for (int64_t r = f; r < f_end; ++r) {
+      const T* __restrict row = x + r * row_stride + c;
+      for (int j = 0; j < kTile; ++j) acc[j] += row[j];
+    }
+    for (int j = 0; j < kTile; ++j) sum[j] += static_cast<double>(acc[j]);
+  }
+  const double count = static_cast<double>(r1 - r0);
+  T center[kTile];
+  for (int j = 0; j < kTile; ++j) center[j] = static_cast<T>(sum[j] / count);
+  double dev[kTile] = {};
+  double sq[kTile] = {};
+  for (int64_t f = r0; f < r1; f += flush) {
+    const int64_t f_end = std::min(r1, f + flush);
+    T dev_acc[kTile] = {};
+    T sq_acc[kTile] = {};
+    for (int64_t r = f; r < f_end; ++r) {
+      const T* __restrict row = x + r * row_stride + c;
+      for (int j = 0; j < kTile; ++j) {
+        const T d = row[j] - center[j];
+        dev_acc[j] += d;
+        sq_acc[j] += d * d;
+      }
+    }
+    for (int j = 0; j < kTile; ++j) {
+      dev[j] += static_cast<double>(dev_acc[j]);
+      sq[j] += static_cast<double>(sq_acc[j]);
+    }
+  }
+  for (int j = 0; j < kTile; ++j) {
+    mean_out[j] = static_cast<double>(center[j]);
+    dev_out[j] = dev[j];
+    sq_out[j] = sq[j];
+  }
+}
+
+// Moments of every channel of a row block into out[0..width): per-channel
+// accumulators, vectorized across channels (in register tiles of kTile
+// channels for channels-last). `tile` false: all-fp64 generic loops.
+template <typename T>
+NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
+                                                  const ChannelLayout& layout,
+                                                  const RowBlock& block,
+                                                  RowScratch& scratch,
+                                                  Moments* out, bool tile) {
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t row_stride = layout.channels * inner;
@@ -207,31 +266,25 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsExact(const T* x,
   double* __restrict dev = sum + width;
   double* __restrict sq = dev + width;
   std::fill(sum, sum + 3 * width, 0.0);
+  // Channels [0, tiled) in register tiles; the rest in the generic loops.
+  const int64_t tiled = tile && inner == 1 ? width / kTile * kTile : 0;
+  for (int64_t t = 0; t < tiled; t += kTile) {
+    ChannelsLastTile(x, row_stride, block.c0 + t, block.r0, block.r1, sum + t,
+                     dev + t, sq + t);
+  }
   for (int64_t r = block.r0; r < block.r1; ++r) {
     const T* __restrict row = x + r * row_stride + block.c0 * inner;
-    if (inner == 1) {
-      for (int64_t c = 0; c < width; ++c) sum[c] += static_cast<double>(row[c]);
-      continue;
-    }
-    for (int64_t c = 0; c < width; ++c) {
+    for (int64_t c = tiled; c < width; ++c) {
       for (int64_t i = 0; i < inner; ++i) {
         sum[c] += static_cast<double>(row[c * inner + i]);
       }
     }
   }
   const int64_t count = (block.r1 - block.r0) * inner;
-  for (int64_t c = 0; c < width; ++c) sum[c] /= static_cast<double>(count);
+  for (int64_t c = tiled; c < width; ++c) sum[c] /= static_cast<double>(count);
   for (int64_t r = block.r0; r < block.r1; ++r) {
     const T* __restrict row = x + r * row_stride + block.c0 * inner;
-    if (inner == 1) {
-      for (int64_t c = 0; c < width; ++c) {
-        const double d = static_cast<double>(row[c]) - sum[c];
-        dev[c] += d;
-        sq[c] += d * d;
-      }
-      continue;
-    }
-    for (int64_t c = 0; c < width; ++c) {
+    for (int64_t c = tiled; c < width; ++c) {
       for (int64_t i = 0; i < inner; ++i) {
         const double d = static_cast<double>(row[c * inner + i]) - sum[c];
         dev[c] += d;
@@ -247,20 +300,28 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsExact(const T* x,
 NORMD_MULTIVERSION void RowBlockMomentsF32(const float* x,
                                            const ChannelLayout& layout,
                                            const RowBlock& block,
-                                           RowScratch& scratch, Moments* out) {
-  RowBlockMomentsExact(x, layout, block, scratch, out);
+                                           RowScratch& scratch, Moments* out,
+                                           bool tile) {
+  RowBlockMomentsImpl(x, layout, block, scratch, out, tile);
 }
 
 NORMD_MULTIVERSION void RowBlockMomentsF64(const double* x,
                                            const ChannelLayout& layout,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out) {
-  RowBlockMomentsExact(x, layout, block, scratch, out);
+  RowBlockMomentsImpl(x, layout, block, scratch, out, /*tile=*/true);
 }
 
 void RowBlockMoments(const float* x, const ChannelLayout& layout,
                      const RowBlock& block, RowScratch& scratch, Moments* out) {
-  RowBlockMomentsF32(x, layout, block, scratch, out);
+  RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/true);
+  for (int64_t c = 0; c < block.width(); ++c) {
+    if (NeedsExactPath(out[c])) {
+      // fp32 tiles may have over- or underflowed: redo the block in fp64.
+      RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/false);
+      return;
+    }
+  }
 }
 void RowBlockMoments(const double* x, const ChannelLayout& layout,
                      const RowBlock& block, RowScratch& scratch, Moments* out) {
