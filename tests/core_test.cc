@@ -12,6 +12,7 @@
 
 #include "server/core/engine.h"
 #include "server/core/moments.h"
+#include "server/core/stream_copy.h"
 #include "tests/reference.h"
 
 namespace normd {
@@ -461,6 +462,55 @@ TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
   const double rstd = 1.0 / std::sqrt(ref.var[0] + 1e-5);
   for (int64_t i = 0; i < kPerChannel; i += 9973) {
     ASSERT_NEAR(y[i], (x[i] - ref.mean[0]) * rstd, 1e-5);
+  }
+}
+
+// Large outputs go out through streaming stores (fused AVX-512 runs or a
+// staging buffer); they must carry exactly the bits of the cached path.
+TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
+  struct Case {
+    NormMode mode;
+    Shape shape;
+    int32_t axis_or_k;
+    bool affine;
+  };
+  const Case cases[] = {
+      {NormMode::kLayerNorm, {4096, 768}, 1, true},
+      {NormMode::kLayerNorm, {2, 1, 40000}, 1, false},  // Long rows.
+      {NormMode::kBatchNorm, {8, 16, 128, 128}, 1, true},
+      {NormMode::kBatchNorm, {8, 128, 128, 16}, -1, false},
+  };
+  for (const Case& c : cases) {
+    int64_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    const auto x = RandomValues<float>(n, 5, 100.0, 3.0);
+    auto run = [&](int64_t threshold) {
+      SetStreamingOutputBytes(threshold);
+      Engine engine;
+      NormalizeSpec spec = TrainingSpec("s", x, c.shape, c.axis_or_k);
+      spec.mode = c.mode;
+      spec.normalized_ndim = c.axis_or_k;
+      const int64_t params = c.mode == NormMode::kLayerNorm || c.axis_or_k < 0
+                                 ? c.shape.back()
+                                 : c.shape[1];
+      if (c.affine) {
+        std::vector<double> w(params), b(params);
+        for (int64_t i = 0; i < params; ++i) {
+          w[i] = 0.5 + 0.001 * static_cast<double>(i);
+          b[i] = 0.25 - 0.002 * static_cast<double>(i);
+        }
+        spec.weight = AffineParam{{params}, w};
+        spec.bias = AffineParam{{params}, b};
+      }
+      std::vector<float> y(n);
+      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
+      return y;
+    };
+    const auto streamed = run(0);
+    const auto cached = run(std::numeric_limits<int64_t>::max());
+    SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+    EXPECT_EQ(std::memcmp(streamed.data(), cached.data(), n * sizeof(float)),
+              0);
   }
 }
 

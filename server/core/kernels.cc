@@ -1,10 +1,15 @@
 #include "server/core/kernels.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -94,6 +99,77 @@ NORMD_MULTIVERSION void AffineRowF32(const float* __restrict x,
     for (int64_t j = 0; j < n; ++j) y[j] = ((x[j] - hi) - lo) * scale;
   }
 }
+
+// One fp32 affine run with streaming stores:
+// y[j] = ((x[j] - hi) - lo) * scale [* weight[j]] [+ bias[j] | + shift],
+// the same operations in the same order as AffineRowF32 and
+// ChannelParamsF32, so the bits equal those of the cached path.
+struct StreamAffine {
+  float hi, lo, scale;
+  const float* weight;  // Per element, or null.
+  const float* bias;    // Per element, or null.
+  bool has_shift;       // Add `shift` (when bias is null).
+  float shift;
+
+  float Scalar(float x, int64_t j) const {
+    float t = ((x - hi) - lo) * scale;
+    if (weight != nullptr) t = t * weight[j];
+    if (bias != nullptr) return t + bias[j];
+    return has_shift ? t + shift : t;
+  }
+};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void StreamAffineRunAvx512(
+    const float* x, float* y, int64_t n, const StreamAffine& a) {
+  int64_t j = 0;
+  // Scalar until y is 64-byte aligned, then whole lines.
+  while (j < n && (reinterpret_cast<uintptr_t>(y + j) & 63) != 0) {
+    y[j] = a.Scalar(x[j], j);
+    ++j;
+  }
+  const __m512 hi = _mm512_set1_ps(a.hi);
+  const __m512 lo = _mm512_set1_ps(a.lo);
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512 shift = _mm512_set1_ps(a.shift);
+  for (; j + 16 <= n; j += 16) {
+    __m512 t = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), hi), lo);
+    t = _mm512_mul_ps(t, scale);
+    if (a.weight != nullptr)
+      t = _mm512_mul_ps(t, _mm512_loadu_ps(a.weight + j));
+    if (a.bias != nullptr) {
+      t = _mm512_add_ps(t, _mm512_loadu_ps(a.bias + j));
+    } else if (a.has_shift) {
+      t = _mm512_add_ps(t, shift);
+    }
+    _mm512_stream_ps(y + j, t);
+  }
+  for (; j < n; ++j) y[j] = a.Scalar(x[j], j);
+}
+
+bool HasAvx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return has;
+}
+
+// Streams one run if the CPU can; false means the caller must write it.
+bool StreamAffineRun(const float* x, float* y, int64_t n,
+                     const StreamAffine& a) {
+  if (!HasAvx512()) return false;
+  StreamAffineRunAvx512(x, y, n, a);
+  return true;
+}
+
+void StreamFence() { _mm_sfence(); }
+#else
+bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&) {
+  return false;
+}
+void StreamFence() {}
+#endif
 
 // The per-call affine parameters in the element type of the data.
 template <typename T>
@@ -210,7 +286,8 @@ T* Staging(int64_t elements) {
 }
 
 bool StreamOutput(int64_t elements, size_t element_size) {
-  return elements * static_cast<int64_t>(element_size) >= kStreamingOutputBytes;
+  return elements * static_cast<int64_t>(element_size) >=
+         StreamingOutputBytes();
 }
 
 double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
@@ -221,6 +298,27 @@ double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
 }
 
 }  // namespace
+
+// LayerNorm rows [r0, r1) of fp32 data straight to y with streaming stores;
+// false (nothing written) if the CPU cannot.
+bool StreamRows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n,
+                double eps, LayerNormStyle style,
+                const AffineParams<float>& affine) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const Moments moments = ContiguousMoments(x + r * n, n);
+    const SplitMean mean(moments.mean);
+    const StreamAffine run{mean.hi,
+                           mean.lo,
+                           static_cast<float>(RowScale(moments, eps, style)),
+                           affine.weight,
+                           affine.bias,
+                           false,
+                           0.0f};
+    if (!StreamAffineRun(x + r * n, y + r * n, n, run)) return false;
+  }
+  StreamFence();
+  return true;
+}
 
 template <typename T>
 void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
@@ -264,6 +362,11 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
           const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+          if constexpr (std::is_same_v<T, float>) {
+            if (stream && StreamRows(x, y, r0, r1, n, eps, style, affine)) {
+              continue;
+            }
+          }
           T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
           for (int64_t r = r0; r < r1; ++r) {
             const Moments moments = ContiguousMoments(x + r * n, n);
@@ -274,6 +377,24 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
           if (stream) StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
         }
       });
+}
+
+// Channel affine of fp32 elements [begin, end) (inner > 1: runs of one
+// channel) straight to y with streaming stores; false if the CPU cannot.
+template <typename Params>
+bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
+                       const ChannelLayout& layout, const Params& p) {
+  int64_t pos = begin;
+  while (pos < end) {
+    const int64_t c = (pos / layout.inner) % layout.channels;
+    const int64_t run = std::min(layout.inner - pos % layout.inner, end - pos);
+    const auto k = p.Constants(c);
+    const StreamAffine a{k.hi, k.lo, k.scale, nullptr, nullptr, true, k.shift};
+    if (!StreamAffineRun(x + pos, y + pos, run, a)) return false;
+    pos += run;
+  }
+  StreamFence();
+  return true;
 }
 
 template <typename T>
@@ -290,6 +411,13 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
             range_fn(x, y + range.begin(), range.begin(), range.end(), channels,
                      layout.inner, params);
             return;
+          }
+          if constexpr (std::is_same_v<T, float>) {
+            if (layout.inner > 1 &&
+                StreamChannelRuns(x, y, range.begin(), range.end(), layout,
+                                  params)) {
+              return;
+            }
           }
           T* staging = Staging<T>(kStagingElements);
           for (int64_t b = range.begin(); b < range.end();

@@ -1,5 +1,6 @@
 #include "server/core/stream_copy.h"
 
+#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -9,6 +10,8 @@
 
 namespace normd {
 namespace {
+
+std::atomic<int64_t> streaming_output_bytes{kDefaultStreamingOutputBytes};
 
 #if NORMD_HAVE_X86_STREAMING
 // Bytes until `p` is 64-byte aligned (at most `limit`).
@@ -60,6 +63,14 @@ CopyFn SelectCopy() {
 #endif
 
 }  // namespace
+
+int64_t StreamingOutputBytes() {
+  return streaming_output_bytes.load(std::memory_order_relaxed);
+}
+
+void SetStreamingOutputBytes(int64_t bytes) {
+  streaming_output_bytes.store(bytes, std::memory_order_relaxed);
+}
 
 void StreamCopy(void* dst, const void* src, size_t bytes) {
 #if NORMD_HAVE_X86_STREAMING

@@ -13,7 +13,12 @@ namespace normd {
 
 // Outputs at least this large are written with streaming stores; smaller ones
 // stay in the cache for whoever reads them next (e.g. the RPC layer).
-inline constexpr int64_t kStreamingOutputBytes = 8 << 20;
+inline constexpr int64_t kDefaultStreamingOutputBytes = 8 << 20;
+
+// The threshold in force (process-wide; thread-safe). Both ways of writing
+// give bit-identical outputs, so this only trades cache use for bandwidth.
+int64_t StreamingOutputBytes();
+void SetStreamingOutputBytes(int64_t bytes);
 
 // memcpy(dst, src, bytes) with streaming stores where the CPU has them, then a
 // store fence so that the data is visible to other threads afterwards.
