@@ -5,7 +5,6 @@
 #endif
 
 #include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "server/core/moments.h"
+#include "server/core/parallel.h"
 #include "server/core/simd.h"
 #include "server/core/stream_copy.h"
 
@@ -337,8 +337,8 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
       T* yr = y + r * n;
       const Moments moments = ContiguousMoments(xr, n);
       const double scale = RowScale(moments, eps, style);
-      tbb::parallel_for(
-          tbb::blocked_range<int64_t>(0, n, kApplyChunk),
+      ParallelFor(
+          tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
           [&](const tbb::blocked_range<int64_t>& range) {
             for (int64_t j = range.begin(); j < range.end();
                  j += kStagingElements) {
@@ -356,8 +356,8 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
   // the staging buffer per StreamCopy.
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
   const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
       [&](const tbb::blocked_range<int64_t>& range) {
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
@@ -404,9 +404,9 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
   const int64_t channels = layout.channels;
   const bool stream = StreamOutput(layout.NumElements(), sizeof(T));
   auto run = [&](const auto& params, auto range_fn) {
-    tbb::parallel_for(
+    ParallelFor(
         tbb::blocked_range<int64_t>(0, layout.NumElements(), kApplyChunk),
-        [&](const tbb::blocked_range<int64_t>& range) {
+        layout.NumElements(), [&](const tbb::blocked_range<int64_t>& range) {
           if (!stream) {
             range_fn(x, y + range.begin(), range.begin(), range.end(), channels,
                      layout.inner, params);

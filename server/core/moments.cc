@@ -1,13 +1,13 @@
 #include "server/core/moments.h"
 
 #include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
+#include "server/core/parallel.h"
 #include "server/core/simd.h"
 
 namespace normd {
@@ -163,21 +163,21 @@ std::vector<Moments> ChannelMomentsLongRuns(const T* x,
                                             const ChannelLayout& layout) {
   const int64_t runs = layout.outer * layout.channels;
   std::vector<Moments> per_run(runs);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, runs),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t r = range.begin(); r < range.end(); ++r) {
-                        per_run[r] = ContiguousMoments(x + r * layout.inner,
-                                                       layout.inner);
-                      }
-                    });
+  ParallelFor(tbb::blocked_range<int64_t>(0, runs), layout.NumElements(),
+              [&](const tbb::blocked_range<int64_t>& range) {
+                for (int64_t r = range.begin(); r < range.end(); ++r) {
+                  per_run[r] =
+                      ContiguousMoments(x + r * layout.inner, layout.inner);
+                }
+              });
   std::vector<Moments> result(layout.channels);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, layout.channels),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t c = range.begin(); c < range.end(); ++c) {
-                        result[c] = FoldInOrder(per_run.data() + c,
-                                                layout.outer, layout.channels);
-                      }
-                    });
+  ParallelFor(tbb::blocked_range<int64_t>(0, layout.channels), runs * 4,
+              [&](const tbb::blocked_range<int64_t>& range) {
+                for (int64_t c = range.begin(); c < range.end(); ++c) {
+                  result[c] = FoldInOrder(per_run.data() + c, layout.outer,
+                                          layout.channels);
+                }
+              });
   return result;
 }
 
@@ -350,9 +350,9 @@ std::vector<Moments> ChannelMomentsShortRuns(const T* x,
       layout.PerChannel() / kMinPerGroup, 1, std::min(num_blocks, kMaxGroups));
 
   std::vector<Moments> per_group(num_groups * channels);
-  tbb::parallel_for(
+  ParallelFor(
       tbb::blocked_range<int64_t>(0, num_ranges * num_groups),
-      [&](const tbb::blocked_range<int64_t>& items) {
+      layout.NumElements(), [&](const tbb::blocked_range<int64_t>& items) {
         RowScratch scratch(range_width);
         std::vector<Moments> block_moments(range_width);
         for (int64_t item = items.begin(); item < items.end(); ++item) {
@@ -425,12 +425,12 @@ Moments ContiguousMoments(const T* x, int64_t n) {
     return total;
   }
   std::vector<Moments> parts(num_blocks);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, num_blocks),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t b = range.begin(); b < range.end(); ++b) {
-                        parts[b] = block(b);
-                      }
-                    });
+  ParallelFor(tbb::blocked_range<int64_t>(0, num_blocks), n,
+              [&](const tbb::blocked_range<int64_t>& range) {
+                for (int64_t b = range.begin(); b < range.end(); ++b) {
+                  parts[b] = block(b);
+                }
+              });
   return FoldInOrder(parts.data(), num_blocks, 1);
 }
 

@@ -1,0 +1,48 @@
+// Where the numeric core runs its parallel work.
+//
+// All of it runs in one process-wide tbb::task_arena (ComputeArena), so that
+// compute never competes with itself across arenas and the RPC layer can hand
+// whole requests to it (EnqueueCompute) instead of computing on gRPC's
+// threads. ParallelFor runs work too small to be worth a task serially on the
+// calling thread, without entering TBB at all. Splitting never changes a
+// result: every body computes fixed blocks, whatever range it is given.
+//
+// Thread-safe. The thread count is capped process-wide with
+// tbb::global_control (normd's --tbb_threads).
+#ifndef NORMD_SERVER_CORE_PARALLEL_H_
+#define NORMD_SERVER_CORE_PARALLEL_H_
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace normd {
+
+// Below this many elements of work, a loop runs on the calling thread: waking
+// workers costs more than the work (a few microseconds).
+inline constexpr int64_t kSerialWorkElements = 32 * 1024;
+
+tbb::task_arena& ComputeArena();
+
+// Runs `task` in the compute arena on some worker thread, later; returns at
+// once. `task` must not throw.
+void EnqueueCompute(std::function<void()> task);
+
+// tbb::parallel_for over `range` in the compute arena, or body(range) on this
+// thread when `work_elements` (what the whole loop touches) is small.
+template <typename Body>
+void ParallelFor(const tbb::blocked_range<int64_t>& range,
+                 int64_t work_elements, const Body& body) {
+  if (work_elements < kSerialWorkElements || !range.is_divisible()) {
+    body(range);
+    return;
+  }
+  ComputeArena().execute([&] { tbb::parallel_for(range, body); });
+}
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_CORE_PARALLEL_H_
