@@ -1,8 +1,10 @@
 #include "server/rpc/convert.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -87,13 +89,15 @@ absl::StatusOr<LayerNormStyle> ParseStyle(v1::LayerNormStyle style) {
 }  // namespace
 
 absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
-                         ParsedTensor& out) {
+                         ParsedTensor& out,
+                         std::optional<absl::string_view> data) {
+  const absl::string_view bytes = data.has_value() ? *data : tensor.data();
   absl::StatusOr<DType> dtype = ParseDType(tensor.dtype(), field);
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<int64_t> count =
       NumElements(tensor.shape(), absl::StrCat(field, ".shape"));
   if (!count.ok()) return count.status();
-  const bool has_data = !tensor.data().empty();
+  const bool has_data = !bytes.empty();
   const bool has_values = tensor.values_size() > 0;
   if (has_data && has_values) {
     return absl::InvalidArgumentError(
@@ -129,7 +133,6 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
     }
     return absl::OkStatus();
   }
-  const std::string& bytes = tensor.data();
   if (static_cast<int64_t>(bytes.size()) != *count * element_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".data: has ", bytes.size(), " bytes but shape ",
@@ -139,21 +142,24 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
   if (reinterpret_cast<uintptr_t>(bytes.data()) % element_size == 0) {
     out.view.data = bytes.data();
   } else {
-    // Rare (short strings): copy to aligned storage.
-    out.storage.resize((bytes.size() + sizeof(double) - 1) / sizeof(double));
-    std::memcpy(out.storage.data(), bytes.data(), bytes.size());
-    out.view.data = out.storage.data();
+    // Rare (short strings, odd slice offsets): copy to aligned storage.
+    out.aligned.reset(
+        new double[(bytes.size() + sizeof(double) - 1) / sizeof(double)]);
+    std::memcpy(out.aligned.get(), bytes.data(), bytes.size());
+    out.view.data = out.aligned.get();
   }
   return absl::OkStatus();
 }
 
-absl::Status ParseNormalizeRequest(const v1::NormalizeRequest& request,
-                                   ParsedNormalize& out) {
+absl::Status ParseNormalizeRequest(
+    const v1::NormalizeRequest& request, ParsedNormalize& out,
+    std::optional<absl::string_view> input_data) {
   absl::StatusOr<NormMode> mode = ParseMode(request.mode());
   if (!mode.ok()) return mode.status();
   absl::StatusOr<LayerNormStyle> style = ParseStyle(request.layer_norm_style());
   if (!style.ok()) return style.status();
-  if (absl::Status s = ParseTensor(request.input(), "input", out.input);
+  if (absl::Status s =
+          ParseTensor(request.input(), "input", out.input, input_data);
       !s.ok()) {
     return s;
   }
@@ -236,10 +242,14 @@ void ToModelState(const BatchNormModel& model, bool with_arrays,
   }
 }
 
-void* PrepareOutput(const v1::Tensor& request_tensor, const ParsedTensor& input,
-                    std::vector<double>& scratch, v1::Tensor& out) {
+void SetOutputMeta(const v1::Tensor& request_tensor, v1::Tensor& out) {
   out.set_dtype(request_tensor.dtype());
   *out.mutable_shape() = request_tensor.shape();
+}
+
+void* PrepareOutput(const v1::Tensor& request_tensor, const ParsedTensor& input,
+                    std::vector<double>& scratch, v1::Tensor& out) {
+  SetOutputMeta(request_tensor, out);
   if (input.values_form) {
     // Big enough for size elements of either dtype, and double-aligned.
     scratch.resize(input.view.size);
@@ -261,6 +271,230 @@ void CopyValuesOutput(const ParsedTensor& input,
   const auto* floats = reinterpret_cast<const float*>(scratch.data());
   values->Reserve(static_cast<int>(input.view.size));
   for (int64_t i = 0; i < input.view.size; ++i) values->Add(floats[i]);
+}
+
+namespace {
+
+// Reads protobuf wire format spread over chunks (gRPC slices), by absolute
+// byte position. Not thread-safe; one per request.
+class WireReader {
+ public:
+  explicit WireReader(absl::Span<const absl::string_view> chunks)
+      : chunks_(chunks) {
+    starts_.reserve(chunks.size() + 1);
+    for (absl::string_view chunk : chunks) {
+      starts_.push_back(size_);
+      size_ += static_cast<int64_t>(chunk.size());
+    }
+    starts_.push_back(size_);
+  }
+
+  int64_t size() const { return size_; }
+  int64_t pos() const { return pos_; }
+
+  bool ReadVarint(uint64_t& value) {
+    value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= size_) return false;
+      const uint8_t byte = ByteAt(pos_++);
+      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  bool Skip(uint64_t bytes, int64_t limit) {
+    if (bytes > static_cast<uint64_t>(limit - pos_)) return false;
+    pos_ += static_cast<int64_t>(bytes);
+    return true;
+  }
+  // Skips the value of a field of wire type `wire_type` (no groups).
+  bool SkipValue(uint32_t wire_type, int64_t limit) {
+    uint64_t value = 0;
+    switch (wire_type) {
+      case 0:
+        return ReadVarint(value) && pos_ <= limit;
+      case 1:
+        return Skip(8, limit);
+      case 2:
+        return ReadVarint(value) && Skip(value, limit);
+      case 5:
+        return Skip(4, limit);
+      default:
+        return false;
+    }
+  }
+  template <typename Bytes>
+  void AppendRange(int64_t from, int64_t to, Bytes& out) const {
+    for (size_t i = ChunkOf(from); from < to; ++i) {
+      const int64_t begin = from - starts_[i];
+      const int64_t n = std::min<int64_t>(to, starts_[i + 1]) - from;
+      out.insert(out.end(), chunks_[i].data() + begin,
+                 chunks_[i].data() + begin + n);
+      from += n;
+    }
+  }
+  // The bytes [from, from + n) as one view if they lie in one chunk.
+  std::optional<absl::string_view> Contiguous(int64_t from, int64_t n) const {
+    const size_t i = ChunkOf(from);
+    if (from + n > starts_[i + 1]) return std::nullopt;
+    return chunks_[i].substr(from - starts_[i], n);
+  }
+  void Gather(int64_t from, int64_t n, char* out) const {
+    for (size_t i = ChunkOf(from); n > 0; ++i) {
+      const int64_t begin = from - starts_[i];
+      const int64_t take = std::min<int64_t>(n, starts_[i + 1] - from);
+      std::memcpy(out, chunks_[i].data() + begin, take);
+      out += take;
+      from += take;
+      n -= take;
+    }
+  }
+
+ private:
+  // The chunk holding byte `pos` (the first non-empty one at or after it).
+  size_t ChunkOf(int64_t pos) const {
+    return std::upper_bound(starts_.begin(), starts_.end() - 1, pos) -
+           starts_.begin() - 1;
+  }
+  uint8_t ByteAt(int64_t pos) {
+    while (pos >= starts_[cursor_ + 1]) ++cursor_;
+    return static_cast<uint8_t>(chunks_[cursor_][pos - starts_[cursor_]]);
+  }
+
+  absl::Span<const absl::string_view> chunks_;
+  absl::InlinedVector<int64_t, 8> starts_;
+  int64_t size_ = 0;
+  int64_t pos_ = 0;
+  size_t cursor_ = 0;  // Chunk of the last byte read (reads move forward).
+};
+
+template <typename Bytes>
+void AppendVarint(uint64_t value, Bytes& out) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+constexpr uint32_t kLengthDelimited = 2;
+constexpr uint32_t kRequestInputField = 3;    // NormalizeRequest.input
+constexpr uint32_t kTensorDataField = 3;      // Tensor.data
+constexpr uint32_t kResponseOutputField = 1;  // NormalizeResponse.output
+
+char Tag(uint32_t field, uint32_t wire_type) {
+  return static_cast<char>(field << 3 | wire_type);
+}
+
+// Where input.data lies; nullopt if the wire form is unusual (see
+// SplitNormalizeRequest) or malformed. `rest` gets every other byte.
+struct DataSpan {
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+// Message bytes without the tensor data: small, so usually on the stack.
+using WireBytes = absl::InlinedVector<char, 256>;
+bool SplitWire(WireReader& reader, WireBytes& rest,
+               std::optional<DataSpan>& data) {
+  bool seen_input = false;
+  while (reader.pos() < reader.size()) {
+    const int64_t start = reader.pos();
+    uint64_t tag = 0;
+    if (!reader.ReadVarint(tag)) return false;
+    const uint32_t wire_type = tag & 7;
+    if (tag >> 3 != kRequestInputField || wire_type != kLengthDelimited) {
+      if (!reader.SkipValue(wire_type, reader.size())) return false;
+      reader.AppendRange(start, reader.pos(), rest);
+      continue;
+    }
+    uint64_t length = 0;
+    if (seen_input || !reader.ReadVarint(length) ||
+        length > static_cast<uint64_t>(reader.size() - reader.pos())) {
+      return false;
+    }
+    seen_input = true;
+    const int64_t end = reader.pos() + static_cast<int64_t>(length);
+    WireBytes tensor;
+    while (reader.pos() < end) {
+      const int64_t field_start = reader.pos();
+      uint64_t inner = 0;
+      if (!reader.ReadVarint(inner)) return false;
+      if (inner >> 3 == kTensorDataField && (inner & 7) == kLengthDelimited) {
+        uint64_t size = 0;
+        if (data.has_value() || !reader.ReadVarint(size)) return false;
+        data = DataSpan{reader.pos(), static_cast<int64_t>(size)};
+        if (!reader.Skip(size, end)) return false;
+        continue;
+      }
+      if (!reader.SkipValue(inner & 7, end)) return false;
+      reader.AppendRange(field_start, reader.pos(), tensor);
+    }
+    if (reader.pos() != end) return false;
+    rest.push_back(Tag(kRequestInputField, kLengthDelimited));
+    AppendVarint(tensor.size(), rest);
+    rest.insert(rest.end(), tensor.begin(), tensor.end());
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
+                                   SplitRequest& out) {
+  WireReader reader(chunks);
+  WireBytes rest;
+  std::optional<DataSpan> data;
+  if (SplitWire(reader, rest, data)) {
+    if (!out.message.ParseFromArray(rest.data(),
+                                    static_cast<int>(rest.size()))) {
+      return absl::InvalidArgumentError(
+          "request: not a serialized normd.v1.NormalizeRequest");
+    }
+    if (data.has_value()) {
+      std::optional<absl::string_view> view =
+          reader.Contiguous(data->offset, data->size);
+      if (view.has_value() &&
+          reinterpret_cast<uintptr_t>(view->data()) % sizeof(double) == 0) {
+        out.input_data = view;
+      } else {
+        out.gathered.reset(
+            new double[(data->size + sizeof(double) - 1) / sizeof(double)]);
+        reader.Gather(data->offset, data->size,
+                      reinterpret_cast<char*>(out.gathered.get()));
+        out.input_data = absl::string_view(
+            reinterpret_cast<const char*>(out.gathered.get()), data->size);
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Repeated or malformed fields: let protobuf decide what they mean.
+  std::string whole;
+  whole.reserve(reader.size());
+  reader.AppendRange(0, reader.size(), whole);
+  out.message.Clear();
+  out.input_data.reset();
+  if (!out.message.ParseFromString(whole)) {
+    return absl::InvalidArgumentError(
+        "request: not a serialized normd.v1.NormalizeRequest");
+  }
+  return absl::OkStatus();
+}
+
+ResponseFrame MakeResponseFrame(const v1::Tensor& output, int64_t payload_bytes,
+                                const v1::NormalizeResponse& rest) {
+  ResponseFrame frame;
+  const std::string meta = output.SerializeAsString();
+  std::string data_key;
+  if (payload_bytes > 0) {
+    data_key.push_back(Tag(kTensorDataField, kLengthDelimited));
+    AppendVarint(payload_bytes, data_key);
+  }
+  frame.head.push_back(Tag(kResponseOutputField, kLengthDelimited));
+  AppendVarint(meta.size() + data_key.size() + payload_bytes, frame.head);
+  frame.head += meta;
+  frame.head += data_key;
+  frame.tail = rest.SerializeAsString();
+  return frame;
 }
 
 }  // namespace normd

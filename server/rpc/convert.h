@@ -6,10 +6,14 @@
 #define NORMD_SERVER_RPC_CONVERT_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
@@ -24,14 +28,18 @@ struct ParsedTensor {
   bool values_form = false;  // The request used `values`.
   std::vector<double> storage;
   std::vector<float> storage_f32;
+  std::unique_ptr<double[]> aligned;  // Uninitialized copy of `data` bytes.
 };
 
 // Parses `tensor`; `field` names it in errors (e.g. "input").
 // INVALID_ARGUMENT for unknown dtypes, bad dims, both or neither of
 // data/values, or a length that does not match the shape; UNIMPLEMENTED for
-// BFLOAT16/FLOAT16. `out` must not move while its view is in use.
+// BFLOAT16/FLOAT16. `data`, if given, replaces tensor.data() (the raw path
+// keeps the bytes outside the message). `out` must not move while its view
+// is in use.
 absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
-                         ParsedTensor& out);
+                         ParsedTensor& out,
+                         std::optional<absl::string_view> data = std::nullopt);
 
 // A NormalizeRequest in core form, with the storage its views point into.
 struct ParsedNormalize {
@@ -39,9 +47,44 @@ struct ParsedNormalize {
   ParsedTensor input;
 };
 
-// Parses a NormalizeRequest; `out` must not move afterwards.
-absl::Status ParseNormalizeRequest(const v1::NormalizeRequest& request,
-                                   ParsedNormalize& out);
+// Parses a NormalizeRequest; `out` must not move afterwards. `input_data`,
+// if given, stands for request.input().data().
+absl::Status ParseNormalizeRequest(
+    const v1::NormalizeRequest& request, ParsedNormalize& out,
+    std::optional<absl::string_view> input_data = std::nullopt);
+
+// --- The raw (zero-copy) form of Normalize -------------------------------
+//
+// A serialized NormalizeRequest arrives as gRPC slices. SplitNormalizeRequest
+// reads the wire format once: everything but input.data goes into `message`
+// (parsed by protobuf, so field semantics are protobuf's own), and
+// input.data is left where it is, as a view into the slices when it lies in
+// one suitably aligned slice, else gathered once into `gathered`.
+struct SplitRequest {
+  v1::NormalizeRequest message;                 // With input.data empty.
+  std::optional<absl::string_view> input_data;  // Set when present.
+  std::unique_ptr<double[]> gathered;           // Backs input_data if needed.
+};
+
+// INVALID_ARGUMENT if the bytes are not a NormalizeRequest. Requests whose
+// wire form is unusual (input or input.data repeated, which protobuf merges)
+// are parsed whole by protobuf instead; the result means the same either way.
+absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
+                                   SplitRequest& out);
+
+// A NormalizeResponse whose output.data payload is written in place: the
+// serialized response is head + payload + tail, byte-identical to protobuf's
+// serialization of the same message.
+struct ResponseFrame {
+  std::string head;  // Fields up to and including output.data's length.
+  std::string tail;  // request_id and model.
+};
+
+// Builds the frame for a response with `output` (its data empty; the payload
+// of `payload_bytes` goes there) and the other fields from `rest` (its output
+// and error unset).
+ResponseFrame MakeResponseFrame(const v1::Tensor& output, int64_t payload_bytes,
+                                const v1::NormalizeResponse& rest);
 
 // A FitRequest in core form, with the storage its view points into.
 struct ParsedFit {
@@ -58,6 +101,9 @@ ModelSpec ToModelSpec(const v1::CreateModelRequest& request);
 // Writes `model` into `state`; per-channel arrays only if `with_arrays`.
 void ToModelState(const BatchNormModel& model, bool with_arrays,
                   v1::ModelState& state);
+
+// Sets `out`'s dtype and shape to those of the request's tensor.
+void SetOutputMeta(const v1::Tensor& request_tensor, v1::Tensor& out);
 
 // Prepares `out` as the output tensor for `input` (same dtype and shape) and
 // returns where the core should write the elements: straight into

@@ -1,5 +1,9 @@
 #include "server/rpc/normalizer_service.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -11,6 +15,11 @@
 
 namespace normd {
 namespace {
+
+// Outputs up to this size are sent as one slice with the response's other
+// fields (a copy is cheaper than the extra allocations); larger ones are
+// computed in place into their own slice.
+constexpr int64_t kSmallOutputBytes = 64 << 10;
 
 // Runs a handler body, turning an allocation failure into RESOURCE_EXHAUSTED
 // so that no exception crosses into gRPC.
@@ -158,22 +167,12 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
 NormalizerService::NormalizerService(Engine& engine, ServerMetrics& metrics)
     : engine_(engine), metrics_(metrics) {}
 
-absl::Status NormalizerService::DoNormalize(const v1::NormalizeRequest& request,
-                                            v1::NormalizeResponse& response) {
-  ParsedNormalize parsed;
-  if (absl::Status s = ParseNormalizeRequest(request, parsed); !s.ok()) {
-    return s;
-  }
-  std::vector<double> scratch;
-  v1::Tensor& output = *response.mutable_output();
-  void* out = PrepareOutput(request.input(), parsed.input, scratch, output);
+absl::Status NormalizerService::RunNormalize(
+    const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
+    void* out, v1::NormalizeResponse& response) {
   absl::StatusOr<std::optional<BatchNormModel>> model =
       engine_.Normalize(parsed.spec, out);
-  if (!model.ok()) {
-    response.clear_output();
-    return model.status();
-  }
-  CopyValuesOutput(parsed.input, scratch, output);
+  if (!model.ok()) return model.status();
   response.set_request_id(request.request_id());
   ElementsMode mode = ElementsMode::kLayerNorm;
   if (model->has_value()) {
@@ -183,6 +182,103 @@ absl::Status NormalizerService::DoNormalize(const v1::NormalizeRequest& request,
     if (parsed.spec.training) metrics_.SetModels(engine_.store().size());
   }
   metrics_.AddElements(mode, parsed.input.view.size);
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoNormalize(const v1::NormalizeRequest& request,
+                                            v1::NormalizeResponse& response) {
+  ParsedNormalize parsed;
+  if (absl::Status s = ParseNormalizeRequest(request, parsed); !s.ok()) {
+    return s;
+  }
+  std::vector<double> scratch;
+  void* out = PrepareOutput(request.input(), parsed.input, scratch,
+                            *response.mutable_output());
+  if (absl::Status s = RunNormalize(request, parsed, out, response); !s.ok()) {
+    response.Clear();
+    return s;
+  }
+  CopyValuesOutput(parsed.input, scratch, *response.mutable_output());
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
+                                               grpc::ByteBuffer& response) {
+  std::vector<grpc::Slice> slices;
+  if (!request.Dump(&slices).ok()) {
+    return absl::InternalError("request: cannot read the message bytes");
+  }
+  std::vector<absl::string_view> chunks;
+  chunks.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) {
+    chunks.emplace_back(reinterpret_cast<const char*>(slice.begin()),
+                        slice.size());
+  }
+  SplitRequest split;
+  if (absl::Status s = SplitNormalizeRequest(chunks, split); !s.ok()) return s;
+  ParsedNormalize parsed;
+  if (absl::Status s =
+          ParseNormalizeRequest(split.message, parsed, split.input_data);
+      !s.ok()) {
+    return s;
+  }
+  v1::NormalizeResponse reply;
+  if (parsed.input.values_form) {  // The compatibility form: via protobuf.
+    std::vector<double> scratch;
+    void* out = PrepareOutput(split.message.input(), parsed.input, scratch,
+                              *reply.mutable_output());
+    if (absl::Status s = RunNormalize(split.message, parsed, out, reply);
+        !s.ok()) {
+      return s;
+    }
+    CopyValuesOutput(parsed.input, scratch, *reply.mutable_output());
+    grpc::Slice slice(reply.SerializeAsString());
+    response = grpc::ByteBuffer(&slice, 1);
+    return absl::OkStatus();
+  }
+  const int64_t bytes =
+      parsed.input.view.size * ElementSize(parsed.input.view.dtype);
+  v1::Tensor meta;
+  SetOutputMeta(split.message.input(), meta);
+  if (bytes <= kSmallOutputBytes) {
+    // Small: compute into this thread's scratch, then one slice holding the
+    // whole message — one allocation, one copy of a few KiB.
+    thread_local std::unique_ptr<double[]> scratch(
+        new double[kSmallOutputBytes / sizeof(double)]);
+    if (absl::Status s =
+            RunNormalize(split.message, parsed, scratch.get(), reply);
+        !s.ok()) {
+      return s;
+    }
+    const ResponseFrame frame = MakeResponseFrame(meta, bytes, reply);
+    grpc::Slice slice(frame.head.size() + bytes + frame.tail.size());
+    char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
+    std::memcpy(out, frame.head.data(), frame.head.size());
+    std::memcpy(out + frame.head.size(), scratch.get(), bytes);
+    std::memcpy(out + frame.head.size() + bytes, frame.tail.data(),
+                frame.tail.size());
+    response = grpc::ByteBuffer(&slice, 1);
+    return absl::OkStatus();
+  }
+  // Large: computed straight into a cache-line aligned, uninitialized buffer
+  // that becomes the middle slice of the response (freed by gRPC).
+  constexpr size_t kAlign = 64;
+  const size_t allocation = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::unique_ptr<void, void (*)(void*)> output(
+      std::aligned_alloc(kAlign, allocation), std::free);
+  if (output == nullptr) throw std::bad_alloc();
+  if (absl::Status s = RunNormalize(split.message, parsed, output.get(), reply);
+      !s.ok()) {
+    return s;
+  }
+  const ResponseFrame frame = MakeResponseFrame(meta, bytes, reply);
+  grpc::Slice parts[3];
+  size_t count = 0;
+  parts[count++] = grpc::Slice(frame.head);
+  parts[count++] =
+      grpc::Slice(output.release(), static_cast<size_t>(bytes), std::free);
+  if (!frame.tail.empty()) parts[count++] = grpc::Slice(frame.tail);
+  response = grpc::ByteBuffer(parts, count);
   return absl::OkStatus();
 }
 
@@ -201,10 +297,10 @@ absl::Status NormalizerService::DoFit(const v1::FitRequest& request,
 }
 
 grpc::ServerUnaryReactor* NormalizerService::Normalize(
-    grpc::CallbackServerContext* context, const v1::NormalizeRequest* request,
-    v1::NormalizeResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   return RunUnary(context, metrics_, RpcMethod::kNormalize, "Normalize",
-                  [&] { return DoNormalize(*request, *response); });
+                  [&] { return DoNormalizeRaw(*request, *response); });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::Fit(

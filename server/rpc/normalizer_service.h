@@ -13,17 +13,30 @@
 #include "absl/status/status.h"
 #include "normd/v1/normalizer.grpc.pb.h"
 #include "server/core/engine.h"
+#include "server/rpc/convert.h"
 #include "server/rpc/metrics.h"
 
 namespace normd {
 
-class NormalizerService final : public v1::Normalizer::CallbackService {
+// Every method on the callback API; Normalize is raw (see DoNormalizeRaw).
+using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
+    v1::Normalizer::WithCallbackMethod_Fit<
+        v1::Normalizer::WithCallbackMethod_CreateModel<
+            v1::Normalizer::WithCallbackMethod_GetModel<
+                v1::Normalizer::WithCallbackMethod_ListModels<
+                    v1::Normalizer::WithCallbackMethod_DeleteModel<
+                        v1::Normalizer::WithCallbackMethod_ResetModel<
+                            v1::Normalizer::WithCallbackMethod_NormalizeStream<
+                                v1::Normalizer::WithCallbackMethod_FitStream<
+                                    v1::Normalizer::Service>>>>>>>>>;
+
+class NormalizerService final : public NormalizerServiceBase {
  public:
   NormalizerService(Engine& engine, ServerMetrics& metrics);
 
   grpc::ServerUnaryReactor* Normalize(grpc::CallbackServerContext* context,
-                                      const v1::NormalizeRequest* request,
-                                      v1::NormalizeResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Fit(grpc::CallbackServerContext* context,
                                 const v1::FitRequest* request,
                                 v1::FitResponse* response) override;
@@ -49,14 +62,28 @@ class NormalizerService final : public v1::Normalizer::CallbackService {
   grpc::ServerReadReactor<v1::FitRequest>* FitStream(
       grpc::CallbackServerContext* context, v1::FitResponse* response) override;
 
-  // One Normalize / Fit, shared by the unary and streaming RPCs.
+  // One Normalize / Fit, shared by the unary and streaming RPCs. DoNormalize
+  // is the protobuf reference path.
   absl::Status DoNormalize(const v1::NormalizeRequest& request,
                            v1::NormalizeResponse& response);
+  // Normalize on serialized bytes, as the unary RPC runs it: the input tensor
+  // is read from the request's slices (gathered at most once) and the output
+  // is computed straight into a buffer that becomes a response slice — no
+  // protobuf copy of the tensor, no zero-fill. Byte-identical to serializing
+  // DoNormalize's response.
+  absl::Status DoNormalizeRaw(const grpc::ByteBuffer& request,
+                              grpc::ByteBuffer& response);
   absl::Status DoFit(const v1::FitRequest& request, v1::FitResponse& response);
 
   ServerMetrics& metrics() { return metrics_; }
 
  private:
+  // Computes a parsed request into `out` and fills `response`'s other fields
+  // (request_id, model) and the metrics.
+  absl::Status RunNormalize(const v1::NormalizeRequest& request,
+                            const ParsedNormalize& parsed, void* out,
+                            v1::NormalizeResponse& response);
+
   Engine& engine_;
   ServerMetrics& metrics_;
 };

@@ -11,7 +11,8 @@ namespace {
 
 constexpr const char* kServiceName = "normd.v1.Normalizer";
 
-// "host:port", bracketing IPv6 literals.
+}  // namespace
+
 std::string HostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos && host.front() != '[') {
     return absl::StrCat("[", host, "]:", port);
@@ -19,7 +20,15 @@ std::string HostPort(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-}  // namespace
+void ConfigureServerBuilder(const ServerOptions& options,
+                            grpc::ServerBuilder& builder, int* port) {
+  builder.AddListeningPort(HostPort(options.bind_address, options.port),
+                           grpc::InsecureServerCredentials(), port);
+  // A second normd on a busy port must fail, not silently share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+}
 
 NormdServer::NormdServer(const ServerOptions& options) : options_(options) {}
 
@@ -76,12 +85,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           &server->port_);
-  // A second normd on a busy port must fail, not silently share it.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  ConfigureServerBuilder(options, builder, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   server->server_ = builder.BuildAndStart();

@@ -35,6 +35,16 @@ struct ServerOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
 };
 
+// Applies the transport settings every normd gRPC server uses (listening
+// address, message size limits, no port sharing) to `builder`; `port` receives
+// the bound port after BuildAndStart. Shared with bench/echo_server so that
+// the echo baseline runs with exactly normd's settings.
+void ConfigureServerBuilder(const ServerOptions& options,
+                            grpc::ServerBuilder& builder, int* port);
+
+// "host:port", bracketing IPv6 literals.
+std::string HostPort(const std::string& host, int port);
+
 class NormdServer {
  public:
   // UNAVAILABLE if a port cannot be bound; INVALID_ARGUMENT for bad options.

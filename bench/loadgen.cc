@@ -1,0 +1,407 @@
+// The service benchmark's load generator: drives Normalize (unary) or
+// NormalizeStream (bidi) on any server that speaks normd.v1.Normalizer —
+// normd, bench/echo_server or the Python peer — through a GenericStub with one
+// request serialized up front, keeping --inflight calls (or stream messages)
+// in flight for --duration seconds after a --warmup. Prints one JSON object:
+// calls, qps, MB/s of request payload, p50/p99 latency.
+//
+//   build/bench/loadgen --target=127.0.0.1:50051 --shape=1,768 --inflight=16
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "normd/v1/normalizer.grpc.pb.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Server address.");
+ABSL_FLAG(std::string, rpc, "unary",
+          "unary (Normalize) or stream (NormalizeStream).");
+ABSL_FLAG(std::string, mode, "layer_norm", "layer_norm or batch_norm (eval).");
+ABSL_FLAG(std::string, shape, "1,768", "Input shape (fp32), comma-separated.");
+ABSL_FLAG(std::string, model, "bench",
+          "BatchNorm model name; created (C = shape[1]) if "
+          "--create_model.");
+ABSL_FLAG(bool, create_model, false,
+          "Create --model first (ALREADY_EXISTS is fine).");
+ABSL_FLAG(int, inflight, 1, "Calls (or stream messages) kept in flight.");
+ABSL_FLAG(int, streams, 1,
+          "With --rpc=stream: streams sharing the --inflight messages.");
+ABSL_FLAG(int, channels, 1, "gRPC channels (TCP connections) to spread over.");
+ABSL_FLAG(double, duration, 3.0, "Measured seconds.");
+ABSL_FLAG(double, warmup, 0.5, "Seconds before measuring starts.");
+
+namespace normd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Per-caller results; merged at the end. Each is written by one call chain
+// at a time.
+struct Tally {
+  std::vector<double> latencies_us;
+  int64_t calls = 0;
+};
+
+// The run's clock and shared error state. Thread-safe.
+class Run {
+ public:
+  Run(double warmup, double duration)
+      : measure_from_(Clock::now() + ToDuration(warmup)),
+        end_(measure_from_ + ToDuration(duration)) {}
+
+  bool Measuring(Clock::time_point t) const { return t >= measure_from_; }
+  bool Over(Clock::time_point t) const {
+    return t >= end_ || failed_.load(std::memory_order_relaxed);
+  }
+  void Fail(const std::string& what) {
+    absl::MutexLock lock(&mu_);
+    if (error_.empty()) error_ = what;
+    failed_ = true;
+  }
+  std::string error() {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+  void Record(Tally& tally, Clock::time_point start, Clock::time_point end) {
+    if (!Measuring(start) || end > end_) return;
+    tally.calls++;
+    tally.latencies_us.push_back(
+        std::chrono::duration<double, std::micro>(end - start).count());
+  }
+  // Done-latch for the callers.
+  void AddCaller() {
+    absl::MutexLock lock(&mu_);
+    ++active_;
+  }
+  void CallerDone() {
+    absl::MutexLock lock(&mu_);
+    --active_;
+  }
+  void WaitAllDone() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* active) { return *active == 0; }, &active_));
+  }
+
+ private:
+  static Clock::duration ToDuration(double seconds) {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(seconds));
+  }
+  const Clock::time_point measure_from_;
+  const Clock::time_point end_;
+  std::atomic<bool> failed_{false};
+  absl::Mutex mu_;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One unary call chain: issues the next call when the previous completes.
+class UnaryCaller {
+ public:
+  UnaryCaller(grpc::GenericStub& stub, const grpc::ByteBuffer& request,
+              Run& run)
+      : stub_(stub), request_(request), run_(run) {}
+
+  void Start() {
+    run_.AddCaller();
+    Issue();
+  }
+  Tally& tally() { return tally_; }
+
+ private:
+  void Issue() {
+    context_ = std::make_unique<grpc::ClientContext>();
+    start_ = Clock::now();
+    stub_.UnaryCall(context_.get(), "/normd.v1.Normalizer/Normalize",
+                    grpc::StubOptions(), &request_, &response_,
+                    [this](grpc::Status status) { OnDone(status); });
+  }
+  void OnDone(const grpc::Status& status) {
+    const Clock::time_point now = Clock::now();
+    if (!status.ok()) {
+      run_.Fail(absl::StrCat("Normalize: ", status.error_code(), " ",
+                             status.error_message()));
+    } else {
+      run_.Record(tally_, start_, now);
+    }
+    response_.Clear();
+    if (run_.Over(now)) {
+      run_.CallerDone();
+      return;
+    }
+    Issue();
+  }
+
+  grpc::GenericStub& stub_;
+  const grpc::ByteBuffer request_;  // Own reference to the shared slices.
+  Run& run_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  grpc::ByteBuffer response_;
+  Clock::time_point start_;
+  Tally tally_;
+};
+
+// One NormalizeStream: keeps up to `window` messages written but not yet
+// answered; answers come back in order. Reads and writes complete on
+// different threads, so the bookkeeping is under a mutex and the gRPC calls
+// are made after releasing it.
+class StreamCaller final
+    : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  StreamCaller(grpc::GenericStub& stub, const grpc::ByteBuffer& request,
+               int window, Run& run)
+      : request_(request), window_(window), run_(run) {
+    stub.PrepareBidiStreamingCall(&context_,
+                                  "/normd.v1.Normalizer/NormalizeStream",
+                                  grpc::StubOptions(), this);
+  }
+
+  void Start() {
+    run_.AddCaller();
+    StartRead(&response_);
+    Act(TryWriteLocked());
+    StartCall();
+  }
+  Tally& tally() { return tally_; }
+
+  void OnWriteDone(bool ok) override {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) return;  // The call is failing; OnDone reports it.
+      action = TryWriteLocked();
+    }
+    Act(action);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    const Clock::time_point now = Clock::now();
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      run_.Record(tally_, starts_.front(), now);
+      starts_.pop_front();
+      --outstanding_;
+      if (run_.Over(now)) stopping_ = true;
+      action = TryWriteLocked();
+      action.read = outstanding_ > 0 || !stopping_;
+    }
+    Act(action);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    if (!status.ok()) {
+      run_.Fail(absl::StrCat("NormalizeStream: ", status.error_code(), " ",
+                             status.error_message()));
+    }
+    run_.CallerDone();
+  }
+
+ private:
+  struct Action {
+    bool write = false;
+    bool read = false;
+    bool writes_done = false;
+  };
+
+  Action TryWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Action action;
+    if (!writing_ && !stopping_ && outstanding_ < window_) {
+      writing_ = true;
+      ++outstanding_;
+      starts_.push_back(Clock::now());
+      action.write = true;
+    } else if (stopping_ && outstanding_ == 0 && !writing_ && !closed_) {
+      closed_ = true;
+      action.writes_done = true;
+    }
+    return action;
+  }
+  void Act(const Action& action) {
+    if (action.read) StartRead(&response_);
+    if (action.write) StartWrite(&request_);
+    if (action.writes_done) StartWritesDone();
+  }
+
+  grpc::ClientContext context_;
+  const grpc::ByteBuffer request_;
+  const int window_;
+  Run& run_;
+  grpc::ByteBuffer response_;
+  absl::Mutex mu_;
+  std::deque<Clock::time_point> starts_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  Tally tally_;
+};
+
+bool ParseShape(const std::string& text, std::vector<int64_t>& shape) {
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int64_t dim = 0;
+    if (!absl::SimpleAtoi(part, &dim) || dim < 1) return false;
+    shape.push_back(dim);
+  }
+  return !shape.empty();
+}
+
+grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
+                                  bool batch_norm, const std::string& model) {
+  v1::NormalizeRequest request;
+  request.set_mode(batch_norm ? v1::BATCH_NORM : v1::LAYER_NORM);
+  if (batch_norm) request.set_model(model);
+  v1::Tensor& input = *request.mutable_input();
+  input.set_dtype(v1::FLOAT32);
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    input.add_shape(d);
+    count *= d;
+  }
+  std::vector<float> values(count);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> dist(1.0f, 2.0f);
+  for (float& v : values) v = dist(gen);
+  input.set_data(values.data(), values.size() * sizeof(float));
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+double Percentile(std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t index = std::min(sorted.size() - 1,
+                                static_cast<size_t>(q * sorted.size()));
+  return sorted[index];
+}
+
+int Main() {
+  std::vector<int64_t> shape;
+  if (!ParseShape(absl::GetFlag(FLAGS_shape), shape)) {
+    std::fprintf(stderr, "loadgen: --shape must be positive integers\n");
+    return 2;
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  const std::string rpc = absl::GetFlag(FLAGS_rpc);
+  const int inflight = absl::GetFlag(FLAGS_inflight);
+  const int streams = absl::GetFlag(FLAGS_streams);
+  const int channel_count = absl::GetFlag(FLAGS_channels);
+  if ((mode != "layer_norm" && mode != "batch_norm") ||
+      (rpc != "unary" && rpc != "stream") || inflight < 1 || streams < 1 ||
+      streams > inflight || channel_count < 1) {
+    std::fprintf(stderr,
+                 "loadgen: bad --mode, --rpc, --inflight, --streams or "
+                 "--channels (see --help)\n");
+    return 2;
+  }
+  const bool batch_norm = mode == "batch_norm";
+  if (batch_norm && shape.size() < 2) {
+    std::fprintf(stderr, "loadgen: batch_norm needs rank >= 2\n");
+    return 2;
+  }
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  for (int i = 0; i < channel_count; ++i) {
+    // A distinct argument keeps gRPC from sharing one subchannel.
+    args.SetInt("normd.loadgen.channel", i);
+    channels.push_back(grpc::CreateCustomChannel(
+        absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials(),
+        args));
+    stubs.push_back(std::make_unique<grpc::GenericStub>(channels.back()));
+  }
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (batch_norm && absl::GetFlag(FLAGS_create_model)) {
+    auto stub = v1::Normalizer::NewStub(channels[0]);
+    grpc::ClientContext context;
+    v1::CreateModelRequest create;
+    create.set_name(model);
+    create.set_num_features(shape[1]);
+    v1::ModelState state;
+    const grpc::Status status = stub->CreateModel(&context, create, &state);
+    if (!status.ok() &&
+        status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+      std::fprintf(stderr, "loadgen: CreateModel: %s\n",
+                   status.error_message().c_str());
+      return 1;
+    }
+  }
+  const grpc::ByteBuffer request = SerializeRequest(shape, batch_norm, model);
+
+  Run run(absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_duration));
+  std::vector<Tally*> tallies;
+  std::vector<std::unique_ptr<UnaryCaller>> unary;
+  std::vector<std::unique_ptr<StreamCaller>> stream;
+  if (rpc == "unary") {
+    for (int i = 0; i < inflight; ++i) {
+      unary.push_back(std::make_unique<UnaryCaller>(
+          *stubs[i % stubs.size()], request, run));
+      tallies.push_back(&unary.back()->tally());
+    }
+    for (auto& caller : unary) caller->Start();
+  } else {
+    for (int i = 0; i < streams; ++i) {
+      const int window = inflight / streams + (i < inflight % streams);
+      stream.push_back(std::make_unique<StreamCaller>(
+          *stubs[i % stubs.size()], request, window, run));
+      tallies.push_back(&stream.back()->tally());
+    }
+    for (auto& caller : stream) caller->Start();
+  }
+  run.WaitAllDone();
+  const std::string error = run.error();
+  if (!error.empty()) {
+    std::fprintf(stderr, "loadgen: %s\n", error.c_str());
+    return 1;
+  }
+  std::vector<double> latencies;
+  int64_t calls = 0;
+  for (Tally* tally : tallies) {
+    calls += tally->calls;
+    latencies.insert(latencies.end(), tally->latencies_us.begin(),
+                     tally->latencies_us.end());
+  }
+  std::sort(latencies.begin(), latencies.end());
+  const double seconds = absl::GetFlag(FLAGS_duration);
+  const double qps = calls / seconds;
+  std::printf(
+      "{\"calls\": %lld, \"qps\": %.1f, \"mb_per_s\": %.2f, "
+      "\"request_bytes\": %zu, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
+      static_cast<long long>(calls), qps, qps * request.Length() / 1e6,
+      request.Length(), Percentile(latencies, 0.5),
+      Percentile(latencies, 0.99));
+  return 0;
+}
+
+}  // namespace
+}  // namespace normd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Load generator for normd.v1.Normalizer/Normalize and NormalizeStream "
+      "(normd, bench/echo_server, the Python peer); prints JSON");
+  absl::ParseCommandLine(argc, argv);
+  return normd::Main();
+}

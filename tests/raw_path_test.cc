@@ -1,0 +1,242 @@
+// The raw (zero-copy) Normalize path against the protobuf reference path:
+// for random requests cut into random slices, DoNormalizeRaw's response bytes
+// must equal the protobuf serialization of DoNormalize's response, and both
+// paths must fail alike on bad requests. Runs in-process (no transport).
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "normd/v1/normalizer.pb.h"
+#include "server/core/engine.h"
+#include "server/core/stream_copy.h"
+#include "server/rpc/metrics.h"
+#include "server/rpc/normalizer_service.h"
+
+namespace normd {
+namespace {
+
+// One service with its own engine and metrics.
+struct Stack {
+  prometheus::Registry registry;
+  ServerMetrics metrics{registry};
+  Engine engine;
+  NormalizerService service{engine, metrics};
+};
+
+// `bytes` cut at `cuts` random places; each piece its own slice, copied to
+// a fresh allocation at an odd offset so that no alignment is given.
+grpc::ByteBuffer Slices(const std::string& bytes, int cuts, std::mt19937& gen) {
+  std::vector<size_t> at = {0, bytes.size()};
+  std::uniform_int_distribution<size_t> pick(0, bytes.size());
+  for (int i = 0; i < cuts; ++i) at.push_back(pick(gen));
+  std::sort(at.begin(), at.end());
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i + 1 < at.size(); ++i) {
+    const size_t n = at[i + 1] - at[i];
+    std::string piece = std::string(gen() % 7, '\0') + bytes.substr(at[i], n);
+    grpc::Slice whole(piece);
+    slices.push_back(whole.sub(piece.size() - n, piece.size()));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+void FillTensor(v1::Tensor& tensor, const std::vector<int64_t>& shape,
+                bool fp64, bool values_form, std::mt19937& gen) {
+  tensor.set_dtype(fp64 ? v1::FLOAT64 : v1::FLOAT32);
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    tensor.add_shape(d);
+    count *= d;
+  }
+  std::normal_distribution<double> dist(2.0, 3.0);
+  if (values_form) {
+    for (int64_t i = 0; i < count; ++i) tensor.add_values(dist(gen));
+    return;
+  }
+  std::string data;
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = dist(gen);
+    const float f = static_cast<float>(v);
+    data.append(fp64 ? reinterpret_cast<const char*>(&v)
+                     : reinterpret_cast<const char*>(&f),
+                fp64 ? 8 : 4);
+  }
+  tensor.set_data(data);
+}
+
+v1::NormalizeRequest RandomRequest(std::mt19937& gen, int64_t max_dim) {
+  std::uniform_int_distribution<int64_t> dim(1, max_dim);
+  v1::NormalizeRequest request;
+  const int kind = gen() % 3;  // LN, BN eval, BN training.
+  std::vector<int64_t> shape;
+  const int rank = 2 + gen() % 3;
+  for (int i = 0; i < rank; ++i) shape.push_back(dim(gen));
+  const bool fp64 = gen() % 2;
+  FillTensor(*request.mutable_input(), shape, fp64, gen() % 5 == 0, gen);
+  if (gen() % 2) request.set_request_id("req-" + std::to_string(gen()));
+  if (kind == 0) {
+    request.set_mode(v1::LAYER_NORM);
+    const int k = 1 + gen() % 2;
+    request.set_normalized_ndim(k);
+    if (gen() % 2) {
+      std::vector<int64_t> tail(shape.end() - k, shape.end());
+      FillTensor(*request.mutable_weight(), tail, gen() % 2, gen() % 2, gen);
+      FillTensor(*request.mutable_bias(), tail, gen() % 2, gen() % 2, gen);
+    }
+    if (gen() % 2) request.set_eps(1e-3);
+  } else {
+    request.set_mode(v1::BATCH_NORM);
+    request.set_model("m" + std::to_string(shape[1]));
+    request.set_training(kind == 2);
+  }
+  return request;
+}
+
+// Both stacks get the same models, so BatchNorm answers are comparable.
+void CreateModels(Stack& a, Stack& b, int64_t max_dim) {
+  for (int64_t c = 1; c <= max_dim; ++c) {
+    ModelSpec spec;
+    spec.name = "m" + std::to_string(c);
+    spec.num_features = c;
+    for (int64_t i = 0; i < c; ++i) {
+      spec.running_mean.push_back(0.5 * i);
+      spec.running_var.push_back(1.0 + i);
+    }
+    ASSERT_TRUE(a.engine.store().Create(spec).ok());
+    ASSERT_TRUE(b.engine.store().Create(spec).ok());
+  }
+}
+
+TEST(RawPathTest, ResponsesAreByteIdenticalToProtobufPath) {
+  Stack reference, raw;
+  constexpr int64_t kMaxDim = 9;
+  CreateModels(reference, raw, kMaxDim);
+  std::mt19937 gen(20261123);
+  int compared = 0;
+  for (int i = 0; i < 300; ++i) {
+    const v1::NormalizeRequest request = RandomRequest(gen, kMaxDim);
+    const std::string bytes = request.SerializeAsString();
+    v1::NormalizeResponse expected;
+    const absl::Status expected_status =
+        reference.service.DoNormalize(request, expected);
+    grpc::ByteBuffer response;
+    const absl::Status status = raw.service.DoNormalizeRaw(
+        Slices(bytes, gen() % 6, gen), response);
+    ASSERT_EQ(status, expected_status) << request.ShortDebugString();
+    if (!status.ok()) continue;  // E.g. training on 1 value per channel.
+    ++compared;
+    ASSERT_EQ(Flatten(response), expected.SerializeAsString())
+        << "case " << i << ": " << request.ShortDebugString();
+  }
+  EXPECT_GT(compared, 250);
+}
+
+TEST(RawPathTest, LargeAndStreamedOutputsAreByteIdentical) {
+  Stack reference, raw;
+  std::mt19937 gen(7);
+  // Past the one-slice size, then past the streaming-store threshold.
+  for (std::vector<int64_t> shape :
+       {std::vector<int64_t>{64, 1000}, std::vector<int64_t>{8, 9, 64, 64}}) {
+    v1::NormalizeRequest request;
+    request.set_mode(v1::LAYER_NORM);
+    FillTensor(*request.mutable_input(), shape, /*fp64=*/false, false, gen);
+    SetStreamingOutputBytes(shape == std::vector<int64_t>{64, 1000}
+                                ? kDefaultStreamingOutputBytes
+                                : 1 << 20);
+    v1::NormalizeResponse expected;
+    ASSERT_TRUE(reference.service.DoNormalize(request, expected).ok());
+    grpc::ByteBuffer response;
+    ASSERT_TRUE(raw.service
+                    .DoNormalizeRaw(Slices(request.SerializeAsString(), 40, gen),
+                                    response)
+                    .ok());
+    EXPECT_EQ(Flatten(response), expected.SerializeAsString());
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+}
+
+TEST(RawPathTest, BadRequestsFailAlikeOnBothPaths) {
+  Stack reference, raw;
+  std::mt19937 gen(3);
+  std::vector<v1::NormalizeRequest> bad(5);
+  bad[0].set_mode(v1::LAYER_NORM);  // No input at all.
+  bad[1].set_mode(v1::LAYER_NORM);  // data length does not match shape.
+  bad[1].mutable_input()->add_shape(2);
+  bad[1].mutable_input()->add_shape(3);
+  bad[1].mutable_input()->set_data(std::string(20, '\0'));
+  bad[2] = bad[1];  // Both data and values.
+  bad[2].mutable_input()->set_data(std::string(24, '\0'));
+  bad[2].mutable_input()->add_values(1.0);
+  bad[3] = bad[2];  // Unknown model for BatchNorm eval.
+  bad[3].mutable_input()->clear_values();
+  bad[3].set_mode(v1::BATCH_NORM);
+  bad[3].set_model("nope");
+  bad[4] = bad[3];  // Mode unset.
+  bad[4].clear_mode();
+  for (const v1::NormalizeRequest& request : bad) {
+    v1::NormalizeResponse unused;
+    const absl::Status expected = reference.service.DoNormalize(request, unused);
+    grpc::ByteBuffer response;
+    const absl::Status status = raw.service.DoNormalizeRaw(
+        Slices(request.SerializeAsString(), 3, gen), response);
+    EXPECT_FALSE(expected.ok());
+    EXPECT_EQ(status, expected) << request.ShortDebugString();
+  }
+}
+
+TEST(RawPathTest, UnusualWireFormsMeanWhatProtobufSays) {
+  Stack reference, raw;
+  std::mt19937 gen(5);
+  // Concatenated messages merge: the input's fields arrive in two parts, and
+  // data twice (the last wins).
+  v1::NormalizeRequest head;
+  head.set_mode(v1::LAYER_NORM);
+  head.mutable_input()->add_shape(2);
+  head.mutable_input()->add_shape(2);
+  v1::NormalizeRequest first_data, last_data;
+  const float zeros[4] = {0, 0, 0, 0};
+  const float values[4] = {1, 2, 4, 8};
+  first_data.mutable_input()->set_data(zeros, sizeof(zeros));
+  last_data.mutable_input()->set_data(values, sizeof(values));
+  const std::string bytes = head.SerializeAsString() +
+                            first_data.SerializeAsString() +
+                            last_data.SerializeAsString();
+  v1::NormalizeRequest merged;
+  ASSERT_TRUE(merged.ParseFromString(bytes));
+  v1::NormalizeResponse expected;
+  ASSERT_TRUE(reference.service.DoNormalize(merged, expected).ok());
+  grpc::ByteBuffer response;
+  ASSERT_TRUE(raw.service.DoNormalizeRaw(Slices(bytes, 2, gen), response).ok());
+  EXPECT_EQ(Flatten(response), expected.SerializeAsString());
+  // Row [1, 2]: mean 1.5, biased variance 0.25 -> (x - 1.5) / sqrt(0.25 + eps).
+  v1::NormalizeResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(response)));
+  const float* out =
+      reinterpret_cast<const float*>(parsed.output().data().data());
+  EXPECT_NEAR(out[0], -0.5 / std::sqrt(0.25 + 1e-5), 1e-6);
+
+  // Bytes that are not a NormalizeRequest at all.
+  const std::string garbage = "\x1a\xff\xff\xff\xff\x0f\x01";
+  const absl::Status status =
+      raw.service.DoNormalizeRaw(Slices(garbage, 1, gen), response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("request"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace normd
