@@ -289,8 +289,8 @@ grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
 
 double Percentile(std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
-  const size_t index = std::min(sorted.size() - 1,
-                                static_cast<size_t>(q * sorted.size()));
+  const size_t index =
+      std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()));
   return sorted[index];
 }
 
@@ -328,8 +328,7 @@ int Main() {
     // A distinct argument keeps gRPC from sharing one subchannel.
     args.SetInt("normd.loadgen.channel", i);
     channels.push_back(grpc::CreateCustomChannel(
-        absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials(),
-        args));
+        absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials(), args));
     stubs.push_back(std::make_unique<grpc::GenericStub>(channels.back()));
   }
   const std::string model = absl::GetFlag(FLAGS_model);
@@ -356,16 +355,16 @@ int Main() {
   std::vector<std::unique_ptr<StreamCaller>> stream;
   if (rpc == "unary") {
     for (int i = 0; i < inflight; ++i) {
-      unary.push_back(std::make_unique<UnaryCaller>(
-          *stubs[i % stubs.size()], request, run));
+      unary.push_back(std::make_unique<UnaryCaller>(*stubs[i % stubs.size()],
+                                                    request, run));
       tallies.push_back(&unary.back()->tally());
     }
     for (auto& caller : unary) caller->Start();
   } else {
     for (int i = 0; i < streams; ++i) {
       const int window = inflight / streams + (i < inflight % streams);
-      stream.push_back(std::make_unique<StreamCaller>(
-          *stubs[i % stubs.size()], request, window, run));
+      stream.push_back(std::make_unique<StreamCaller>(*stubs[i % stubs.size()],
+                                                      request, window, run));
       tallies.push_back(&stream.back()->tally());
     }
     for (auto& caller : stream) caller->Start();

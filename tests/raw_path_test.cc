@@ -135,8 +135,8 @@ TEST(RawPathTest, ResponsesAreByteIdenticalToProtobufPath) {
     const absl::Status expected_status =
         reference.service.DoNormalize(request, expected);
     grpc::ByteBuffer response;
-    const absl::Status status = raw.service.DoNormalizeRaw(
-        Slices(bytes, gen() % 6, gen), response);
+    const absl::Status status =
+        raw.service.DoNormalizeRaw(Slices(bytes, gen() % 6, gen), response);
     ASSERT_EQ(status, expected_status) << request.ShortDebugString();
     if (!status.ok()) continue;  // E.g. training on 1 value per channel.
     ++compared;
@@ -162,8 +162,8 @@ TEST(RawPathTest, LargeAndStreamedOutputsAreByteIdentical) {
     ASSERT_TRUE(reference.service.DoNormalize(request, expected).ok());
     grpc::ByteBuffer response;
     ASSERT_TRUE(raw.service
-                    .DoNormalizeRaw(Slices(request.SerializeAsString(), 40, gen),
-                                    response)
+                    .DoNormalizeRaw(
+                        Slices(request.SerializeAsString(), 40, gen), response)
                     .ok());
     EXPECT_EQ(Flatten(response), expected.SerializeAsString());
   }
@@ -190,7 +190,8 @@ TEST(RawPathTest, BadRequestsFailAlikeOnBothPaths) {
   bad[4].clear_mode();
   for (const v1::NormalizeRequest& request : bad) {
     v1::NormalizeResponse unused;
-    const absl::Status expected = reference.service.DoNormalize(request, unused);
+    const absl::Status expected =
+        reference.service.DoNormalize(request, unused);
     grpc::ByteBuffer response;
     const absl::Status status = raw.service.DoNormalizeRaw(
         Slices(request.SerializeAsString(), 3, gen), response);

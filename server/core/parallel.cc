@@ -1,7 +1,5 @@
 #include "server/core/parallel.h"
 
-#include <utility>
-
 namespace normd {
 
 tbb::task_arena& ComputeArena() {
@@ -12,10 +10,6 @@ tbb::task_arena& ComputeArena() {
     return a;
   }();
   return *arena;
-}
-
-void EnqueueCompute(std::function<void()> task) {
-  ComputeArena().enqueue(std::move(task));
 }
 
 }  // namespace normd

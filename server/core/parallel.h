@@ -17,7 +17,7 @@
 #include <tbb/task_arena.h>
 
 #include <cstdint>
-#include <functional>
+#include <utility>
 
 namespace normd {
 
@@ -27,9 +27,12 @@ inline constexpr int64_t kSerialWorkElements = 32 * 1024;
 
 tbb::task_arena& ComputeArena();
 
-// Runs `task` in the compute arena on some worker thread, later; returns at
-// once. `task` must not throw.
-void EnqueueCompute(std::function<void()> task);
+// Runs `task` (any callable, move-only is fine) in the compute arena on some
+// worker thread, later; returns at once. `task` must not throw.
+template <typename Task>
+void EnqueueCompute(Task&& task) {
+  ComputeArena().enqueue(std::forward<Task>(task));
+}
 
 // tbb::parallel_for over `range` in the compute arena, or body(range) on this
 // thread when `work_elements` (what the whole loop touches) is small.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/parallel.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/logging.h"
 #include "server/rpc/status_mapping.h"
@@ -58,6 +59,31 @@ grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
   tracker.Finish(status.error_code());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(status);
+  return reactor;
+}
+
+// Requests at least this large are computed in the compute arena rather than
+// on the gRPC callback thread that received them, so that one big tensor
+// never holds up the threads serving everyone else; smaller ones are cheaper
+// to compute in place than to hand over.
+constexpr size_t kOffloadRequestBytes = 256 << 10;
+
+// RunUnary for compute RPCs: when `offload`, `body` (which must own or point
+// to everything it uses) runs in the compute arena and finishes the call
+// from there.
+template <typename Fn>
+grpc::ServerUnaryReactor* RunCompute(grpc::CallbackServerContext* context,
+                                     ServerMetrics& metrics, RpcMethod method,
+                                     const char* name, bool offload, Fn body) {
+  if (!offload) return RunUnary(context, metrics, method, name, body);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EnqueueCompute([reactor, name, body = std::move(body),
+                  tracker = std::make_unique<CallTracker>(metrics, method)]() {
+    const grpc::Status status = ToGrpcStatus(Guarded(body));
+    LogIfServerFault(name, status);
+    tracker->Finish(status.error_code());
+    reactor->Finish(status);
+  });
   return reactor;
 }
 
@@ -299,15 +325,20 @@ absl::Status NormalizerService::DoFit(const v1::FitRequest& request,
 grpc::ServerUnaryReactor* NormalizerService::Normalize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunUnary(context, metrics_, RpcMethod::kNormalize, "Normalize",
-                  [&] { return DoNormalizeRaw(*request, *response); });
+  return RunCompute(context, metrics_, RpcMethod::kNormalize, "Normalize",
+                    request->Length() >= kOffloadRequestBytes,
+                    [this, request, response] {
+                      return DoNormalizeRaw(*request, *response);
+                    });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::Fit(
     grpc::CallbackServerContext* context, const v1::FitRequest* request,
     v1::FitResponse* response) {
-  return RunUnary(context, metrics_, RpcMethod::kFit, "Fit",
-                  [&] { return DoFit(*request, *response); });
+  return RunCompute(
+      context, metrics_, RpcMethod::kFit, "Fit",
+      request->input().data().size() >= kOffloadRequestBytes,
+      [this, request, response] { return DoFit(*request, *response); });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::CreateModel(
