@@ -50,11 +50,17 @@ format:
 clean:
 	rm -rf $(BUILD_DIR)
 
-# Kernel benchmarks vs copy / read-only-sum baselines and PyTorch, same run.
+# One run, two tables: kernels vs copy / read-only-sum baselines and PyTorch;
+# the service (loopback) vs a raw gRPC echo and the Python peer. Medians of
+# BENCH_REPS runs each; about 5 minutes.
 BENCH_REPS ?= 5
+SERVICE_REPS ?= 3
 bench: build
 	$(BUILD_DIR)/bench/kernel_bench --benchmark_repetitions=$(BENCH_REPS) \
 	  --benchmark_report_aggregates_only=true --benchmark_format=json \
 	  --benchmark_out=$(BUILD_DIR)/kernel_bench.json --benchmark_out_format=json > /dev/null
 	/usr/bin/python3 bench/torch_bench.py $(BENCH_REPS) > $(BUILD_DIR)/torch_bench.json
-	/usr/bin/python3 bench/report.py $(BUILD_DIR)/kernel_bench.json $(BUILD_DIR)/torch_bench.json
+	/usr/bin/python3 bench/service_bench.py --build $(BUILD_DIR) \
+	  --reps $(SERVICE_REPS) > $(BUILD_DIR)/service_bench.json
+	/usr/bin/python3 bench/report.py $(BUILD_DIR)/kernel_bench.json \
+	  $(BUILD_DIR)/torch_bench.json $(BUILD_DIR)/service_bench.json

@@ -2,9 +2,10 @@
 """Prints the kernel table of `make bench`: normd's kernels against the copy /
 read-only-sum baselines of the same run and against PyTorch.
 
-Usage: report.py KERNEL_BENCH_JSON TORCH_JSON
+Usage: report.py KERNEL_BENCH_JSON TORCH_JSON [SERVICE_JSON]
 KERNEL_BENCH_JSON is Google Benchmark's --benchmark_format=json output with
-repetitions (medians are used); TORCH_JSON is torch_bench.py's output.
+repetitions (medians are used); TORCH_JSON is torch_bench.py's output;
+SERVICE_JSON is service_bench.py's output (a second table).
 """
 
 import json
@@ -73,6 +74,56 @@ def main():
           f"{normd['BM_ReadSum'] * 1e3:.2f} ms; torch copy "
           f"{torch['BM_Copy'] * 1e3:.2f} ms")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
+    if len(sys.argv) > 3:
+        print()
+        service_table(json.load(open(sys.argv[3])))
+
+
+# (case, label, numerator, denominator, target): ratio of medians.
+SERVICE_ROWS = [
+    ("ln_4mib_unary_4", "LayerNorm 4 MiB, 4 in flight", "normd", "echo", 0.9),
+    ("ln_768_unary_16", "LayerNorm [1,768], 16 in flight", "normd", "echo",
+     0.9),
+    ("bn_eval_4mib_unary_4", "BatchNorm eval 4 MiB NCHW, 4 in flight",
+     "normd", "echo", 0.9),
+    ("ln_768_unary_16", "LayerNorm [1,768] vs Python peer", "normd", "peer",
+     5.0),
+    ("ln_4mib_unary_4", "LayerNorm 4 MiB vs Python peer", "normd", "peer",
+     2.0),
+    ("bn_eval_4mib_unary_4", "BatchNorm eval 4 MiB vs Python peer", "normd",
+     "peer", 2.0),
+]
+
+
+def service_table(service):
+    cases = service["cases"]
+    print(f"{'service (loopback, fp32)':40} {'normd':>10} {'baseline':>10} "
+          f"{'ratio':>7} {'target':>7}  p50/p99 ms (normd)")
+    misses = 0
+    rows = list(SERVICE_ROWS)
+    rows.append(("ln_768_stream_16", "NormalizeStream [1,768] vs unary",
+                 "stream", "unary", 2.0))
+    for case, label, num, den, target in rows:
+        c = cases[case]
+        unit = "QPS" if c["metric"] == "qps" else "MB/s"
+        if num == "stream":
+            n, d = c["normd"], cases["ln_768_unary_16"]["normd"]
+            base = "unary"
+        else:
+            n, d = c[num], c[den]
+            base = den
+        ratio = n["median"] / d["median"]
+        ok = ratio >= target
+        misses += not ok
+        print(f"{label:40} {n['median']:>10.0f} {d['median']:>10.0f} "
+              f"{ratio:>6.2f}x {'>=' + str(target):>7}  "
+              f"{n['p50_us'] / 1e3:.2f}/{n['p99_us'] / 1e3:.2f}  "
+              f"({unit}; baseline {base}){'' if ok else '  MISS'}")
+    print(f"{misses} of {len(rows)} service targets missed")
+    for name, m in service["memory"].items():
+        print(f"memory {name:6}: idle RSS {m['idle_rss_mb']:.0f} MB, peak "
+              f"{m['peak_rss_mb']:.0f} MB, {m['growth_per_mb_in_flight']:.2f}"
+              f" MB of peak RSS growth per MB in flight (4 MiB x 4 calls)")
 
 
 if __name__ == "__main__":
