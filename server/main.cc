@@ -31,6 +31,10 @@ ABSL_FLAG(int64_t, max_num_features, 1 << 20,
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, tbb_threads, 0,
           "Threads for the parallel reductions (oneTBB); 0 = one per core.");
+ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
+          "Bytes of freed tensor buffers (>= 256 KiB each) kept for reuse, "
+          "so that large requests do not page-fault fresh memory; 0 keeps "
+          "none.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "On SIGINT/SIGTERM: how long calls in flight may finish before they "
           "are cancelled.");
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
   options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
 
   auto server = normd::NormdServer::Start(options);
   if (!server.ok()) {

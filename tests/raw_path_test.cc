@@ -14,6 +14,7 @@
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/stream_copy.h"
+#include "server/rpc/buffer_pool.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
 
@@ -237,6 +238,33 @@ TEST(RawPathTest, UnusualWireFormsMeanWhatProtobufSays) {
       raw.service.DoNormalizeRaw(Slices(garbage, 1, gen), response);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("request"), std::string::npos) << status;
+}
+
+TEST(BufferPoolTest, ReusesLargeBuffersWithinItsBudget) {
+  BufferPool& pool = BufferPool::Global();
+  pool.SetMaxRetainedBytes(5 << 20);
+  const size_t retained = pool.retained_bytes();
+  void* a = pool.Acquire(4 << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  static_cast<char*>(a)[(4 << 20) - 1] = 1;  // The whole size is usable.
+  BufferPool::Release(a);
+  EXPECT_EQ(pool.retained_bytes(), retained + (4 << 20));
+  // The same size class (3.5 MiB < size <= 4 MiB) gets the same block back.
+  void* b = pool.Acquire((4 << 20) - 1000);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(pool.retained_bytes(), retained);
+  // Past the budget, released buffers are freed, not kept.
+  void* c = pool.Acquire(4 << 20);
+  BufferPool::Release(b);
+  BufferPool::Release(c);
+  EXPECT_LE(pool.retained_bytes(), 5u << 20);
+  // Small buffers are never pooled.
+  void* small = pool.Acquire(1000);
+  BufferPool::Release(small);
+  EXPECT_LE(pool.retained_bytes(), 5u << 20);
+  pool.SetMaxRetainedBytes(0);
+  EXPECT_EQ(pool.retained_bytes(), 0u);
+  pool.SetMaxRetainedBytes(BufferPool::kDefaultRetainedBytes);
 }
 
 }  // namespace

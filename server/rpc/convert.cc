@@ -457,10 +457,9 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
           reinterpret_cast<uintptr_t>(view->data()) % sizeof(double) == 0) {
         out.input_data = view;
       } else {
-        out.gathered.reset(
-            new double[(data->size + sizeof(double) - 1) / sizeof(double)]);
+        out.gathered = AcquirePooled(data->size);
         reader.Gather(data->offset, data->size,
-                      reinterpret_cast<char*>(out.gathered.get()));
+                      static_cast<char*>(out.gathered.get()));
         out.input_data = absl::string_view(
             reinterpret_cast<const char*>(out.gathered.get()), data->size);
       }

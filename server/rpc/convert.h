@@ -17,6 +17,7 @@
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
+#include "server/rpc/buffer_pool.h"
 
 namespace normd {
 
@@ -63,7 +64,8 @@ absl::Status ParseNormalizeRequest(
 struct SplitRequest {
   v1::NormalizeRequest message;                 // With input.data empty.
   std::optional<absl::string_view> input_data;  // Set when present.
-  std::unique_ptr<double[]> gathered;           // Backs input_data if needed.
+  PooledBuffer gathered{nullptr, &BufferPool::Release};  // Backs input_data
+                                                         // if needed.
 };
 
 // INVALID_ARGUMENT if the bytes are not a NormalizeRequest. Requests whose

@@ -286,13 +286,9 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
     response = grpc::ByteBuffer(&slice, 1);
     return absl::OkStatus();
   }
-  // Large: computed straight into a cache-line aligned, uninitialized buffer
-  // that becomes the middle slice of the response (freed by gRPC).
-  constexpr size_t kAlign = 64;
-  const size_t allocation = (bytes + kAlign - 1) / kAlign * kAlign;
-  std::unique_ptr<void, void (*)(void*)> output(
-      std::aligned_alloc(kAlign, allocation), std::free);
-  if (output == nullptr) throw std::bad_alloc();
+  // Large: computed straight into a pooled, uninitialized buffer that becomes
+  // the middle slice of the response (gRPC gives it back to the pool).
+  PooledBuffer output = AcquirePooled(bytes);
   if (absl::Status s = RunNormalize(split.message, parsed, output.get(), reply);
       !s.ok()) {
     return s;
@@ -301,8 +297,8 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
   grpc::Slice parts[3];
   size_t count = 0;
   parts[count++] = grpc::Slice(frame.head);
-  parts[count++] =
-      grpc::Slice(output.release(), static_cast<size_t>(bytes), std::free);
+  parts[count++] = grpc::Slice(output.release(), static_cast<size_t>(bytes),
+                               &BufferPool::Release);
   if (!frame.tail.empty()) parts[count++] = grpc::Slice(frame.tail);
   response = grpc::ByteBuffer(parts, count);
   return absl::OkStatus();

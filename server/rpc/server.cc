@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/buffer_pool.h"
 
 namespace normd {
 namespace {
@@ -49,11 +50,13 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         options.port, " and ", options.metrics_port));
   }
   if (options.max_models < 0 || options.max_num_features < 1 ||
-      options.tbb_threads < 0) {
+      options.tbb_threads < 0 || options.buffer_pool_bytes < 0) {
     return absl::InvalidArgumentError(
-        "--max_models must be >= 0, --max_num_features >= 1 and "
-        "--tbb_threads >= 0");
+        "--max_models must be >= 0, --max_num_features >= 1, "
+        "--tbb_threads >= 0 and --buffer_pool_bytes >= 0");
   }
+  BufferPool::Global().SetMaxRetainedBytes(
+      static_cast<size_t>(options.buffer_pool_bytes));
   std::unique_ptr<NormdServer> server(new NormdServer(options));
   if (options.tbb_threads > 0) {
     server->tbb_threads_ = std::make_unique<tbb::global_control>(

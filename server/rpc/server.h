@@ -33,6 +33,7 @@ struct ServerOptions {
   int64_t max_num_features = 1 << 20;
   int tbb_threads = 0;  // 0: one per core.
   absl::Duration drain_timeout = absl::Seconds(10);
+  int64_t buffer_pool_bytes = 64 << 20;  // See BufferPool.
 };
 
 // Applies the transport settings every normd gRPC server uses (listening
