@@ -143,8 +143,7 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
     out.view.data = bytes.data();
   } else {
     // Rare (short strings, odd slice offsets): copy to aligned storage.
-    out.aligned.reset(
-        new double[(bytes.size() + sizeof(double) - 1) / sizeof(double)]);
+    out.aligned = AcquirePooled(bytes.size());
     std::memcpy(out.aligned.get(), bytes.data(), bytes.size());
     out.view.data = out.aligned.get();
   }

@@ -29,7 +29,7 @@ struct ParsedTensor {
   bool values_form = false;  // The request used `values`.
   std::vector<double> storage;
   std::vector<float> storage_f32;
-  std::unique_ptr<double[]> aligned;  // Uninitialized copy of `data` bytes.
+  PooledBuffer aligned{nullptr, &BufferPool::Release};  // Copy of `data`.
 };
 
 // Parses `tensor`; `field` names it in errors (e.g. "input").

@@ -1,7 +1,5 @@
 #include "server/rpc/normalizer_service.h"
 
-#include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -48,17 +46,24 @@ void LogIfServerFault(const char* method, const grpc::Status& status) {
   }
 }
 
+// Runs `body` and finishes the call with its status, logged and counted.
+template <typename Fn>
+void CompleteUnary(grpc::ServerUnaryReactor* reactor, CallTracker& tracker,
+                   const char* name, const Fn& body) {
+  const grpc::Status status = ToGrpcStatus(Guarded(body));
+  LogIfServerFault(name, status);
+  tracker.Finish(status.error_code());
+  reactor->Finish(status);
+}
+
 // Completes a unary call: runs `body`, records the metrics, finishes.
 template <typename Fn>
 grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
                                    ServerMetrics& metrics, RpcMethod method,
                                    const char* name, Fn&& body) {
   CallTracker tracker(metrics, method);
-  const grpc::Status status = ToGrpcStatus(Guarded(body));
-  LogIfServerFault(name, status);
-  tracker.Finish(status.error_code());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
+  CompleteUnary(reactor, tracker, name, body);
   return reactor;
 }
 
@@ -79,10 +84,7 @@ grpc::ServerUnaryReactor* RunCompute(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   EnqueueCompute([reactor, name, body = std::move(body),
                   tracker = std::make_unique<CallTracker>(metrics, method)]() {
-    const grpc::Status status = ToGrpcStatus(Guarded(body));
-    LogIfServerFault(name, status);
-    tracker->Finish(status.error_code());
-    reactor->Finish(status);
+    CompleteUnary(reactor, *tracker, name, body);
   });
   return reactor;
 }
@@ -217,6 +219,12 @@ absl::Status NormalizerService::DoNormalize(const v1::NormalizeRequest& request,
   if (absl::Status s = ParseNormalizeRequest(request, parsed); !s.ok()) {
     return s;
   }
+  return NormalizeToMessage(request, parsed, response);
+}
+
+absl::Status NormalizerService::NormalizeToMessage(
+    const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
+    v1::NormalizeResponse& response) {
   std::vector<double> scratch;
   void* out = PrepareOutput(request.input(), parsed.input, scratch,
                             *response.mutable_output());
@@ -250,14 +258,10 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
   }
   v1::NormalizeResponse reply;
   if (parsed.input.values_form) {  // The compatibility form: via protobuf.
-    std::vector<double> scratch;
-    void* out = PrepareOutput(split.message.input(), parsed.input, scratch,
-                              *reply.mutable_output());
-    if (absl::Status s = RunNormalize(split.message, parsed, out, reply);
+    if (absl::Status s = NormalizeToMessage(split.message, parsed, reply);
         !s.ok()) {
       return s;
     }
-    CopyValuesOutput(parsed.input, scratch, *reply.mutable_output());
     grpc::Slice slice(reply.SerializeAsString());
     response = grpc::ByteBuffer(&slice, 1);
     return absl::OkStatus();

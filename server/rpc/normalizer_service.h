@@ -83,6 +83,11 @@ class NormalizerService final : public NormalizerServiceBase {
   absl::Status RunNormalize(const v1::NormalizeRequest& request,
                             const ParsedNormalize& parsed, void* out,
                             v1::NormalizeResponse& response);
+  // RunNormalize with the output in `response` itself (data or values form,
+  // as the request); `response` is left empty on failure.
+  absl::Status NormalizeToMessage(const v1::NormalizeRequest& request,
+                                  const ParsedNormalize& parsed,
+                                  v1::NormalizeResponse& response);
 
   Engine& engine_;
   ServerMetrics& metrics_;
