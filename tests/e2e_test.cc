@@ -142,6 +142,36 @@ TEST_F(EndToEndTest, LayerNormInDataAndValuesForms) {
   EXPECT_TRUE(empty_response->output().data().empty());
 }
 
+// Requests of 256 KiB and more are computed in the compute arena and
+// finished from there; their answers must be the same as everywhere else.
+TEST_F(EndToEndTest, LargeRequestsComputedOffTheRpcThreadsAreCorrect) {
+  constexpr int64_t kRows = 512, kCols = 512;  // 2 MiB of fp64.
+  const std::vector<double> x =
+      testing::RandomValues<double>(kRows * kCols, 11, 3.0, 2.0);
+  auto request = LayerNormRequest({kRows, kCols}, x, v1::FLOAT64);
+  request.set_request_id("big");
+  auto response = client_->Normalize(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->request_id(), "big");
+  const auto y = TensorValues(response->output());
+  ASSERT_TRUE(y.ok());
+  const auto expected = testing::ReferenceLayerNorm(x, kCols, 1e-5, {}, {});
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR((*y)[i], expected[i], 1e-10) << i;
+  }
+  // Fit of the same 1 MiB as [rows, cols] = [N, C]: pooled statistics equal
+  // the fp64 reference.
+  auto fit = client_->Fit(FitRequest("e2e-big-fit", {kRows, kCols}, x));
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  const auto stats = testing::ReferenceChannelStats(x, kRows, kCols, 1);
+  ASSERT_EQ(fit->model().mean_size(), kCols);
+  for (int64_t c = 0; c < kCols; ++c) {
+    EXPECT_NEAR(fit->model().mean(c), stats.mean[c], 1e-12);
+    EXPECT_NEAR(fit->model().var(c), stats.var[c], 1e-11);
+  }
+  EXPECT_TRUE(client_->DeleteModel("e2e-big-fit").ok());
+}
+
 TEST_F(EndToEndTest, BatchNormTrainEvalAndModelLifecycle) {
   const std::vector<double> x = {1, 2, 3, 6, 5, 10, 7, 14};
   auto trained =
