@@ -119,6 +119,37 @@ TEST(MomentsTest, FastPathFallsBackWhereFp32WouldLoseAccuracy) {
   }
 }
 
+// The fp32 fast paths sum d = x - shift with the shift taken from the first
+// 32 values (rows); when those are far from the block's mean the shifted sums
+// cancel and the block must be redone exactly. One block each, so the result
+// is the exact path's (~1e-15); the fast path would be off by ~1e-6 here.
+TEST(MomentsTest, ShiftFarFromTheMeanFallsBackToExact) {
+  constexpr int64_t kRows = 1024;
+  constexpr int64_t kChannels = 64;
+  std::vector<float> x = RandomValues<float>(kRows * kChannels, 9, 1e4, 1.0);
+  // Contiguous: the first 32 values sit 30 sigma high.
+  std::vector<float> block(x.begin(), x.begin() + 8192);
+  for (int64_t i = 0; i < 32; ++i) block[i] += 30.0f;
+  const Moments m = ContiguousMoments(block.data(), 8192);
+  const auto ref = ReferenceChannelStats(block, 1, 1, 8192);
+  EXPECT_LE(RelErr(m.BiasedVariance(), ref.var[0]), 1e-12);
+  // Channels-last: the first 32 rows do.
+  for (int64_t i = 0; i < 32 * kChannels; ++i) x[i] += 30.0f;
+  const ChannelLayout layout{kRows, kChannels, 1};
+  const auto channels = ChannelMoments(x.data(), layout);
+  const auto ref2 = ReferenceChannelStats(x, kRows, kChannels, 1);
+  for (int64_t c = 0; c < kChannels; ++c) {
+    EXPECT_LE(RelErr(channels[c].BiasedVariance(), ref2.var[c]), 1e-12) << c;
+  }
+  // A sorted ramp keeps the fast path (the shift is ~1.7 sigma off: S2 is
+  // 4x M2) and stays within the fp32 tolerance.
+  std::vector<float> ramp(8192);
+  for (int64_t i = 0; i < 8192; ++i) ramp[i] = 1e3f + 0.01f * i;
+  const auto ref3 = ReferenceChannelStats(ramp, 1, 1, 8192);
+  ExpectStatsNear<float>(ContiguousMoments(ramp.data(), 8192), ref3.mean[0],
+                         ref3.var[0]);
+}
+
 TEST(MomentsTest, NonFiniteInputIsFlagged) {
   std::vector<float> x(20000, 1.0f);
   EXPECT_TRUE(ContiguousMoments(x.data(), 20000).IsFinite());
@@ -479,12 +510,19 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
       {NormMode::kLayerNorm, {2, 1, 40000}, 1, false},  // Long rows.
       {NormMode::kBatchNorm, {8, 16, 128, 128}, 1, true},
       {NormMode::kBatchNorm, {8, 128, 128, 16}, -1, false},
+      // Odd row lengths and channel counts: rows and channel periods that
+      // start mid-line, a period longer than 1024 (C = 1500).
+      {NormMode::kLayerNorm, {4099, 771}, 1, true},
+      {NormMode::kBatchNorm, {8, 128, 128, 3}, -1, true},
+      {NormMode::kBatchNorm, {1500, 1500}, 1, true},
   };
   for (const Case& c : cases) {
     int64_t n = 1;
     for (int64_t d : c.shape) n *= d;
     const auto x = RandomValues<float>(n, 5, 100.0, 3.0);
-    auto run = [&](int64_t threshold) {
+    // `offset` floats into the buffer: 1 makes every line partial at the
+    // ends (masked stores).
+    auto run = [&](int64_t threshold, int64_t offset) {
       SetStreamingOutputBytes(threshold);
       Engine engine;
       NormalizeSpec spec = TrainingSpec("s", x, c.shape, c.axis_or_k);
@@ -502,15 +540,18 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
         spec.weight = AffineParam{{params}, w};
         spec.bias = AffineParam{{params}, b};
       }
-      std::vector<float> y(n);
-      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
-      return y;
+      std::vector<float> y(n + offset);
+      EXPECT_TRUE(engine.Normalize(spec, y.data() + offset).ok());
+      return std::vector<float>(y.begin() + offset, y.end());
     };
-    const auto streamed = run(0);
-    const auto cached = run(std::numeric_limits<int64_t>::max());
+    const auto cached = run(std::numeric_limits<int64_t>::max(), 0);
+    for (int64_t offset : {0, 1}) {
+      const auto streamed = run(0, offset);
+      EXPECT_EQ(std::memcmp(streamed.data(), cached.data(), n * sizeof(float)),
+                0)
+          << "output offset " << offset;
+    }
     SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-    EXPECT_EQ(std::memcmp(streamed.data(), cached.data(), n * sizeof(float)),
-              0);
   }
 }
 

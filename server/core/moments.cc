@@ -16,19 +16,40 @@ namespace {
 // Independent accumulators per reduction, so that the compiler can keep them
 // in SIMD registers; the lane sums are combined in a fixed order.
 constexpr int kLanes = 8;
-// fp32 lanes of the fast path, and how many values each fp32 lane sums
-// before it is flushed into fp64 (keeps every fp32 partial sum short).
-constexpr int kFloatLanes = 32;
-constexpr int64_t kFloatFlush = 256;  // Elements per flush (8 per lane).
+// fp32 lanes of the fast path (four AVX-512 registers per sum: enough
+// independent chains to keep up with the cache), and how many values each
+// fp32 lane sums before it is flushed into fp64 (keeps every fp32 partial sum
+// short).
+constexpr int kFloatLanes = 64;
+constexpr int64_t kFloatFlush = 16 * kFloatLanes;
+// How far ahead of the loads the fast paths prefetch, in floats. With a few
+// arithmetic operations per vector the hardware prefetcher alone leaves the
+// loop waiting on L3 / DRAM (measured: 38 -> 50 GB/s over 64 MiB, 2 threads).
+constexpr int64_t kPrefetchAhead = 2048;
+// Values the fp32 fast path averages for its shift (see ShiftCenter).
+constexpr int64_t kShiftSample = 32;
+// The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
+// the shift is off the mean by more than ~2.6 standard deviations, S2 exceeds
+// M2 by more than this factor, and so would the fp32 rounding of S2:
+// such blocks are redone with the exact two-pass path.
+constexpr double kMaxCancellation = 8.0;
+
+// Adds the upper half of t[0..N) onto the lower half, recursively: a
+// pairwise sum in a fixed order, written as fixed-size loops that vectorize.
+template <int N, typename T>
+NORMD_INLINE_INTO_CLONES void FoldHalves(T* t) {
+  if constexpr (N > 1) {
+    for (int j = 0; j < N / 2; ++j) t[j] += t[j + N / 2];
+    FoldHalves<N / 2, T>(t);
+  }
+}
 
 template <int N>
-double SumLanes(const double (&lanes)[N]) {
-  // Pairwise, in a fixed order.
+NORMD_INLINE_INTO_CLONES double SumLanes(const double (&lanes)[N]) {
+  static_assert((N & (N - 1)) == 0, "pairwise folding needs a power of two");
   double tmp[N];
   std::copy(lanes, lanes + N, tmp);
-  for (int step = N / 2; step >= 1; step /= 2) {
-    for (int j = 0; j < step; ++j) tmp[j] += tmp[j + step];
-  }
+  FoldHalves<N>(tmp);
   return tmp[0];
 }
 
@@ -86,59 +107,88 @@ NORMD_MULTIVERSION Moments BlockMomentsF64(const double* x, int64_t n) {
   return BlockMomentsExactImpl(x, n);
 }
 
-// True when an fp32 fast-path result may have lost accuracy: non-finite
-// (overflow or NaN/Inf input) or a variance so small that fp32 squares of the
-// deviations were denormal.
-bool NeedsExactPath(const Moments& m) {
-  return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count);
+// Prefetches the cache lines of p[0..n) for reading (a hint: never faults,
+// even past the end of the data).
+NORMD_INLINE_INTO_CLONES void PrefetchLines(const float* p, int64_t n) {
+  constexpr int64_t kLineFloats = 64 / sizeof(float);
+  for (int64_t k = 0; k < n; k += kLineFloats) __builtin_prefetch(p + k, 0, 3);
 }
 
-// The fp32 fast path: the same corrected two-pass algorithm with fp32 SIMD
-// lanes that are flushed into fp64 every kFloatFlush elements, and the second
-// pass centred on mean0 rounded to float (x - mean0f is exact near the mean).
-// Falls back to the fp64 path if fp32 over- or underflowed.
-NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
-  double wide[kFloatLanes] = {};
-  int64_t i = 0;
-  for (; i + kFloatFlush <= n; i += kFloatFlush) {
-    float lanes[kFloatLanes] = {};
-    for (int64_t k = 0; k < kFloatFlush; k += kFloatLanes) {
-      for (int j = 0; j < kFloatLanes; ++j) lanes[j] += x[i + k + j];
-    }
-    for (int j = 0; j < kFloatLanes; ++j) wide[j] += lanes[j];
-  }
-  double tail = 0.0;
-  for (int64_t k = i; k < n; ++k) tail += x[k];
-  const double mean0 = (SumLanes(wide) + tail) / static_cast<double>(n);
-  const float center = static_cast<float>(mean0);
+// True when an fp32 fast-path result may have lost accuracy: non-finite
+// (overflow or NaN/Inf input), a variance so small that fp32 squares of the
+// deviations were denormal, or a shift so far from the mean that S2 - S1^2/n
+// cancelled more than kMaxCancellation allows (`squares` is S2).
+bool NeedsExactPath(const Moments& m, double squares) {
+  return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count) ||
+         m.m2 * kMaxCancellation < squares;
+}
 
-  double wide_dev[kFloatLanes] = {};
-  double wide_sq[kFloatLanes] = {};
-  for (i = 0; i + kFloatFlush <= n; i += kFloatFlush) {
+// The shift of the fp32 fast path: the mean of the first few values, in
+// fp32 (it need only be near the mean; an overflow gives a non-finite shift,
+// which NeedsExactPath catches). A float, so that x - shift is exact near the
+// mean (Sterbenz) and the sums of d = x - shift stay small. Depends only on
+// the data, never on threads.
+NORMD_INLINE_INTO_CLONES float ShiftCenter(const float* x, int64_t n) {
+  if (n < kShiftSample) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
+    return sum / static_cast<float>(n);
+  }
+  float lanes[kShiftSample];
+  std::copy(x, x + kShiftSample, lanes);
+  FoldHalves<kShiftSample>(lanes);
+  return lanes[0] / static_cast<float>(kShiftSample);
+}
+
+// The fp32 fast path: one pass over the block accumulating d = x - shift and
+// d^2 in fp32 SIMD lanes that are flushed into fp64 every kFloatFlush
+// elements; Corrected() turns the shifted sums into (mean, M2) exactly as it
+// corrects the two-pass sums. Falls back to the fp64 two-pass path if fp32
+// over- or underflowed or the shift was too far from the mean.
+NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
+  const float center = ShiftCenter(x, n);
+  // Set by the first flush (rows of a few hundred values have only one).
+  double wide_dev[kFloatLanes];
+  double wide_sq[kFloatLanes];
+  int64_t i = 0;
+  while (i + kFloatLanes <= n) {
+    const int64_t len =
+        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
     float dev[kFloatLanes] = {};
     float sq[kFloatLanes] = {};
-    for (int64_t k = 0; k < kFloatFlush; k += kFloatLanes) {
+    for (int64_t k = 0; k < len; k += kFloatLanes) {
+      PrefetchLines(x + i + k + kPrefetchAhead, kFloatLanes);
       for (int j = 0; j < kFloatLanes; ++j) {
         const float d = x[i + k + j] - center;
         dev[j] += d;
         sq[j] += d * d;
       }
     }
-    for (int j = 0; j < kFloatLanes; ++j) {
-      wide_dev[j] += dev[j];
-      wide_sq[j] += sq[j];
+    if (i == 0) {
+      std::copy(dev, dev + kFloatLanes, wide_dev);
+      std::copy(sq, sq + kFloatLanes, wide_sq);
+    } else {
+      for (int j = 0; j < kFloatLanes; ++j) {
+        wide_dev[j] += dev[j];
+        wide_sq[j] += sq[j];
+      }
     }
+    i += len;
+  }
+  if (i == 0) {
+    std::fill(wide_dev, wide_dev + kFloatLanes, 0.0);
+    std::fill(wide_sq, wide_sq + kFloatLanes, 0.0);
   }
   double tail_dev = 0.0;
   double tail_sq = 0.0;
-  for (int64_t k = i; k < n; ++k) {
-    const double d = static_cast<double>(x[k]) - center;
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - center;
     tail_dev += d;
     tail_sq += d * d;
   }
-  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev,
-                             SumLanes(wide_sq) + tail_sq);
-  if (NeedsExactPath(result)) return BlockMomentsExactF32(x, n);
+  const double squares = SumLanes(wide_sq) + tail_sq;
+  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev, squares);
+  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(x, n);
   return result;
 }
 
@@ -193,47 +243,44 @@ struct RowScratch {
   std::vector<double> wide;
 };
 
-// Channels-last (inner == 1) moments of kTile consecutive channels starting
-// at `c`, over rows [r0, r1), with the accumulators held in registers across
-// rows. fp64 data: exactly the operations of the generic loop in
-// RowBlockMomentsExact, in the same order. fp32 data: fp32 accumulators
-// flushed into fp64 every kTileFlush rows, the second pass centred on the
-// fp32-rounded mean (RowBlockMoments falls back to fp64 where that could
-// lose accuracy).
-constexpr int kTile = 32;
-constexpr int64_t kTileFlush = 16;
+// Channels-last (inner == 1) shifted sums of fp32 data for kTile consecutive
+// channels starting at `c`, over rows [r0, r1), with the accumulators held in
+// registers across rows: the shift of each channel is the fp32-rounded mean
+// of its first kShiftSample rows; one pass accumulates d = x - shift and d^2
+// in fp32, flushed into fp64 every kTileFlush rows. Writes the shifts, S1 and
+// S2 (RowBlockMoments checks them with NeedsExactPath).
+constexpr int kTile = 64;
+constexpr int64_t kTileFlush = 32;
 
-template <typename T>
-NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const T* __restrict x,
+NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const float* __restrict x,
                                                int64_t row_stride, int64_t c,
                                                int64_t r0, int64_t r1,
-                                               double* __restrict mean_out,
+                                               double* __restrict center_out,
                                                double* __restrict dev_out,
                                                double* __restrict sq_out) {
-  const int64_t flush = std::is_same_v<T, float> ? kTileFlush : r1 - r0;
-  double sum[kTile] = {};
-  for (int64_t f = r0; f < r1; f += flush) {
-    const int64_t f_end = std::min(r1, f + flush);
-    T acc[kTile] = {};
-    for (int64_t r = f; r < f_end; ++r) {
-      const T* __restrict row = x + r * row_stride + c;
-      for (int j = 0; j < kTile; ++j) acc[j] += row[j];
-    }
-    for (int j = 0; j < kTile; ++j) sum[j] += static_cast<double>(acc[j]);
+  // The shift need only be near the mean: fp32 sums suffice (an overflow
+  // gives a non-finite shift, which NeedsExactPath catches).
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  float center[kTile] = {};
+  for (int64_t r = r0; r < sample_end; ++r) {
+    const float* __restrict row = x + r * row_stride + c;
+    for (int j = 0; j < kTile; ++j) center[j] += row[j];
   }
-  const double count = static_cast<double>(r1 - r0);
-  T center[kTile];
-  for (int j = 0; j < kTile; ++j) center[j] = static_cast<T>(sum[j] / count);
+  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
+  for (int j = 0; j < kTile; ++j) center[j] *= inverse;
   double dev[kTile] = {};
   double sq[kTile] = {};
-  for (int64_t f = r0; f < r1; f += flush) {
-    const int64_t f_end = std::min(r1, f + flush);
-    T dev_acc[kTile] = {};
-    T sq_acc[kTile] = {};
+  const int64_t rows_ahead =
+      std::max<int64_t>(1, kPrefetchAhead / row_stride) * row_stride;
+  for (int64_t f = r0; f < r1; f += kTileFlush) {
+    const int64_t f_end = std::min(r1, f + kTileFlush);
+    float dev_acc[kTile] = {};
+    float sq_acc[kTile] = {};
     for (int64_t r = f; r < f_end; ++r) {
-      const T* __restrict row = x + r * row_stride + c;
+      const float* __restrict row = x + r * row_stride + c;
+      PrefetchLines(row + rows_ahead, kTile);
       for (int j = 0; j < kTile; ++j) {
-        const T d = row[j] - center[j];
+        const float d = row[j] - center[j];
         dev_acc[j] += d;
         sq_acc[j] += d * d;
       }
@@ -244,15 +291,17 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const T* __restrict x,
     }
   }
   for (int j = 0; j < kTile; ++j) {
-    mean_out[j] = static_cast<double>(center[j]);
+    center_out[j] = static_cast<double>(center[j]);
     dev_out[j] = dev[j];
     sq_out[j] = sq[j];
   }
 }
 
 // Moments of every channel of a row block into out[0..width): per-channel
-// accumulators, vectorized across channels (in register tiles of kTile
-// channels for channels-last). `tile` false: all-fp64 generic loops.
+// accumulators, vectorized across channels (fp32 data channels-last: in
+// register tiles of kTile channels, see ChannelsLastTile). `tile` false: all
+// exact fp64 two-pass generic loops. scratch.wide holds the shifts (or
+// means), S1 and S2 of every channel afterwards.
 template <typename T>
 NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
                                                   const ChannelLayout& layout,
@@ -267,10 +316,13 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
   double* __restrict sq = dev + width;
   std::fill(sum, sum + 3 * width, 0.0);
   // Channels [0, tiled) in register tiles; the rest in the generic loops.
-  const int64_t tiled = tile && inner == 1 ? width / kTile * kTile : 0;
-  for (int64_t t = 0; t < tiled; t += kTile) {
-    ChannelsLastTile(x, row_stride, block.c0 + t, block.r0, block.r1, sum + t,
-                     dev + t, sq + t);
+  int64_t tiled = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (tile && inner == 1) tiled = width / kTile * kTile;
+    for (int64_t t = 0; t < tiled; t += kTile) {
+      ChannelsLastTile(x, row_stride, block.c0 + t, block.r0, block.r1, sum + t,
+                       dev + t, sq + t);
+    }
   }
   for (int64_t r = block.r0; r < block.r1; ++r) {
     const T* __restrict row = x + r * row_stride + block.c0 * inner;
@@ -309,15 +361,17 @@ NORMD_MULTIVERSION void RowBlockMomentsF64(const double* x,
                                            const ChannelLayout& layout,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out) {
-  RowBlockMomentsImpl(x, layout, block, scratch, out, /*tile=*/true);
+  RowBlockMomentsImpl(x, layout, block, scratch, out, /*tile=*/false);
 }
 
 void RowBlockMoments(const float* x, const ChannelLayout& layout,
                      const RowBlock& block, RowScratch& scratch, Moments* out) {
   RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/true);
+  const double* squares = scratch.wide.data() + 2 * block.width();
   for (int64_t c = 0; c < block.width(); ++c) {
-    if (NeedsExactPath(out[c])) {
-      // fp32 tiles may have over- or underflowed: redo the block in fp64.
+    if (NeedsExactPath(out[c], squares[c])) {
+      // The fp32 tiles lost accuracy (see NeedsExactPath): redo the block
+      // with the exact fp64 loops.
       RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/false);
       return;
     }
@@ -336,6 +390,10 @@ template <typename T>
 std::vector<Moments> ChannelMomentsShortRuns(const T* x,
                                              const ChannelLayout& layout) {
   constexpr int64_t kRowWidth = 1024;  // Elements of one row per block.
+  // Elements per row block: larger than kMomentsBlock because the tiles keep
+  // their sums in registers (per-block merges cost ~12% at 8192), still
+  // L2-sized so that an exact-path redo reads from cache.
+  constexpr int64_t kShortRunBlock = 8 * kMomentsBlock;
   constexpr int64_t kMinPerGroup = 1024;
   constexpr int64_t kMaxGroups = 256;
   const int64_t channels = layout.channels;
@@ -343,7 +401,7 @@ std::vector<Moments> ChannelMomentsShortRuns(const T* x,
       std::clamp<int64_t>(kRowWidth / layout.inner, 1, channels);
   const int64_t num_ranges = (channels + range_width - 1) / range_width;
   const int64_t rows_per_block =
-      std::max<int64_t>(1, kMomentsBlock / (range_width * layout.inner));
+      std::max<int64_t>(1, kShortRunBlock / (range_width * layout.inner));
   const int64_t num_blocks =
       (layout.outer + rows_per_block - 1) / rows_per_block;
   const int64_t num_groups = std::clamp<int64_t>(

@@ -1,10 +1,17 @@
 // Exact, deterministic first and second moments of tensor data.
 //
 // Every reduction splits its data into blocks whose boundaries depend only on
-// the shape (never on the number of threads), computes each block with the
-// corrected two-pass algorithm in fp64, and merges the blocks with Chan's
-// formula in a fixed order. The results are therefore bitwise identical for 1
-// or N threads, and accurate at large mean offsets (no E[x^2] - E[x]^2).
+// the shape (never on the number of threads), computes each block's (count,
+// mean, M2), and merges the blocks with Chan's formula in a fixed order. The
+// results are therefore bitwise identical for 1 or N threads.
+//
+// fp32 blocks take one pass over the data: sums of d = x - shift and d^2 in
+// fp32 SIMD lanes flushed into fp64, with the shift the mean of the block's
+// first 32 values (rows), so M2 = S2 - S1^2 / n is accurate at large mean
+// offsets (never E[x^2] - E[x]^2 of raw values). A block whose shift proved
+// too far from its mean (S2 > 8 M2), or whose fp32 sums over- or underflowed,
+// is redone with the exact corrected two-pass algorithm in fp64, as fp64
+// data always is.
 #ifndef NORMD_SERVER_CORE_MOMENTS_H_
 #define NORMD_SERVER_CORE_MOMENTS_H_
 
@@ -35,7 +42,8 @@ struct Moments {
 // n.
 void MergeMoments(Moments& into, const Moments& other);
 
-// Elements per block of every reduction (fits comfortably in L2).
+// Elements per block of the contiguous reductions (fits comfortably in L1/L2;
+// channels-last reductions use larger blocks, see moments.cc).
 inline constexpr int64_t kMomentsBlock = 8192;
 
 // Moments of x[0..n), blocked by kMomentsBlock and merged in order; parallel
