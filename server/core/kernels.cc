@@ -110,41 +110,73 @@ struct StreamAffine {
   const float* bias;    // Per element, or null.
   bool has_shift;       // Add `shift` (when bias is null).
   float shift;
-
-  float Scalar(float x, int64_t j) const {
-    float t = ((x - hi) - lo) * scale;
-    if (weight != nullptr) t = t * weight[j];
-    if (bias != nullptr) return t + bias[j];
-    return has_shift ? t + shift : t;
-  }
 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) void StreamAffineRunAvx512(
-    const float* x, float* y, int64_t n, const StreamAffine& a) {
+#define NORMD_AVX512 __attribute__((target("avx512f")))
+
+// Writes y[0..n) from compute(j, mask), the 16 results for elements
+// [j, j + 16) of which `mask` selects the valid ones (loads must be masked):
+// whole 64-byte lines with streaming stores, a partial line at either end
+// with masked stores (y need not be aligned, rows need not be whole lines).
+template <typename Compute>
+NORMD_AVX512 inline void StreamLinesAvx512(float* y, int64_t n,
+                                           const Compute& compute) {
+  constexpr int64_t kLine = 16;
+  auto mask = [](int64_t count) {
+    return static_cast<__mmask16>((1u << count) - 1);
+  };
   int64_t j = 0;
-  // Scalar until y is 64-byte aligned, then whole lines.
-  while (j < n && (reinterpret_cast<uintptr_t>(y + j) & 63) != 0) {
-    y[j] = a.Scalar(x[j], j);
-    ++j;
+  const int64_t misaligned =
+      static_cast<int64_t>(reinterpret_cast<uintptr_t>(y) & 63) /
+      static_cast<int64_t>(sizeof(float));
+  if (misaligned != 0 && n > 0) {
+    const __mmask16 head = mask(std::min(n, kLine - misaligned));
+    _mm512_mask_storeu_ps(y, head, compute(0, head));
+    j = std::min(n, kLine - misaligned);
   }
+  for (; j + kLine <= n; j += kLine) {
+    _mm512_stream_ps(y + j, compute(j, static_cast<__mmask16>(0xFFFF)));
+  }
+  if (j < n) {
+    const __mmask16 tail = mask(n - j);
+    _mm512_mask_storeu_ps(y + j, tail, compute(j, tail));
+  }
+}
+
+NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
+                                        const StreamAffine& a) {
   const __m512 hi = _mm512_set1_ps(a.hi);
   const __m512 lo = _mm512_set1_ps(a.lo);
   const __m512 scale = _mm512_set1_ps(a.scale);
   const __m512 shift = _mm512_set1_ps(a.shift);
-  for (; j + 16 <= n; j += 16) {
-    __m512 t = _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), hi), lo);
+  StreamLinesAvx512(y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
+    __m512 t =
+        _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), hi), lo);
     t = _mm512_mul_ps(t, scale);
-    if (a.weight != nullptr)
-      t = _mm512_mul_ps(t, _mm512_loadu_ps(a.weight + j));
-    if (a.bias != nullptr) {
-      t = _mm512_add_ps(t, _mm512_loadu_ps(a.bias + j));
-    } else if (a.has_shift) {
-      t = _mm512_add_ps(t, shift);
+    if (a.weight != nullptr) {
+      t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, a.weight + j));
     }
-    _mm512_stream_ps(y + j, t);
-  }
-  for (; j < n; ++j) y[j] = a.Scalar(x[j], j);
+    if (a.bias != nullptr)
+      return _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, a.bias + j));
+    return a.has_shift ? _mm512_add_ps(t, shift) : t;
+  });
+}
+
+// y[j] = ((x[j] - hi[j]) - lo[j]) * scale[j] + shift[j] with streaming stores
+// (ChannelParamsF32::Apply with the parameters indexed per element).
+NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
+                                              int64_t n, const float* hi,
+                                              const float* lo,
+                                              const float* scale,
+                                              const float* shift) {
+  StreamLinesAvx512(y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
+    __m512 t = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j),
+                             _mm512_maskz_loadu_ps(m, hi + j));
+    t = _mm512_sub_ps(t, _mm512_maskz_loadu_ps(m, lo + j));
+    t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, scale + j));
+    return _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, shift + j));
+  });
 }
 
 bool HasAvx512() {
@@ -165,6 +197,9 @@ bool StreamAffineRun(const float* x, float* y, int64_t n,
 
 void StreamFence() { _mm_sfence(); }
 #else
+bool HasAvx512() { return false; }
+void StreamChannelsLastRunAvx512(const float*, float*, int64_t, const float*,
+                                 const float*, const float*, const float*) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&) {
   return false;
 }
@@ -202,20 +237,22 @@ void AffineRow(const double* x, double* y, int64_t n, double mean, double scale,
 }
 
 // Channel affine over elements [begin, end) of a [outer, C, inner] tensor;
-// element begin + k goes to out[k].
+// element begin + k goes to out[k]. Channels-last (inner == 1) needs the
+// parameter arrays of `p` expanded to `period` + channels entries (see
+// ExpandChannelsLast): a period-long run starting at any channel phase then
+// reads them without a modulo.
 template <typename T, typename Params>
 NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
     const T* __restrict x, T* __restrict out, int64_t begin, int64_t end,
-    int64_t channels, int64_t inner, const Params& p) {
+    int64_t channels, int64_t inner, int64_t period, const Params& p) {
   int64_t pos = begin;
   if (inner == 1) {
-    // Channels-last: walk runs of consecutive channels.
     while (pos < end) {
-      const int64_t c = pos % channels;
-      const int64_t run = std::min(channels - c, end - pos);
+      const int64_t phase = pos % channels;
+      const int64_t run = std::min(period, end - pos);
       const T* __restrict xs = x + pos;
       T* __restrict ys = out + (pos - begin);
-      for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], c + k);
+      for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], phase + k);
       pos += run;
     }
     return;
@@ -230,6 +267,26 @@ NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
     for (int64_t k = 0; k < run; ++k) ys[k] = constants.Apply(xs[k]);
     pos += run;
   }
+}
+
+// Elements per channels-last period: a multiple of the channel count, long
+// enough that the loop over one period vectorizes well.
+int64_t ChannelsLastPeriod(int64_t channels, int64_t outer) {
+  constexpr int64_t kMinPeriod = 1024;
+  return channels *
+         std::max<int64_t>(1, std::min(kMinPeriod / channels, outer));
+}
+
+// values[c] repeated over period + channels entries: entry i is
+// values[i % channels].
+template <typename T>
+std::vector<T> ExpandChannelsLast(std::vector<T> values, int64_t period) {
+  const int64_t channels = static_cast<int64_t>(values.size());
+  values.resize(period + channels);
+  for (int64_t i = channels; i < period + channels; ++i) {
+    values[i] = values[i - channels];
+  }
+  return values;
 }
 
 // y = (x - mean[c]) * scale[c] + shift[c] in fp64.
@@ -266,15 +323,17 @@ struct ChannelParamsF32 {
 NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* out,
                                               int64_t begin, int64_t end,
                                               int64_t channels, int64_t inner,
+                                              int64_t period,
                                               const ChannelParamsF32& p) {
-  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, p);
+  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, period, p);
 }
 
 NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* out,
                                               int64_t begin, int64_t end,
                                               int64_t channels, int64_t inner,
+                                              int64_t period,
                                               const ChannelParamsF64& p) {
-  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, p);
+  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, period, p);
 }
 
 // A per-thread buffer that outputs are computed into before StreamCopy.
@@ -356,27 +415,30 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
   // the staging buffer per StreamCopy.
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
   const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        for (int64_t r0 = range.begin(); r0 < range.end();
-             r0 += rows_per_piece) {
-          const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
-          if constexpr (std::is_same_v<T, float>) {
-            if (stream && StreamRows(x, y, r0, r1, n, eps, style, affine)) {
-              continue;
-            }
-          }
-          T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
-          for (int64_t r = r0; r < r1; ++r) {
-            const Moments moments = ContiguousMoments(x + r * n, n);
-            AffineRow(x + r * n, out + (r - r0) * n, n, moments.mean,
-                      RowScale(moments, eps, style), affine.weight,
-                      affine.bias);
-          }
-          if (stream) StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
-        }
-      });
+  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
+              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
+                if constexpr (std::is_same_v<T, float>) {
+                  // One fence per work item: fencing every few rows stalls on
+                  // the write-combining buffers.
+                  if (stream && StreamRows(x, y, range.begin(), range.end(), n,
+                                           eps, style, affine)) {
+                    return;
+                  }
+                }
+                for (int64_t r0 = range.begin(); r0 < range.end();
+                     r0 += rows_per_piece) {
+                  const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+                  T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
+                  for (int64_t r = r0; r < r1; ++r) {
+                    const Moments moments = ContiguousMoments(x + r * n, n);
+                    AffineRow(x + r * n, out + (r - r0) * n, n, moments.mean,
+                              RowScale(moments, eps, style), affine.weight,
+                              affine.bias);
+                  }
+                  if (stream)
+                    StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
+                }
+              });
 }
 
 // Channel affine of fp32 elements [begin, end) (inner > 1: runs of one
@@ -397,25 +459,54 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
   return true;
 }
 
+// Channel affine of fp32 channels-last elements [begin, end) straight to y
+// with streaming stores (parameters expanded as for ChannelAffineRangeImpl);
+// false if the CPU cannot.
+bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
+                            int64_t end, int64_t channels, int64_t period,
+                            const ChannelParamsF32& p) {
+  if (!HasAvx512()) return false;
+  for (int64_t pos = begin; pos < end; pos += period) {
+    const int64_t phase = pos % channels;
+    StreamChannelsLastRunAvx512(x + pos, y + pos, std::min(period, end - pos),
+                                p.hi + phase, p.lo + phase, p.scale + phase,
+                                p.shift + phase);
+  }
+  StreamFence();
+  return true;
+}
+
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
                          const double* shift) {
   const int64_t channels = layout.channels;
+  const int64_t inner = layout.inner;
   const bool stream = StreamOutput(layout.NumElements(), sizeof(T));
+  const int64_t period =
+      inner == 1 ? ChannelsLastPeriod(channels, layout.outer) : channels;
+  // Per-channel parameters as arrays of U, expanded for channels-last.
+  auto channel_values = [&]<typename U>(U (*convert)(double),
+                                        const double* values) {
+    std::vector<U> out(channels);
+    for (int64_t c = 0; c < channels; ++c) out[c] = convert(values[c]);
+    return inner == 1 ? ExpandChannelsLast(std::move(out), period) : out;
+  };
   auto run = [&](const auto& params, auto range_fn) {
     ParallelFor(
         tbb::blocked_range<int64_t>(0, layout.NumElements(), kApplyChunk),
         layout.NumElements(), [&](const tbb::blocked_range<int64_t>& range) {
           if (!stream) {
             range_fn(x, y + range.begin(), range.begin(), range.end(), channels,
-                     layout.inner, params);
+                     inner, period, params);
             return;
           }
           if constexpr (std::is_same_v<T, float>) {
-            if (layout.inner > 1 &&
-                StreamChannelRuns(x, y, range.begin(), range.end(), layout,
-                                  params)) {
+            if (inner > 1
+                    ? StreamChannelRuns(x, y, range.begin(), range.end(),
+                                        layout, params)
+                    : StreamChannelsLastRuns(x, y, range.begin(), range.end(),
+                                             channels, period, params)) {
               return;
             }
           }
@@ -423,24 +514,28 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
           for (int64_t b = range.begin(); b < range.end();
                b += kStagingElements) {
             const int64_t e = std::min(range.end(), b + kStagingElements);
-            range_fn(x, staging, b, e, channels, layout.inner, params);
+            range_fn(x, staging, b, e, channels, inner, period, params);
             StreamCopy(y + b, staging, (e - b) * sizeof(T));
           }
         });
   };
   if constexpr (std::is_same_v<T, float>) {
-    std::vector<float> hi(channels), lo(channels), s(channels), b(channels);
-    for (int64_t c = 0; c < channels; ++c) {
-      const SplitMean split(mean[c]);
-      hi[c] = split.hi;
-      lo[c] = split.lo;
-      s[c] = static_cast<float>(scale[c]);
-      b[c] = static_cast<float>(shift[c]);
-    }
+    const std::vector<float> hi = channel_values(
+        +[](double m) { return SplitMean(m).hi; }, mean);
+    const std::vector<float> lo = channel_values(
+        +[](double m) { return SplitMean(m).lo; }, mean);
+    const std::vector<float> s = channel_values(
+        +[](double v) { return static_cast<float>(v); }, scale);
+    const std::vector<float> b = channel_values(
+        +[](double v) { return static_cast<float>(v); }, shift);
     run(ChannelParamsF32{hi.data(), lo.data(), s.data(), b.data()},
         ChannelAffineRangeF32);
   } else {
-    run(ChannelParamsF64{mean, scale, shift}, ChannelAffineRangeF64);
+    auto same = +[](double v) { return v; };
+    const std::vector<double> m = channel_values(same, mean);
+    const std::vector<double> s = channel_values(same, scale);
+    const std::vector<double> b = channel_values(same, shift);
+    run(ChannelParamsF64{m.data(), s.data(), b.data()}, ChannelAffineRangeF64);
   }
 }
 
