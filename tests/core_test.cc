@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -553,6 +555,122 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
     }
     SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
   }
+}
+
+// The bytes of x split at random boundaries (1 byte to 2 KiB, so elements
+// straddle chunks and most chunks are misaligned), copied into odd offsets of
+// one backing string.
+class RandomChunks {
+ public:
+  template <typename T>
+  RandomChunks(const std::vector<T>& x, uint32_t seed) {
+    const char* bytes = reinterpret_cast<const char*>(x.data());
+    const size_t n = x.size() * sizeof(T);
+    std::mt19937 gen(seed);
+    std::vector<std::pair<size_t, size_t>> cuts;  // (backing offset, size)
+    for (size_t pos = 0; pos < n;) {
+      const size_t take = std::min<size_t>(
+          n - pos, std::uniform_int_distribution<size_t>(1, 2048)(gen));
+      backing_ += std::string(1 + gen() % 7, '\xAB');  // Misaligning gap.
+      cuts.emplace_back(backing_.size(), take);
+      backing_.append(bytes + pos, take);
+      pos += take;
+    }
+    for (const auto& [offset, size] : cuts) {
+      scattered_.Append(absl::string_view(backing_).substr(offset, size));
+    }
+  }
+  const ScatteredBytes* get() const { return &scattered_; }
+
+ private:
+  std::string backing_;
+  ScatteredBytes scattered_;
+};
+
+// Scattered input (InputTensor::scattered) is read piece by piece for
+// LayerNorm and BatchNorm eval and gathered first elsewhere: every path must
+// give bitwise the outputs and model of contiguous input, streamed or not.
+template <typename T>
+void CheckScatteredMatchesContiguous() {
+  struct Case {
+    NormMode mode;
+    Shape shape;
+    int32_t axis_or_k;
+    bool training;
+  };
+  const Case cases[] = {
+      {NormMode::kLayerNorm, {300, 768}, 1, false},
+      {NormMode::kLayerNorm, {37, 5, 11}, 2, false},
+      {NormMode::kLayerNorm, {2, 40000}, 1, false},  // Long rows: gathered.
+      {NormMode::kBatchNorm, {4, 16, 40, 40}, 1, false},
+      {NormMode::kBatchNorm, {4, 40, 40, 16}, -1, false},
+      {NormMode::kBatchNorm, {64, 3}, 1, false},
+      {NormMode::kBatchNorm, {4, 16, 40, 40}, 1, true},  // Gathered.
+  };
+  for (int64_t threshold : {int64_t{0}, std::numeric_limits<int64_t>::max()}) {
+    SetStreamingOutputBytes(threshold);
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << c.shape.size() << "d mode " << static_cast<int>(c.mode)
+                   << " k/axis " << c.axis_or_k << " stream "
+                   << (threshold == 0));
+      int64_t n = 1;
+      for (int64_t d : c.shape) n *= d;
+      const auto x = RandomValues<T>(n, 21, 4.0, 3.0);
+      const RandomChunks chunks(x, 22);
+      auto run = [&](bool scattered, std::optional<BatchNormModel>& model) {
+        Engine engine;
+        if (c.mode == NormMode::kBatchNorm && !c.training) {
+          // A fitted model, so that eval uses non-trivial statistics.
+          FitSpec fit{"m", View(x, c.shape), c.axis_or_k};
+          EXPECT_TRUE(engine.Fit(fit).ok());
+        }
+        NormalizeSpec spec = TrainingSpec("m", x, c.shape, c.axis_or_k);
+        spec.mode = c.mode;
+        spec.training = c.training;
+        spec.normalized_ndim = c.axis_or_k;
+        if (scattered) {
+          spec.input.data = nullptr;
+          spec.input.scattered = chunks.get();
+        }
+        EXPECT_EQ(Engine::ReadsScatteredInPlace(spec),
+                  c.training == false && c.shape.back() != 40000);
+        std::vector<T> y(n);
+        auto result = engine.Normalize(spec, y.data());
+        EXPECT_TRUE(result.ok()) << result.status();
+        if (result.ok()) model = *result;
+        return y;
+      };
+      std::optional<BatchNormModel> model_contiguous, model_scattered;
+      const auto contiguous = run(false, model_contiguous);
+      const auto scattered = run(true, model_scattered);
+      EXPECT_EQ(std::memcmp(contiguous.data(), scattered.data(), n * sizeof(T)),
+                0);
+      ASSERT_EQ(model_contiguous.has_value(), model_scattered.has_value());
+      if (model_contiguous.has_value()) {
+        EXPECT_EQ(model_contiguous->running_mean,
+                  model_scattered->running_mean);
+        EXPECT_EQ(model_contiguous->running_var, model_scattered->running_var);
+      }
+    }
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+  // Fit gathers scattered input: the same statistics.
+  const auto x = RandomValues<T>(4 * 16 * 40 * 40, 23, 4.0, 3.0);
+  const RandomChunks chunks(x, 24);
+  Engine a, b;
+  FitSpec fit{"m", View(x, {4, 16, 40, 40}), 1};
+  const auto fitted = a.Fit(fit);
+  fit.input.data = nullptr;
+  fit.input.scattered = chunks.get();
+  const auto fitted_scattered = b.Fit(fit);
+  ASSERT_TRUE(fitted.ok() && fitted_scattered.ok());
+  EXPECT_EQ(fitted->running_var, fitted_scattered->running_var);
+}
+
+TEST(ScatteredInputTest, EveryPathMatchesContiguousBitwise) {
+  CheckScatteredMatchesContiguous<float>();
+  CheckScatteredMatchesContiguous<double>();
 }
 
 // Runs `f` in an arena of `threads` threads.

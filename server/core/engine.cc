@@ -46,6 +46,24 @@ const double* ValuesOrNull(const std::optional<AffineParam>& param) {
   return param.has_value() ? param->values.data() : nullptr;
 }
 
+// `input` with scattered bytes gathered into `storage` (a copy of `input`
+// if it was contiguous already).
+InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage) {
+  InputTensor out = input;
+  if (input.scattered != nullptr) {
+    storage.resize(input.scattered->size());
+    input.scattered->CopyOut(0, input.scattered->size(), storage.data());
+    out.data = storage.data();
+    out.scattered = nullptr;
+  }
+  return out;
+}
+
+template <typename T>
+InputSource<T> SourceOf(const InputTensor& input) {
+  return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
@@ -81,8 +99,21 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
 
 Engine::Engine(ModelStoreOptions options) : store_(options) {}
 
+bool Engine::ReadsScatteredInPlace(const NormalizeSpec& spec) {
+  if (spec.mode == NormMode::kBatchNorm) return !spec.training;
+  absl::StatusOr<RowLayout> rows =
+      ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
+  return !rows.ok() || rows->row_size < kLongLayerNormRow;
+}
+
 absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
     const NormalizeSpec& spec, void* output) {
+  if (spec.input.scattered != nullptr && !ReadsScatteredInPlace(spec)) {
+    std::vector<char> storage;
+    NormalizeSpec gathered = spec;
+    gathered.input = Contiguous(spec.input, storage);
+    return Normalize(gathered, output);
+  }
   if (spec.mode == NormMode::kLayerNorm) {
     if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
     return std::nullopt;
@@ -114,9 +145,9 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
   if (in.size == 0) return absl::OkStatus();
   VisitDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    LayerNormKernel(static_cast<const T*>(in.data), static_cast<T*>(output),
-                    *rows, *eps, spec.layer_norm_style,
-                    ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
+    LayerNormKernel(SourceOf<T>(in), static_cast<T*>(output), *rows, *eps,
+                    spec.layer_norm_style, ValuesOrNull(spec.weight),
+                    ValuesOrNull(spec.bias));
   });
   return absl::OkStatus();
 }
@@ -184,15 +215,20 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   if (in.size > 0) {
     VisitDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      ChannelAffineKernel(static_cast<const T*>(in.data),
-                          static_cast<T*>(output), *layout, mean.data(),
-                          scale.data(), bias.data());
+      ChannelAffineKernel(SourceOf<T>(in), static_cast<T*>(output), *layout,
+                          mean.data(), scale.data(), bias.data());
     });
   }
   return model;
 }
 
 absl::StatusOr<BatchNormModel> Engine::Fit(const FitSpec& spec) {
+  if (spec.input.scattered != nullptr) {
+    std::vector<char> storage;
+    FitSpec gathered = spec;
+    gathered.input = Contiguous(spec.input, storage);
+    return Fit(gathered);
+  }
   if (absl::Status s = ValidateModelName(spec.model, "model"); !s.ok()) {
     return s;
   }

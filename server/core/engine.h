@@ -29,6 +29,9 @@ struct InputTensor {
   Shape shape;
   const void* data = nullptr;
   int64_t size = 0;
+  // When set, the bytes are here instead of at `data` (see
+  // ReadsScatteredInPlace); must outlive the call.
+  const ScatteredBytes* scattered = nullptr;
 };
 
 // An affine parameter (weight or bias) as sent, converted to fp64.
@@ -73,6 +76,12 @@ class Engine {
 
   // One training step without output; returns the model after it.
   absl::StatusOr<BatchNormModel> Fit(const FitSpec& spec);
+
+  // True when Normalize reads scattered input (InputTensor::scattered) piece
+  // by piece: LayerNorm with rows shorter than kLongLayerNormRow, and
+  // BatchNorm eval. Other calls gather scattered input into one temporary
+  // buffer first; callers with a buffer pool may prefer to gather it there.
+  static bool ReadsScatteredInPlace(const NormalizeSpec& spec);
 
   ModelStore& store() { return store_; }
   const ModelStore& store() const { return store_; }

@@ -24,9 +24,10 @@ namespace {
 constexpr int64_t kApplyChunk = 16384;
 // Elements computed into the per-thread staging buffer per StreamCopy.
 constexpr int64_t kStagingElements = 4096;
-// Rows at least this long are reduced and written in parallel one at a time;
-// shorter rows are processed whole, many rows per work item.
-constexpr int64_t kLongRow = 4 * kMomentsBlock;
+// Rows at least this long (kLongLayerNormRow) are reduced and written in
+// parallel one at a time; shorter rows are processed whole, many rows per
+// work item.
+static_assert(kLongLayerNormRow == 4 * kMomentsBlock);
 
 // y[j] = (x[j] - mean) * scale * weight[j] + bias[j] for j in [0, n), with
 // weight / bias optional; all in fp64.
@@ -237,10 +238,10 @@ void AffineRow(const double* x, double* y, int64_t n, double mean, double scale,
 }
 
 // Channel affine over elements [begin, end) of a [outer, C, inner] tensor;
-// element begin + k goes to out[k]. Channels-last (inner == 1) needs the
-// parameter arrays of `p` expanded to `period` + channels entries (see
-// ExpandChannelsLast): a period-long run starting at any channel phase then
-// reads them without a modulo.
+// element begin + k is read from x[k] and goes to out[k]. Channels-last (inner
+// == 1) needs the parameter arrays of `p` expanded to `period` + channels
+// entries (see ExpandChannelsLast): a period-long run starting at any channel
+// phase then reads them without a modulo.
 template <typename T, typename Params>
 NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
     const T* __restrict x, T* __restrict out, int64_t begin, int64_t end,
@@ -250,7 +251,7 @@ NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
     while (pos < end) {
       const int64_t phase = pos % channels;
       const int64_t run = std::min(period, end - pos);
-      const T* __restrict xs = x + pos;
+      const T* __restrict xs = x + (pos - begin);
       T* __restrict ys = out + (pos - begin);
       for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], phase + k);
       pos += run;
@@ -261,7 +262,7 @@ NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
   while (pos < end) {
     const int64_t c = (pos / inner) % channels;
     const int64_t run = std::min(inner - pos % inner, end - pos);
-    const T* __restrict xs = x + pos;
+    const T* __restrict xs = x + (pos - begin);
     T* __restrict ys = out + (pos - begin);
     const auto constants = p.Constants(c);
     for (int64_t k = 0; k < run; ++k) ys[k] = constants.Apply(xs[k]);
@@ -336,8 +337,10 @@ NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* out,
   ChannelAffineRangeImpl(x, out, begin, end, channels, inner, period, p);
 }
 
-// A per-thread buffer that outputs are computed into before StreamCopy.
-template <typename T>
+// Per-thread buffers: outputs are computed into kOutputSlot before
+// StreamCopy; scattered inputs are copied into kInputSlot.
+enum StagingSlot { kOutputSlot, kInputSlot };
+template <typename T, StagingSlot kSlot = kOutputSlot>
 T* Staging(int64_t elements) {
   thread_local std::vector<T> buffer;
   if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(elements);
@@ -358,12 +361,11 @@ double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
 
 }  // namespace
 
-// LayerNorm rows [r0, r1) of fp32 data straight to y with streaming stores;
-// false (nothing written) if the CPU cannot.
-bool StreamRows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n,
-                double eps, LayerNormStyle style,
-                const AffineParams<float>& affine) {
-  for (int64_t r = r0; r < r1; ++r) {
+// LayerNorm of `count` fp32 rows from x straight to y with streaming stores
+// (the caller fences); false (nothing written) if the CPU cannot.
+bool StreamRows(const float* x, float* y, int64_t count, int64_t n, double eps,
+                LayerNormStyle style, const AffineParams<float>& affine) {
+  for (int64_t r = 0; r < count; ++r) {
     const Moments moments = ContiguousMoments(x + r * n, n);
     const SplitMean mean(moments.mean);
     const StreamAffine run{mean.hi,
@@ -375,22 +377,29 @@ bool StreamRows(const float* x, float* y, int64_t r0, int64_t r1, int64_t n,
                            0.0f};
     if (!StreamAffineRun(x + r * n, y + r * n, n, run)) return false;
   }
-  StreamFence();
   return true;
 }
 
 template <typename T>
-void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
-                     LayerNormStyle style, const double* weight,
+void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
+                     double eps, LayerNormStyle style, const double* weight,
                      const double* bias) {
   const int64_t n = rows.row_size;
   if (rows.rows == 0 || n == 0) return;
+  if (source.data == nullptr && n >= kLongLayerNormRow) {
+    // Long rows are reduced in parallel over the whole row: gather first.
+    std::vector<T> whole(rows.rows * n);
+    source.Read(0, rows.rows * n, whole.data());
+    LayerNormKernel(whole.data(), y, rows, eps, style, weight, bias);
+    return;
+  }
   const AffineParams<T> affine(weight, bias, n);
   const bool stream = StreamOutput(rows.rows * n, sizeof(T));
   auto offset = [](const T* p, int64_t j) {
     return p == nullptr ? nullptr : p + j;
   };
-  if (n >= kLongRow) {
+  if (n >= kLongLayerNormRow) {
+    const T* x = source.data;
     for (int64_t r = 0; r < rows.rows; ++r) {
       const T* xr = x + r * n;
       T* yr = y + r * n;
@@ -411,38 +420,47 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
     }
     return;
   }
-  // Short rows: whole rows per work item; when streaming, as many rows as fit
-  // the staging buffer per StreamCopy.
+  // Short rows: whole rows per work item, in pieces of as many rows as fit
+  // the staging buffers (scattered input is copied in, streamed output
+  // computed there first unless it can be streamed directly).
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
   const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
   ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
               rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
-                if constexpr (std::is_same_v<T, float>) {
-                  // One fence per work item: fencing every few rows stalls on
-                  // the write-combining buffers.
-                  if (stream && StreamRows(x, y, range.begin(), range.end(), n,
-                                           eps, style, affine)) {
-                    return;
-                  }
-                }
+                T* in = source.data != nullptr
+                            ? nullptr
+                            : Staging<T, kInputSlot>(rows_per_piece * n);
+                bool fence = false;
                 for (int64_t r0 = range.begin(); r0 < range.end();
                      r0 += rows_per_piece) {
                   const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+                  const T* x = source.Read(r0 * n, (r1 - r0) * n, in);
+                  if constexpr (std::is_same_v<T, float>) {
+                    // One fence per work item: fencing every few rows stalls on
+                    // the write-combining buffers.
+                    if (stream && StreamRows(x, y + r0 * n, r1 - r0, n, eps,
+                                             style, affine)) {
+                      fence = true;
+                      continue;
+                    }
+                  }
                   T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
-                  for (int64_t r = r0; r < r1; ++r) {
+                  for (int64_t r = 0; r < r1 - r0; ++r) {
                     const Moments moments = ContiguousMoments(x + r * n, n);
-                    AffineRow(x + r * n, out + (r - r0) * n, n, moments.mean,
+                    AffineRow(x + r * n, out + r * n, n, moments.mean,
                               RowScale(moments, eps, style), affine.weight,
                               affine.bias);
                   }
                   if (stream)
                     StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
                 }
+                if (fence) StreamFence();
               });
 }
 
-// Channel affine of fp32 elements [begin, end) (inner > 1: runs of one
-// channel) straight to y with streaming stores; false if the CPU cannot.
+// Channel affine of fp32 elements [begin, end), read from x[0..end - begin)
+// (inner > 1: runs of one channel), straight to y + begin with streaming
+// stores (the caller fences); false if the CPU cannot.
 template <typename Params>
 bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
                        const ChannelLayout& layout, const Params& p) {
@@ -452,34 +470,31 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
     const int64_t run = std::min(layout.inner - pos % layout.inner, end - pos);
     const auto k = p.Constants(c);
     const StreamAffine a{k.hi, k.lo, k.scale, nullptr, nullptr, true, k.shift};
-    if (!StreamAffineRun(x + pos, y + pos, run, a)) return false;
+    if (!StreamAffineRun(x + (pos - begin), y + pos, run, a)) return false;
     pos += run;
   }
-  StreamFence();
   return true;
 }
 
-// Channel affine of fp32 channels-last elements [begin, end) straight to y
-// with streaming stores (parameters expanded as for ChannelAffineRangeImpl);
-// false if the CPU cannot.
+// The same for channels-last (parameters expanded as for
+// ChannelAffineRangeImpl).
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,
                             const ChannelParamsF32& p) {
   if (!HasAvx512()) return false;
   for (int64_t pos = begin; pos < end; pos += period) {
     const int64_t phase = pos % channels;
-    StreamChannelsLastRunAvx512(x + pos, y + pos, std::min(period, end - pos),
-                                p.hi + phase, p.lo + phase, p.scale + phase,
-                                p.shift + phase);
+    StreamChannelsLastRunAvx512(x + (pos - begin), y + pos,
+                                std::min(period, end - pos), p.hi + phase,
+                                p.lo + phase, p.scale + phase, p.shift + phase);
   }
-  StreamFence();
   return true;
 }
 
 template <typename T>
-void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
-                         const double* mean, const double* scale,
-                         const double* shift) {
+void ChannelAffineKernel(const InputSource<T>& source, T* y,
+                         const ChannelLayout& layout, const double* mean,
+                         const double* scale, const double* shift) {
   const int64_t channels = layout.channels;
   const int64_t inner = layout.inner;
   const bool stream = StreamOutput(layout.NumElements(), sizeof(T));
@@ -492,31 +507,41 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
     for (int64_t c = 0; c < channels; ++c) out[c] = convert(values[c]);
     return inner == 1 ? ExpandChannelsLast(std::move(out), period) : out;
   };
+  // Elements per piece: a whole work item for contiguous input, else what
+  // the input staging buffer holds.
+  const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   auto run = [&](const auto& params, auto range_fn) {
     ParallelFor(
         tbb::blocked_range<int64_t>(0, layout.NumElements(), kApplyChunk),
         layout.NumElements(), [&](const tbb::blocked_range<int64_t>& range) {
-          if (!stream) {
-            range_fn(x, y + range.begin(), range.begin(), range.end(), channels,
-                     inner, period, params);
-            return;
-          }
-          if constexpr (std::is_same_v<T, float>) {
-            if (inner > 1
-                    ? StreamChannelRuns(x, y, range.begin(), range.end(),
-                                        layout, params)
-                    : StreamChannelsLastRuns(x, y, range.begin(), range.end(),
-                                             channels, period, params)) {
-              return;
+          T* in = source.data != nullptr
+                      ? nullptr
+                      : Staging<T, kInputSlot>(kStagingElements);
+          bool fence = false;
+          for (int64_t b = range.begin(); b < range.end(); b += piece) {
+            const int64_t e = std::min(range.end(), b + piece);
+            const T* x = source.Read(b, e - b, in);
+            if (!stream) {
+              range_fn(x, y + b, b, e, channels, inner, period, params);
+              continue;
+            }
+            if constexpr (std::is_same_v<T, float>) {
+              if (inner > 1 ? StreamChannelRuns(x, y, b, e, layout, params)
+                            : StreamChannelsLastRuns(x, y, b, e, channels,
+                                                     period, params)) {
+                fence = true;
+                continue;
+              }
+            }
+            T* out = Staging<T>(kStagingElements);
+            for (int64_t k = b; k < e; k += kStagingElements) {
+              const int64_t k_end = std::min(e, k + kStagingElements);
+              range_fn(x + (k - b), out, k, k_end, channels, inner, period,
+                       params);
+              StreamCopy(y + k, out, (k_end - k) * sizeof(T));
             }
           }
-          T* staging = Staging<T>(kStagingElements);
-          for (int64_t b = range.begin(); b < range.end();
-               b += kStagingElements) {
-            const int64_t e = std::min(range.end(), b + kStagingElements);
-            range_fn(x, staging, b, e, channels, inner, period, params);
-            StreamCopy(y + b, staging, (e - b) * sizeof(T));
-          }
+          if (fence) StreamFence();
         });
   };
   if constexpr (std::is_same_v<T, float>) {
@@ -539,16 +564,16 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
   }
 }
 
-template void LayerNormKernel<float>(const float*, float*, const RowLayout&,
-                                     double, LayerNormStyle, const double*,
-                                     const double*);
-template void LayerNormKernel<double>(const double*, double*, const RowLayout&,
-                                      double, LayerNormStyle, const double*,
-                                      const double*);
-template void ChannelAffineKernel<float>(const float*, float*,
+template void LayerNormKernel<float>(const InputSource<float>&, float*,
+                                     const RowLayout&, double, LayerNormStyle,
+                                     const double*, const double*);
+template void LayerNormKernel<double>(const InputSource<double>&, double*,
+                                      const RowLayout&, double, LayerNormStyle,
+                                      const double*, const double*);
+template void ChannelAffineKernel<float>(const InputSource<float>&, float*,
                                          const ChannelLayout&, const double*,
                                          const double*, const double*);
-template void ChannelAffineKernel<double>(const double*, double*,
+template void ChannelAffineKernel<double>(const InputSource<double>&, double*,
                                           const ChannelLayout&, const double*,
                                           const double*, const double*);
 

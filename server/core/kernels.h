@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "server/core/layout.h"
+#include "server/core/tensor.h"
 
 namespace normd {
 
@@ -17,21 +18,57 @@ enum class LayerNormStyle {
   kBertUnbiasedStd,  // 1 / (sqrt(unbiased_var) + eps)
 };
 
-// LayerNorm of x into y (x == y allowed): per row of `rows.row_size` values,
-// y = (x - mean) * scale(row) * weight[j] + bias[j]. weight/bias have
-// row_size entries or are null (= 1 / 0). The moments are exact (see
-// moments.h).
+// Where a kernel reads its input: contiguous memory, or a ScatteredBytes
+// whose pieces are copied into a per-thread staging buffer as they are
+// needed. A plain value.
+template <typename T>
+struct InputSource {
+  const T* data = nullptr;                    // Contiguous input, or null.
+  const ScatteredBytes* scattered = nullptr;  // Used when data is null.
+
+  // Elements [begin, begin + n): in place, or copied into `staging`.
+  const T* Read(int64_t begin, int64_t n, T* staging) const {
+    if (data != nullptr) return data + begin;
+    scattered->CopyOut(begin * static_cast<int64_t>(sizeof(T)),
+                       n * static_cast<int64_t>(sizeof(T)), staging);
+    return staging;
+  }
+};
+
+// LayerNorm of x into y (x == y allowed for contiguous x): per row of
+// `rows.row_size` values, y = (x - mean) * scale(row) * weight[j] + bias[j].
+// weight/bias have row_size entries or are null (= 1 / 0). The moments are
+// exact (see moments.h). Scattered input is read a few rows at a time when
+// rows are shorter than kLongLayerNormRow, else gathered whole first.
+template <typename T>
+void LayerNormKernel(const InputSource<T>& x, T* y, const RowLayout& rows,
+                     double eps, LayerNormStyle style, const double* weight,
+                     const double* bias);
 template <typename T>
 void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                      LayerNormStyle style, const double* weight,
-                     const double* bias);
+                     const double* bias) {
+  LayerNormKernel(InputSource<T>{x, nullptr}, y, rows, eps, style, weight,
+                  bias);
+}
+
+// Rows at least this long are reduced and written in parallel one at a time.
+inline constexpr int64_t kLongLayerNormRow = 32768;
 
 // y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
-// tensor laid out as `layout` (x == y allowed).
+// tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
+// input is read in cache-sized pieces.
+template <typename T>
+void ChannelAffineKernel(const InputSource<T>& x, T* y,
+                         const ChannelLayout& layout, const double* mean,
+                         const double* scale, const double* shift);
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
-                         const double* shift);
+                         const double* shift) {
+  ChannelAffineKernel(InputSource<T>{x, nullptr}, y, layout, mean, scale,
+                      shift);
+}
 
 }  // namespace normd
 

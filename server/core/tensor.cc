@@ -1,5 +1,7 @@
 #include "server/core/tensor.h"
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/status/status.h"
@@ -30,6 +32,28 @@ absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,
     count *= dim;
   }
   return count;
+}
+
+void ScatteredBytes::Append(absl::string_view chunk) {
+  if (chunk.empty()) return;
+  chunks_.push_back(chunk);
+  starts_.push_back(starts_.back() + static_cast<int64_t>(chunk.size()));
+}
+
+void ScatteredBytes::CopyOut(int64_t from, int64_t n, void* dst) const {
+  char* out = static_cast<char*>(dst);
+  // The chunk holding byte `from`: the last start <= from.
+  size_t i = std::upper_bound(starts_.begin(), starts_.end() - 1, from) -
+             starts_.begin() - 1;
+  while (n > 0) {
+    const int64_t begin = from - starts_[i];
+    const int64_t take = std::min(n, starts_[i + 1] - from);
+    std::memcpy(out, chunks_[i].data() + begin, static_cast<size_t>(take));
+    out += take;
+    from += take;
+    n -= take;
+    ++i;
+  }
 }
 
 }  // namespace normd

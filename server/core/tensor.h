@@ -53,6 +53,26 @@ struct TensorView {
   int64_t size = 0;
 };
 
+// Tensor bytes that arrive split over several buffers (e.g. network receive
+// buffers), in order, at any boundaries and alignment. Kernels that support
+// it copy cache-sized pieces out as they go, instead of the caller gathering
+// the whole tensor first. Owns only the list of chunks, not their bytes; a
+// plain value, safe to read from many threads.
+class ScatteredBytes {
+ public:
+  ScatteredBytes() = default;
+  // Appends the next `chunk` of the tensor's bytes (empty chunks are skipped).
+  void Append(absl::string_view chunk);
+  // Total bytes appended.
+  int64_t size() const { return starts_.back(); }
+  // Copies bytes [from, from + n) into dst; requires from + n <= size().
+  void CopyOut(int64_t from, int64_t n, void* dst) const;
+
+ private:
+  std::vector<absl::string_view> chunks_;
+  std::vector<int64_t> starts_ = {0};  // starts_[i]: offset of chunks_[i].
+};
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_TENSOR_H_

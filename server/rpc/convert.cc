@@ -90,14 +90,18 @@ absl::StatusOr<LayerNormStyle> ParseStyle(v1::LayerNormStyle style) {
 
 absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
                          ParsedTensor& out,
-                         std::optional<absl::string_view> data) {
+                         std::optional<absl::string_view> data,
+                         const ScatteredBytes* scattered) {
   const absl::string_view bytes = data.has_value() ? *data : tensor.data();
+  const int64_t data_size = scattered != nullptr
+                                ? scattered->size()
+                                : static_cast<int64_t>(bytes.size());
   absl::StatusOr<DType> dtype = ParseDType(tensor.dtype(), field);
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<int64_t> count =
       NumElements(tensor.shape(), absl::StrCat(field, ".shape"));
   if (!count.ok()) return count.status();
-  const bool has_data = !bytes.empty();
+  const bool has_data = data_size > 0;
   const bool has_values = tensor.values_size() > 0;
   if (has_data && has_values) {
     return absl::InvalidArgumentError(
@@ -133,13 +137,16 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
     }
     return absl::OkStatus();
   }
-  if (static_cast<int64_t>(bytes.size()) != *count * element_size) {
+  if (data_size != *count * element_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".data: has ", bytes.size(), " bytes but shape ",
+        absl::StrCat(field, ".data: has ", data_size, " bytes but shape ",
                      ShapeString(tensor), " of ", DTypeName(*dtype), " needs ",
                      *count * element_size));
   }
-  if (reinterpret_cast<uintptr_t>(bytes.data()) % element_size == 0) {
+  if (scattered != nullptr) {
+    out.view.data = nullptr;
+    out.view.scattered = scattered;
+  } else if (reinterpret_cast<uintptr_t>(bytes.data()) % element_size == 0) {
     out.view.data = bytes.data();
   } else {
     // Rare (short strings, odd slice offsets): copy to aligned storage.
@@ -150,15 +157,16 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
   return absl::OkStatus();
 }
 
-absl::Status ParseNormalizeRequest(
-    const v1::NormalizeRequest& request, ParsedNormalize& out,
-    std::optional<absl::string_view> input_data) {
+absl::Status ParseNormalizeRequest(const v1::NormalizeRequest& request,
+                                   ParsedNormalize& out,
+                                   std::optional<absl::string_view> input_data,
+                                   const ScatteredBytes* scattered_input) {
   absl::StatusOr<NormMode> mode = ParseMode(request.mode());
   if (!mode.ok()) return mode.status();
   absl::StatusOr<LayerNormStyle> style = ParseStyle(request.layer_norm_style());
   if (!style.ok()) return style.status();
-  if (absl::Status s =
-          ParseTensor(request.input(), "input", out.input, input_data);
+  if (absl::Status s = ParseTensor(request.input(), "input", out.input,
+                                   input_data, scattered_input);
       !s.ok()) {
     return s;
   }
@@ -338,12 +346,12 @@ class WireReader {
     if (from + n > starts_[i + 1]) return std::nullopt;
     return chunks_[i].substr(from - starts_[i], n);
   }
-  void Gather(int64_t from, int64_t n, char* out) const {
+  // Appends the pieces of bytes [from, from + n) to `out`.
+  void Chunks(int64_t from, int64_t n, ScatteredBytes& out) const {
     for (size_t i = ChunkOf(from); n > 0; ++i) {
       const int64_t begin = from - starts_[i];
       const int64_t take = std::min<int64_t>(n, starts_[i + 1] - from);
-      std::memcpy(out, chunks_[i].data() + begin, take);
-      out += take;
+      out.Append(chunks_[i].substr(begin, take));
       from += take;
       n -= take;
     }
@@ -438,6 +446,16 @@ bool SplitWire(WireReader& reader, WireBytes& rest,
 
 }  // namespace
 
+void GatherInput(SplitRequest& split, ParsedNormalize& parsed) {
+  if (parsed.input.view.scattered == nullptr) return;
+  const int64_t size = parsed.input.view.scattered->size();
+  split.gathered = AcquirePooled(size);
+  parsed.input.view.scattered->CopyOut(0, size, split.gathered.get());
+  parsed.input.view.data = split.gathered.get();
+  parsed.input.view.scattered = nullptr;
+  parsed.spec.input = parsed.input.view;
+}
+
 absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
                                    SplitRequest& out) {
   WireReader reader(chunks);
@@ -456,11 +474,10 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
           reinterpret_cast<uintptr_t>(view->data()) % sizeof(double) == 0) {
         out.input_data = view;
       } else {
-        out.gathered = AcquirePooled(data->size);
-        reader.Gather(data->offset, data->size,
-                      static_cast<char*>(out.gathered.get()));
-        out.input_data = absl::string_view(
-            reinterpret_cast<const char*>(out.gathered.get()), data->size);
+        // Split or misaligned: left where it is (see GatherInput).
+        out.scattered.emplace();
+        reader.Chunks(data->offset, data->size, *out.scattered);
+        out.input_data = absl::string_view();
       }
     }
     return absl::OkStatus();

@@ -36,11 +36,13 @@ struct ParsedTensor {
 // INVALID_ARGUMENT for unknown dtypes, bad dims, both or neither of
 // data/values, or a length that does not match the shape; UNIMPLEMENTED for
 // BFLOAT16/FLOAT16. `data`, if given, replaces tensor.data() (the raw path
-// keeps the bytes outside the message). `out` must not move while its view
-// is in use.
+// keeps the bytes outside the message), and `scattered`, if given, replaces
+// both (the view then reads the chunks, which must outlive it). `out` must not
+// move while its view is in use.
 absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
                          ParsedTensor& out,
-                         std::optional<absl::string_view> data = std::nullopt);
+                         std::optional<absl::string_view> data = std::nullopt,
+                         const ScatteredBytes* scattered = nullptr);
 
 // A NormalizeRequest in core form, with the storage its views point into.
 struct ParsedNormalize {
@@ -48,24 +50,27 @@ struct ParsedNormalize {
   ParsedTensor input;
 };
 
-// Parses a NormalizeRequest; `out` must not move afterwards. `input_data`,
-// if given, stands for request.input().data().
+// Parses a NormalizeRequest; `out` must not move afterwards. `input_data`
+// or `scattered_input`, if given, stands for request.input().data().
 absl::Status ParseNormalizeRequest(
     const v1::NormalizeRequest& request, ParsedNormalize& out,
-    std::optional<absl::string_view> input_data = std::nullopt);
+    std::optional<absl::string_view> input_data = std::nullopt,
+    const ScatteredBytes* scattered_input = nullptr);
 
 // --- The raw (zero-copy) form of Normalize -------------------------------
 //
 // A serialized NormalizeRequest arrives as gRPC slices. SplitNormalizeRequest
 // reads the wire format once: everything but input.data goes into `message`
 // (parsed by protobuf, so field semantics are protobuf's own), and
-// input.data is left where it is, as a view into the slices when it lies in
-// one suitably aligned slice, else gathered once into `gathered`.
+// input.data is left where it is: a view into the slices when it lies in one
+// suitably aligned slice, else the list of its pieces (`scattered`), which
+// the core reads piece by piece where it can (Engine::ReadsScatteredInPlace)
+// and GatherInput copies into one pooled buffer where it cannot.
 struct SplitRequest {
   v1::NormalizeRequest message;                 // With input.data empty.
   std::optional<absl::string_view> input_data;  // Set when present.
-  PooledBuffer gathered{nullptr, &BufferPool::Release};  // Backs input_data
-                                                         // if needed.
+  std::optional<ScatteredBytes> scattered;      // Set when split/misaligned.
+  PooledBuffer gathered{nullptr, &BufferPool::Release};  // See GatherInput.
 };
 
 // INVALID_ARGUMENT if the bytes are not a NormalizeRequest. Requests whose
@@ -73,6 +78,10 @@ struct SplitRequest {
 // are parsed whole by protobuf instead; the result means the same either way.
 absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
                                    SplitRequest& out);
+
+// Points `parsed`'s input at one contiguous copy of its scattered bytes,
+// held by split.gathered; nothing to do if the input is not scattered.
+void GatherInput(SplitRequest& split, ParsedNormalize& parsed);
 
 // A NormalizeResponse whose output.data payload is written in place: the
 // serialized response is head + payload + tail, byte-identical to protobuf's

@@ -251,10 +251,14 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
   SplitRequest split;
   if (absl::Status s = SplitNormalizeRequest(chunks, split); !s.ok()) return s;
   ParsedNormalize parsed;
-  if (absl::Status s =
-          ParseNormalizeRequest(split.message, parsed, split.input_data);
+  if (absl::Status s = ParseNormalizeRequest(
+          split.message, parsed, split.input_data,
+          split.scattered.has_value() ? &*split.scattered : nullptr);
       !s.ok()) {
     return s;
+  }
+  if (!Engine::ReadsScatteredInPlace(parsed.spec)) {
+    GatherInput(split, parsed);  // Into the pool, not a fresh buffer.
   }
   v1::NormalizeResponse reply;
   if (parsed.input.values_form) {  // The compatibility form: via protobuf.
