@@ -477,7 +477,6 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
         // Split or misaligned: left where it is (see GatherInput).
         out.scattered.emplace();
         reader.Chunks(data->offset, data->size, *out.scattered);
-        out.input_data = absl::string_view();
       }
     }
     return absl::OkStatus();
