@@ -386,13 +386,6 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
                      const double* bias) {
   const int64_t n = rows.row_size;
   if (rows.rows == 0 || n == 0) return;
-  if (source.data == nullptr && n >= kLongLayerNormRow) {
-    // Long rows are reduced in parallel over the whole row: gather first.
-    std::vector<T> whole(rows.rows * n);
-    source.Read(0, rows.rows * n, whole.data());
-    LayerNormKernel(whole.data(), y, rows, eps, style, weight, bias);
-    return;
-  }
   const AffineParams<T> affine(weight, bias, n);
   const bool stream = StreamOutput(rows.rows * n, sizeof(T));
   auto offset = [](const T* p, int64_t j) {

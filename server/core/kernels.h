@@ -38,8 +38,9 @@ struct InputSource {
 // LayerNorm of x into y (x == y allowed for contiguous x): per row of
 // `rows.row_size` values, y = (x - mean) * scale(row) * weight[j] + bias[j].
 // weight/bias have row_size entries or are null (= 1 / 0). The moments are
-// exact (see moments.h). Scattered input is read a few rows at a time when
-// rows are shorter than kLongLayerNormRow, else gathered whole first.
+// exact (see moments.h). Scattered input is read a few rows at a time and
+// needs rows shorter than kLongLayerNormRow (Engine gathers longer ones; see
+// Engine::ReadsScatteredInPlace).
 template <typename T>
 void LayerNormKernel(const InputSource<T>& x, T* y, const RowLayout& rows,
                      double eps, LayerNormStyle style, const double* weight,
