@@ -35,6 +35,13 @@ ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
           "Bytes of freed tensor buffers (>= 256 KiB each) kept for reuse, "
           "so that large requests do not page-fault fresh memory; 0 keeps "
           "none.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for durable BatchNorm state (snapshots + write-ahead "
+          "log); every model change is acknowledged only once it is on disk "
+          "and is recovered on restart. Empty: in-memory only, lost on exit.");
+ABSL_FLAG(int64_t, snapshot_log_bytes, 64 << 20,
+          "With --state_dir: write a snapshot (and drop the log it covers) "
+          "once the write-ahead log has grown by this many bytes.");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
           "On SIGINT/SIGTERM: how long calls in flight may finish before they "
           "are cancelled.");
@@ -81,6 +88,8 @@ int main(int argc, char** argv) {
   options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.snapshot_log_bytes = absl::GetFlag(FLAGS_snapshot_log_bytes);
 
   auto server = normd::NormdServer::Start(options);
   if (!server.ok()) {

@@ -44,6 +44,30 @@ RefStats ReferenceChannelStats(const std::vector<T>& x, int64_t outer,
   return out;
 }
 
+// PyTorch's running statistics (from mean 0 / var 1) after one training step
+// per batch, in order; each batch is [rows, channels] row-major. Batches of a
+// single row do not update them (PyTorch needs an unbiased variance).
+struct RunningStats {
+  std::vector<double> mean;
+  std::vector<double> var;
+};
+inline RunningStats ReferenceRunningStats(
+    const std::vector<std::vector<double>>& batches, int64_t rows,
+    int64_t channels, double momentum) {
+  RunningStats out{std::vector<double>(channels, 0.0),
+                   std::vector<double>(channels, 1.0)};
+  if (rows < 2) return out;
+  for (const std::vector<double>& batch : batches) {
+    const RefStats s = ReferenceChannelStats(batch, rows, channels, 1);
+    for (int64_t c = 0; c < channels; ++c) {
+      const double unbiased = s.var[c] * rows / (rows - 1);
+      out.mean[c] = (1 - momentum) * out.mean[c] + momentum * s.mean[c];
+      out.var[c] = (1 - momentum) * out.var[c] + momentum * unbiased;
+    }
+  }
+  return out;
+}
+
 // y = (x - mean[c]) / sqrt(var[c] + eps) * w[c] + b[c], in long double.
 template <typename T>
 std::vector<double> ReferenceChannelNormalize(

@@ -51,6 +51,18 @@ absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
   return absl::OkStatus();
 }
 
+absl::Status ModelStore::CheckLog() const {
+  return log_ == nullptr ? absl::OkStatus() : log_->Healthy();
+}
+
+uint64_t ModelStore::Record(const Mutation& mutation) const {
+  return log_ == nullptr ? 0 : log_->Append(mutation);
+}
+
+absl::Status ModelStore::WaitDurable(uint64_t sequence) const {
+  return log_ == nullptr ? absl::OkStatus() : log_->WaitDurable(sequence);
+}
+
 absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   // Malformed first (INVALID_ARGUMENT precedes RESOURCE_EXHAUSTED), then the
   // limits, before MakeModel allocates num_features-sized arrays.
@@ -68,15 +80,25 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
     absl::MutexLock entry_lock(&entry->mu);
     entry->model = *model;
   }
-  absl::MutexLock lock(&mu_);
-  if (models_.contains(spec.name)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("name: model '", spec.name, "' already exists"));
+  uint64_t sequence = 0;
+  {
+    absl::ReaderMutexLock pause(&pause_mu_);
+    absl::MutexLock lock(&mu_);
+    if (models_.contains(spec.name)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: model '", spec.name, "' already exists"));
+    }
+    if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    models_.emplace(spec.name, std::move(entry));
+    sequence = Record({.kind = Mutation::Kind::kCreate,
+                       .name = spec.name,
+                       .model = &*model,
+                       .batch = {}});
   }
-  if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
-    return s;
-  }
-  models_.emplace(spec.name, std::move(entry));
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
   return model;
 }
 
@@ -132,43 +154,78 @@ std::vector<BatchNormModel> ModelStore::List(bool with_arrays) const {
 }
 
 absl::Status ModelStore::Delete(absl::string_view name) {
-  std::shared_ptr<Entry> entry;
+  uint64_t sequence = 0;
   {
+    absl::ReaderMutexLock pause(&pause_mu_);
+    // The entry is marked deleted and the record appended before mu_ is
+    // released, so a Train that re-creates the name is logged after it.
     absl::MutexLock lock(&mu_);
     auto it = models_.find(name);
     if (it == models_.end()) return NotFound(name);
-    entry = std::move(it->second);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    std::shared_ptr<Entry> entry = std::move(it->second);
     models_.erase(it);
+    absl::MutexLock entry_lock(&entry->mu);
+    entry->deleted = true;
+    sequence = Record({.kind = Mutation::Kind::kDelete,
+                       .name = name,
+                       .model = nullptr,
+                       .batch = {}});
   }
-  absl::MutexLock lock(&entry->mu);
-  entry->deleted = true;
-  return absl::OkStatus();
+  return WaitDurable(sequence);
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
-  while (true) {
-    std::shared_ptr<Entry> entry = Find(name);
-    if (entry == nullptr) return NotFound(name);
-    absl::MutexLock lock(&entry->mu);
-    if (entry->deleted) continue;  // Deleted meanwhile: look again.
-    ResetStatistics(entry->model);
-    return entry->model;
+  uint64_t sequence = 0;
+  BatchNormModel after;
+  {
+    absl::ReaderMutexLock pause(&pause_mu_);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    while (true) {
+      std::shared_ptr<Entry> entry = Find(name);
+      if (entry == nullptr) return NotFound(name);
+      absl::MutexLock lock(&entry->mu);
+      if (entry->deleted) continue;  // Deleted meanwhile: look again.
+      ResetStatistics(entry->model);
+      sequence = Record({.kind = Mutation::Kind::kReset,
+                         .name = name,
+                         .model = nullptr,
+                         .batch = {}});
+      after = entry->model;
+      break;
+    }
   }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return after;
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Train(
     absl::string_view name, absl::Span<const Moments> batch) {
   const auto channels = static_cast<int64_t>(batch.size());
-  while (true) {
-    absl::StatusOr<std::shared_ptr<Entry>> entry = FindOrCreate(name, channels);
-    if (!entry.ok()) return entry.status();
-    absl::MutexLock lock(&(*entry)->mu);
-    if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
-    BatchNormModel& model = (*entry)->model;
-    if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
-    ApplyTrainingStep(model, batch);
-    return model;
+  uint64_t sequence = 0;
+  BatchNormModel after;
+  {
+    absl::ReaderMutexLock pause(&pause_mu_);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    while (true) {
+      absl::StatusOr<std::shared_ptr<Entry>> entry =
+          FindOrCreate(name, channels);
+      if (!entry.ok()) return entry.status();
+      absl::MutexLock lock(&(*entry)->mu);
+      if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
+      BatchNormModel& model = (*entry)->model;
+      if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
+      ApplyTrainingStep(model, batch);
+      sequence = Record({.kind = Mutation::Kind::kTrain,
+                         .name = name,
+                         .model = nullptr,
+                         .batch = batch});
+      after = model;
+      break;
+    }
   }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return after;
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::GetForEval(absl::string_view name,
@@ -177,6 +234,24 @@ absl::StatusOr<BatchNormModel> ModelStore::GetForEval(absl::string_view name,
   if (!model.ok()) return model.status();
   if (absl::Status s = CheckChannels(*model, channels); !s.ok()) return s;
   return model;
+}
+
+void ModelStore::Restore(BatchNormModel model) {
+  auto entry = std::make_shared<Entry>();
+  std::string name = model.name;
+  {
+    absl::MutexLock entry_lock(&entry->mu);
+    entry->model = std::move(model);
+  }
+  absl::MutexLock lock(&mu_);
+  models_.insert_or_assign(std::move(name), std::move(entry));
+}
+
+std::vector<BatchNormModel> ModelStore::CaptureConsistent(
+    absl::FunctionRef<void()> at_cut) {
+  absl::MutexLock pause(&pause_mu_);
+  at_cut();
+  return List(/*with_arrays=*/true);
 }
 
 int64_t ModelStore::size() const {

@@ -5,6 +5,13 @@
 // and updates of one model are serialized (none is ever lost). Callers do the
 // expensive work (reductions, outputs) outside any lock and hand the store
 // only the finished per-channel moments. Every method returns copies.
+//
+// With a MutationLog attached, every change is appended to it under the locks
+// that order the change (so the log's order is the applied order of each
+// model) and the changing call returns only once the record is durable.
+// Changes hold a shared "pause" lock while they apply and append;
+// CaptureConsistent takes it exclusively to see a state that is exactly the
+// log up to some record.
 #ifndef NORMD_SERVER_CORE_MODEL_STORE_H_
 #define NORMD_SERVER_CORE_MODEL_STORE_H_
 
@@ -15,12 +22,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/core/model.h"
+#include "server/core/mutation_log.h"
 
 namespace normd {
 
@@ -68,6 +77,19 @@ class ModelStore {
   // Number of models.
   int64_t size() const;
 
+  // Attaches the log that records every later change (nullptr: none). Call
+  // before the store is shared between threads.
+  void SetMutationLog(MutationLog* log) { log_ = log; }
+
+  // Inserts or replaces `model` as is: no limits, not logged. For loading a
+  // snapshot.
+  void Restore(BatchNormModel model);
+
+  // Pauses every change, calls `at_cut` (e.g. to rotate the log) and returns
+  // every model with its arrays as of that moment; changes resume on return.
+  std::vector<BatchNormModel> CaptureConsistent(
+      absl::FunctionRef<void()> at_cut);
+
  private:
   // One model and the mutex that serializes its changes. `deleted` is set
   // (under `mu`) when the entry leaves the map, so that an update that
@@ -83,8 +105,18 @@ class ModelStore {
                                                       int64_t channels);
   absl::Status CheckNewModelLimits(int64_t num_features) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The log's health (OK without a log), checked before a change applies.
+  absl::Status CheckLog() const;
+  // Appends `mutation` to the log; 0 without a log.
+  uint64_t Record(const Mutation& mutation) const;
+  // Waits until record `sequence` is durable (OK without a log).
+  absl::Status WaitDurable(uint64_t sequence) const;
 
   const ModelStoreOptions options_;
+  MutationLog* log_ = nullptr;
+  // Held shared by every change (apply + append), exclusively by
+  // CaptureConsistent. Acquired before mu_ and any entry's mu.
+  absl::Mutex pause_mu_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> models_
       ABSL_GUARDED_BY(mu_);

@@ -116,6 +116,55 @@ void ServerMetrics::SetModels(int64_t count) {
 
 void ServerMetrics::AddInflight(double delta) { inflight_->Increment(delta); }
 
+StateMetrics::StateMetrics(prometheus::Registry& registry) {
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter()
+                .Name(name)
+                .Help(help)
+                .Register(registry)
+                .Add({});
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge()
+                .Name(name)
+                .Help(help)
+                .Register(registry)
+                .Add({});
+  };
+  syncs_ = counter("normd_wal_syncs_total",
+                   "Write-ahead log fdatasyncs (one per group commit).");
+  records_ = counter("normd_wal_records_total",
+                     "Model changes made durable in the write-ahead log.");
+  bytes_ =
+      counter("normd_wal_bytes_total", "Bytes written to the write-ahead log.");
+  sync_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("normd_wal_sync_seconds")
+           .Help("Time to write and fdatasync one group commit.")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{
+                        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                        0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  snapshots_ = counter("normd_snapshots_total", "State snapshots written.");
+  snapshot_bytes_ =
+      gauge("normd_snapshot_bytes", "Size of the last snapshot written.");
+  snapshot_seconds_ = gauge("normd_snapshot_seconds",
+                            "Time the last snapshot took, in seconds.");
+}
+
+void StateMetrics::OnSync(int64_t records, int64_t bytes, double seconds) {
+  syncs_->Increment();
+  records_->Increment(static_cast<double>(records));
+  bytes_->Increment(static_cast<double>(bytes));
+  sync_seconds_->Observe(seconds);
+}
+
+void StateMetrics::OnSnapshot(int64_t bytes, double seconds) {
+  snapshots_->Increment();
+  snapshot_bytes_->Set(static_cast<double>(bytes));
+  snapshot_seconds_->Set(seconds);
+}
+
 CallTracker::CallTracker(ServerMetrics& metrics, RpcMethod method)
     : metrics_(metrics),
       method_(method),

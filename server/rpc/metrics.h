@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "grpcpp/support/status.h"
+#include "server/state/durable_state.h"
 
 namespace normd {
 
@@ -55,6 +56,25 @@ class ServerMetrics {
   std::array<prometheus::Counter*, kNumElementsModes> elements_{};
   prometheus::Gauge* models_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
+};
+
+// Metrics of the durable state (--state_dir): write-ahead log syncs and the
+// records each covered (group commit shows as records/syncs > 1), snapshots.
+// Thread-safe.
+class StateMetrics final : public state::DurabilityObserver {
+ public:
+  explicit StateMetrics(prometheus::Registry& registry);
+  void OnSync(int64_t records, int64_t bytes, double seconds) override;
+  void OnSnapshot(int64_t bytes, double seconds) override;
+
+ private:
+  prometheus::Counter* syncs_ = nullptr;
+  prometheus::Counter* records_ = nullptr;
+  prometheus::Counter* bytes_ = nullptr;
+  prometheus::Histogram* sync_seconds_ = nullptr;
+  prometheus::Counter* snapshots_ = nullptr;
+  prometheus::Gauge* snapshot_bytes_ = nullptr;
+  prometheus::Gauge* snapshot_seconds_ = nullptr;
 };
 
 // Tracks one call: counts it started and in flight on construction; Finish

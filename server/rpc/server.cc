@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/rpc/buffer_pool.h"
+#include "server/rpc/logging.h"
 
 namespace normd {
 namespace {
@@ -79,6 +80,32 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   }
   server->engine_ = std::make_unique<Engine>(
       ModelStoreOptions{options.max_models, options.max_num_features});
+  if (!options.state_dir.empty()) {
+    if (options.snapshot_log_bytes < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--snapshot_log_bytes: must be >= 1, got ",
+                       options.snapshot_log_bytes));
+    }
+    state::RecoveryReport report;
+    absl::StatusOr<std::unique_ptr<state::DurableState>> durable =
+        state::DurableState::Open(
+            {options.state_dir, options.snapshot_log_bytes},
+            server->engine_->store(), &report);
+    if (!durable.ok()) return durable.status();
+    server->durable_ = std::move(*durable);
+    for (const std::string& warning : report.warnings) {
+      Log(LogSeverity::kWarning, warning);
+    }
+    Log(LogSeverity::kInfo,
+        absl::StrCat("state_dir ", options.state_dir, ": ", report.models,
+                     " models recovered from ",
+                     report.snapshot_file.empty() ? "(no snapshot)"
+                                                  : report.snapshot_file,
+                     " + ", report.records_replayed, " log records"));
+    server->state_metrics_ = std::make_unique<StateMetrics>(*server->registry_);
+    server->durable_->SetObserver(server->state_metrics_.get());
+    server->metrics_->SetModels(server->engine_->store().size());
+  }
   server->service_ =
       std::make_unique<NormalizerService>(*server->engine_, *server->metrics_);
 
@@ -108,6 +135,14 @@ void NormdServer::Shutdown() {
   health_->Shutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
   server_->Wait();
+  if (durable_ != nullptr) {
+    if (absl::Status s = durable_->Close(); !s.ok()) {
+      Log(LogSeverity::kError,
+          absl::StrCat("final snapshot failed (the log still holds every "
+                       "change): ",
+                       s.ToString()));
+    }
+  }
 }
 
 }  // namespace normd

@@ -1,7 +1,9 @@
 // A running normd server: the gRPC server (Normalizer, health, reflection),
-// the Prometheus exposer and the engine they share. Start() brings everything
-// up; Shutdown() marks health NOT_SERVING, drains calls in flight up to the
-// drain timeout and stops. Shutdown may be called from any thread, once.
+// the Prometheus exposer, the engine they share and, with a state_dir, the
+// durable state behind the engine's models. Start() recovers the state and
+// brings everything up; Shutdown() marks health NOT_SERVING, drains calls in
+// flight up to the drain timeout, writes a final snapshot and stops.
+// Shutdown may be called from any thread, once.
 #ifndef NORMD_SERVER_RPC_SERVER_H_
 #define NORMD_SERVER_RPC_SERVER_H_
 
@@ -20,6 +22,7 @@
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/state/durable_state.h"
 
 namespace normd {
 
@@ -34,6 +37,8 @@ struct ServerOptions {
   int tbb_threads = 0;  // 0: one per core.
   absl::Duration drain_timeout = absl::Seconds(10);
   int64_t buffer_pool_bytes = 64 << 20;  // See BufferPool.
+  std::string state_dir;                 // Empty: in-memory state only.
+  int64_t snapshot_log_bytes = 64 << 20;
 };
 
 // Applies the transport settings every normd gRPC server uses (listening
@@ -67,6 +72,8 @@ class NormdServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<StateMetrics> state_metrics_;
+  std::unique_ptr<state::DurableState> durable_;
   std::unique_ptr<NormalizerService> service_;
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,0 +1,232 @@
+#include "server/state/codec.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace normd::state {
+namespace {
+
+static_assert(sizeof(double) == 8 && std::numeric_limits<double>::is_iec559);
+
+bool DecodeMoments(ByteReader& in, Moments* m) {
+  return in.GetI64(&m->count) && in.GetDouble(&m->mean) &&
+         in.GetDouble(&m->m2) && m->count >= 0;
+}
+
+}  // namespace
+
+void ByteWriter::PutU32(uint32_t v) {
+  for (int i = 0; i < 4; ++i) PutU8(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+void ByteWriter::PutU64(uint64_t v) {
+  for (int i = 0; i < 8; ++i) PutU8(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+void ByteWriter::PutDouble(double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  PutU64(bits);
+}
+
+void ByteWriter::PutString(absl::string_view s) {
+  PutU32(static_cast<uint32_t>(s.size()));
+  out_.append(s.data(), s.size());
+}
+
+void ByteWriter::PutDoubles(const std::vector<double>& values) {
+  PutU64(values.size());
+  for (double v : values) PutDouble(v);
+}
+
+bool ByteReader::Take(size_t n, const char** bytes) {
+  if (n > in_.size()) {
+    in_ = absl::string_view();
+    return false;
+  }
+  *bytes = in_.data();
+  in_.remove_prefix(n);
+  return true;
+}
+
+bool ByteReader::GetU8(uint8_t* v) {
+  const char* p;
+  if (!Take(1, &p)) return false;
+  *v = static_cast<uint8_t>(*p);
+  return true;
+}
+
+bool ByteReader::GetU32(uint32_t* v) {
+  const char* p;
+  if (!Take(4, &p)) return false;
+  *v = 0;
+  for (int i = 0; i < 4; ++i) {
+    *v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  }
+  return true;
+}
+
+bool ByteReader::GetU64(uint64_t* v) {
+  const char* p;
+  if (!Take(8, &p)) return false;
+  *v = 0;
+  for (int i = 0; i < 8; ++i) {
+    *v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  }
+  return true;
+}
+
+bool ByteReader::GetI64(int64_t* v) {
+  uint64_t u;
+  if (!GetU64(&u)) return false;
+  *v = static_cast<int64_t>(u);
+  return true;
+}
+
+bool ByteReader::GetDouble(double* v) {
+  uint64_t bits;
+  if (!GetU64(&bits)) return false;
+  std::memcpy(v, &bits, sizeof bits);
+  return true;
+}
+
+bool ByteReader::GetString(std::string* s) {
+  uint32_t size;
+  const char* p;
+  if (!GetU32(&size) || !Take(size, &p)) return false;
+  s->assign(p, size);
+  return true;
+}
+
+bool ByteReader::GetDoubles(std::vector<double>* values) {
+  uint64_t count;
+  if (!GetU64(&count) || count > in_.size() / 8) return false;
+  values->resize(count);
+  for (double& v : *values) GetDouble(&v);
+  return true;
+}
+
+void EncodeModel(const BatchNormModel& model, ByteWriter& out) {
+  out.PutString(model.name);
+  out.PutI64(model.num_features);
+  out.PutDouble(model.momentum);
+  out.PutU8(model.cumulative_average);
+  out.PutDouble(model.eps);
+  out.PutU8(model.use_pooled_statistics);
+  out.PutI64(model.num_batches_tracked);
+  out.PutI64(model.sample_count);
+  out.PutDoubles(model.running_mean);
+  out.PutDoubles(model.running_var);
+  out.PutDoubles(model.weight);
+  out.PutDoubles(model.bias);
+  out.PutU64(model.pooled.size());
+  for (const Moments& m : model.pooled) {
+    out.PutI64(m.count);
+    out.PutDouble(m.mean);
+    out.PutDouble(m.m2);
+  }
+  out.PutU64(model.generation);
+}
+
+bool DecodeModel(ByteReader& in, BatchNormModel* model) {
+  uint8_t cumulative, pooled_stats;
+  uint64_t pooled_count;
+  if (!in.GetString(&model->name) || !in.GetI64(&model->num_features) ||
+      !in.GetDouble(&model->momentum) || !in.GetU8(&cumulative) ||
+      !in.GetDouble(&model->eps) || !in.GetU8(&pooled_stats) ||
+      !in.GetI64(&model->num_batches_tracked) ||
+      !in.GetI64(&model->sample_count) ||
+      !in.GetDoubles(&model->running_mean) ||
+      !in.GetDoubles(&model->running_var) || !in.GetDoubles(&model->weight) ||
+      !in.GetDoubles(&model->bias) || !in.GetU64(&pooled_count) ||
+      pooled_count > in.remaining() / 24) {
+    return false;
+  }
+  model->cumulative_average = cumulative != 0;
+  model->use_pooled_statistics = pooled_stats != 0;
+  model->pooled.resize(pooled_count);
+  for (Moments& m : model->pooled) {
+    if (!DecodeMoments(in, &m)) return false;
+  }
+  if (!in.GetU64(&model->generation)) return false;
+  const auto c = static_cast<uint64_t>(model->num_features);
+  return ValidateModelName(model->name, "name").ok() &&
+         model->num_features >= 1 && model->running_mean.size() == c &&
+         model->running_var.size() == c && model->weight.size() == c &&
+         model->bias.size() == c && (pooled_count == 0 || pooled_count == c) &&
+         model->num_batches_tracked >= 0 && model->sample_count >= 0;
+}
+
+void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
+  out.PutU8(static_cast<uint8_t>(mutation.kind));
+  out.PutString(mutation.name);
+  switch (mutation.kind) {
+    case Mutation::Kind::kCreate:
+      EncodeModel(*mutation.model, out);
+      break;
+    case Mutation::Kind::kTrain:
+      out.PutU64(mutation.batch.size());
+      for (const Moments& m : mutation.batch) {
+        out.PutI64(m.count);
+        out.PutDouble(m.mean);
+        out.PutDouble(m.m2);
+      }
+      break;
+    case Mutation::Kind::kDelete:
+    case Mutation::Kind::kReset:
+      break;
+  }
+}
+
+bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
+  ByteReader in(bytes);
+  uint8_t kind;
+  if (!in.GetU8(&kind) || !in.GetString(&record->name) ||
+      !ValidateModelName(record->name, "name").ok()) {
+    return false;
+  }
+  switch (static_cast<Mutation::Kind>(kind)) {
+    case Mutation::Kind::kCreate:
+      if (!DecodeModel(in, &record->model) ||
+          record->model.name != record->name) {
+        return false;
+      }
+      break;
+    case Mutation::Kind::kTrain: {
+      uint64_t channels;
+      if (!in.GetU64(&channels) || channels == 0 ||
+          channels > in.remaining() / 24) {
+        return false;
+      }
+      record->batch.resize(channels);
+      for (Moments& m : record->batch) {
+        if (!DecodeMoments(in, &m)) return false;
+      }
+      break;
+    }
+    case Mutation::Kind::kDelete:
+    case Mutation::Kind::kReset:
+      break;
+    default:
+      return false;
+  }
+  record->kind = static_cast<Mutation::Kind>(kind);
+  return in.remaining() == 0;
+}
+
+uint32_t Crc32(absl::string_view bytes, uint32_t crc) {
+  // zlib takes uInt lengths: feed it in chunks.
+  while (!bytes.empty()) {
+    const size_t n = std::min<size_t>(bytes.size(), 1u << 30);
+    crc = static_cast<uint32_t>(
+        crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()),
+              static_cast<uInt>(n)));
+    bytes.remove_prefix(n);
+  }
+  return crc;
+}
+
+}  // namespace normd::state

@@ -1,0 +1,77 @@
+// The binary encoding of models and store mutations in normd's state files
+// (snapshots and the write-ahead log): little-endian fixed-width integers and
+// IEEE doubles, length-prefixed strings and arrays. Decoding checks every
+// length against the bytes left and every model against its own invariants,
+// so that no input, however corrupt, can crash or over-allocate.
+// Plain functions and value types; thread-compatible.
+#ifndef NORMD_SERVER_STATE_CODEC_H_
+#define NORMD_SERVER_STATE_CODEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "server/core/model.h"
+#include "server/core/mutation_log.h"
+
+namespace normd::state {
+
+// Appends encoded values to a string.
+class ByteWriter {
+ public:
+  explicit ByteWriter(std::string& out) : out_(out) {}
+  void PutU8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void PutU32(uint32_t v);
+  void PutU64(uint64_t v);
+  void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
+  void PutDouble(double v);
+  void PutString(absl::string_view s);
+  void PutDoubles(const std::vector<double>& values);
+
+ private:
+  std::string& out_;
+};
+
+// Reads encoded values; any read past the end fails and leaves ok() false.
+class ByteReader {
+ public:
+  explicit ByteReader(absl::string_view in) : in_(in) {}
+  bool GetU8(uint8_t* v);
+  bool GetU32(uint32_t* v);
+  bool GetU64(uint64_t* v);
+  bool GetI64(int64_t* v);
+  bool GetDouble(double* v);
+  bool GetString(std::string* s);
+  bool GetDoubles(std::vector<double>* values);
+  size_t remaining() const { return in_.size(); }
+
+ private:
+  bool Take(size_t n, const char** bytes);
+  absl::string_view in_;
+};
+
+void EncodeModel(const BatchNormModel& model, ByteWriter& out);
+// False if the bytes do not hold a well-formed model (valid name,
+// num_features >= 1, arrays of num_features entries, pooled empty or one per
+// channel, counts >= 0).
+bool DecodeModel(ByteReader& in, BatchNormModel* model);
+
+void EncodeMutation(const Mutation& mutation, ByteWriter& out);
+
+// A decoded Mutation that owns its data.
+struct MutationRecord {
+  Mutation::Kind kind = Mutation::Kind::kCreate;
+  std::string name;
+  BatchNormModel model;        // kCreate.
+  std::vector<Moments> batch;  // kTrain.
+};
+// False if the bytes are not exactly one well-formed mutation.
+bool DecodeMutation(absl::string_view bytes, MutationRecord* record);
+
+// CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc`.
+uint32_t Crc32(absl::string_view bytes, uint32_t crc = 0);
+
+}  // namespace normd::state
+
+#endif  // NORMD_SERVER_STATE_CODEC_H_

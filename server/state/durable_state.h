@@ -1,0 +1,141 @@
+// Durable model state: a directory holding checksummed snapshots of a
+// ModelStore and a write-ahead log of every change since.
+//
+//   <dir>/LOCK                      flock()ed while a normd owns the dir
+//   <dir>/snapshot-<seq>.snap       every model as of log record <seq>
+//   <dir>/wal-<first seq>.log       records <first seq>, <first seq> + 1, ...
+//
+// Open() loads the newest snapshot, replays the log after it, writes a fresh
+// snapshot and starts a new log segment. Every change of the store is then
+// appended to the log under the store's locks and acknowledged only after an
+// fdatasync that covers it; concurrent changes share one sync (group
+// commit). When the log has grown past snapshot_log_bytes a background
+// thread writes a new snapshot and drops the segments it covers.
+//
+// A torn record at the very end of the last segment (a write cut off by a
+// crash, never acknowledged) is dropped with a warning; any other damage to a
+// snapshot or the log stops Open with an error naming the file.
+//
+// Thread-safe: any number of threads may change the store at once; Snapshot
+// and Close may be called from any thread.
+#ifndef NORMD_SERVER_STATE_DURABLE_STATE_H_
+#define NORMD_SERVER_STATE_DURABLE_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/core/model_store.h"
+#include "server/core/mutation_log.h"
+
+namespace normd::state {
+
+struct DurableStateOptions {
+  std::string dir;
+  // A snapshot is written (and older log segments dropped) once the log has
+  // grown by this many bytes since the last one.
+  int64_t snapshot_log_bytes = 64 << 20;
+};
+
+// What Open found and did, for the server's log.
+struct RecoveryReport {
+  std::string snapshot_file;  // Empty if the directory had none.
+  int64_t models = 0;         // After replay.
+  int64_t records_replayed = 0;
+  std::vector<std::string> warnings;
+};
+
+// Told about every sync and snapshot (e.g. to export metrics). Called from
+// the syncing thread, outside the state's locks.
+class DurabilityObserver {
+ public:
+  virtual ~DurabilityObserver() = default;
+  virtual void OnSync(int64_t records, int64_t bytes, double seconds) = 0;
+  virtual void OnSnapshot(int64_t bytes, double seconds) = 0;
+};
+
+class DurableState final : public MutationLog {
+ public:
+  // Recovers `store` (which must be empty) from options.dir, creating the
+  // directory if needed, and attaches itself as the store's log. FAILED_
+  // PRECONDITION if another process holds the directory; DATA_LOSS naming
+  // the file for a corrupt snapshot or log; the I/O error otherwise.
+  static absl::StatusOr<std::unique_ptr<DurableState>> Open(
+      const DurableStateOptions& options, ModelStore& store,
+      RecoveryReport* report);
+
+  // Detaches from the store and stops the background thread; does not
+  // snapshot (see Close).
+  ~DurableState() override;
+
+  void SetObserver(DurabilityObserver* observer);
+
+  // Writes a snapshot of the store now and drops the log it covers.
+  absl::Status Snapshot();
+
+  // A final snapshot; later changes are refused (UNAVAILABLE).
+  absl::Status Close();
+
+  // MutationLog.
+  absl::Status Healthy() override;
+  uint64_t Append(const Mutation& mutation) override;
+  absl::Status WaitDurable(uint64_t sequence) override;
+
+ private:
+  DurableState(const DurableStateOptions& options, ModelStore& store,
+               int lock_fd);
+  absl::Status Recover(RecoveryReport* report);
+  absl::Status ReplaySegment(const std::string& path, bool last,
+                             uint64_t* next_sequence, RecoveryReport* report);
+  absl::Status WriteSnapshotFile(const std::vector<BatchNormModel>& models,
+                                 uint64_t sequence, int64_t* bytes);
+  absl::Status StartSegment(uint64_t first_sequence)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What one flush wrote.
+  struct FlushStats {
+    int64_t records = 0;
+    int64_t bytes = 0;
+    double seconds = 0;
+  };
+  // Flushes queued records into the current segment and, if it holds any,
+  // starts a new one. Called while the store is paused. Returns the last
+  // record covered by the old segments.
+  absl::StatusOr<uint64_t> Rotate(FlushStats* flushed);
+  void DropFilesBefore(uint64_t sequence);
+  void SnapshotLoop();
+
+  const DurableStateOptions options_;
+  ModelStore& store_;
+  const int lock_fd_;
+
+  absl::Mutex snapshot_mu_;  // One snapshot at a time.
+
+  absl::Mutex mu_;
+  DurabilityObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string pending_ ABSL_GUARDED_BY(mu_);  // Framed, not yet written.
+  int64_t pending_records_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t durable_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // A thread owns segment_fd_.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);    // Sticky.
+  int segment_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t segment_first_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t log_bytes_since_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
+  bool snapshot_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread snapshot_thread_;
+};
+
+// File names inside a state directory.
+std::string SnapshotFileName(uint64_t sequence);
+std::string SegmentFileName(uint64_t first_sequence);
+
+}  // namespace normd::state
+
+#endif  // NORMD_SERVER_STATE_DURABLE_STATE_H_

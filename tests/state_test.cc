@@ -1,0 +1,311 @@
+// Durable state (server/state): a store recovered from its state directory is
+// bitwise the store that wrote it, through snapshots, log rotation, torn
+// tails and concurrent writers; damage other than a torn tail stops recovery
+// with an error naming the file.
+#include "server/state/durable_state.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/core/model_store.h"
+#include "server/state/codec.h"
+
+namespace normd::state {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh, empty directory under the test's temp dir.
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(base != nullptr ? base : fs::temp_directory_path()) /
+                 ("normd_state_test_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::vector<Moments> RandomBatch(std::mt19937_64& rng, int64_t channels) {
+  std::uniform_real_distribution<double> value(-100, 100);
+  std::vector<Moments> batch(channels);
+  const int64_t count = 1 + static_cast<int64_t>(rng() % 5);
+  for (Moments& m : batch) {
+    m.count = count;
+    m.mean = value(rng);
+    m.m2 = count > 1 ? std::abs(value(rng)) * count : 0.0;
+  }
+  return batch;
+}
+
+// Every field, bitwise (doubles compared by representation via ==, and NaN
+// never occurs in these states).
+void ExpectSameModels(const std::vector<BatchNormModel>& a,
+                      const std::vector<BatchNormModel>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(a[i].name);
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].num_features, b[i].num_features);
+    EXPECT_EQ(a[i].momentum, b[i].momentum);
+    EXPECT_EQ(a[i].cumulative_average, b[i].cumulative_average);
+    EXPECT_EQ(a[i].eps, b[i].eps);
+    EXPECT_EQ(a[i].use_pooled_statistics, b[i].use_pooled_statistics);
+    EXPECT_EQ(a[i].num_batches_tracked, b[i].num_batches_tracked);
+    EXPECT_EQ(a[i].sample_count, b[i].sample_count);
+    EXPECT_EQ(a[i].running_mean, b[i].running_mean);
+    EXPECT_EQ(a[i].running_var, b[i].running_var);
+    EXPECT_EQ(a[i].weight, b[i].weight);
+    EXPECT_EQ(a[i].bias, b[i].bias);
+    EXPECT_EQ(a[i].PooledMean(), b[i].PooledMean());
+    EXPECT_EQ(a[i].PooledVariance(), b[i].PooledVariance());
+    EXPECT_EQ(a[i].generation, b[i].generation);
+  }
+}
+
+// Applies `steps` random changes (create, train, reset, delete) to `store`.
+void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < steps; ++i) {
+    const std::string name = "m" + std::to_string(rng() % 6);
+    const int64_t channels = 1 + static_cast<int64_t>(name.back() - '0');
+    switch (rng() % 10) {
+      case 0: {
+        ModelSpec spec;
+        spec.name = name;
+        spec.num_features = channels;
+        spec.momentum = 0.25;
+        spec.eps = 1e-3;
+        spec.weight.assign(channels, 2.0);
+        (void)store.Create(spec);  // ALREADY_EXISTS is fine.
+        break;
+      }
+      case 1:
+        (void)store.Reset(name);
+        break;
+      case 2:
+        (void)store.Delete(name);
+        break;
+      default:
+        ASSERT_TRUE(store.Train(name, RandomBatch(rng, channels)).ok());
+    }
+  }
+}
+
+struct Opened {
+  std::unique_ptr<ModelStore> store = std::make_unique<ModelStore>();
+  std::unique_ptr<DurableState> state;
+  RecoveryReport report;
+};
+
+Opened Open(const std::string& dir, int64_t snapshot_log_bytes = 64 << 20) {
+  Opened o;
+  auto state = DurableState::Open({dir, snapshot_log_bytes}, *o.store,
+                                  &o.report);
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (state.ok()) o.state = std::move(*state);
+  return o;
+}
+
+absl::Status OpenStatus(const std::string& dir) {
+  ModelStore store;
+  RecoveryReport report;
+  return DurableState::Open({dir, 64 << 20}, store, &report).status();
+}
+
+std::vector<std::string> FilesIn(const std::string& dir, const char* prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) {
+      out.push_back(e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(DurableStateTest, RecoversExactlyWhatWasWrittenWithoutSnapshot) {
+  const std::string dir = FreshDir("replay");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 400, 1);
+    before = o.store->List(/*with_arrays=*/true);
+    ASSERT_GE(before.size(), 3u);
+    // Simulates a crash: no Close, so no final snapshot; the log has it all.
+  }
+  Opened o = Open(dir);
+  EXPECT_GT(o.report.records_replayed, 300);
+  ExpectSameModels(before, o.store->List(true));
+  // Recovery wrote a snapshot and started an empty log.
+  EXPECT_EQ(FilesIn(dir, "snapshot-").size(), 1u);
+  EXPECT_EQ(FilesIn(dir, "wal-").size(), 1u);
+}
+
+TEST(DurableStateTest, RotatesIntoSnapshotsAndDropsCoveredLog) {
+  const std::string dir = FreshDir("rotate");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir, /*snapshot_log_bytes=*/2048);
+    RandomChanges(*o.store, 600, 2);
+    ASSERT_TRUE(o.state->Snapshot().ok());
+    RandomChanges(*o.store, 50, 3);  // After the last snapshot: log only.
+    before = o.store->List(true);
+  }
+  EXPECT_EQ(FilesIn(dir, "snapshot-").size(), 1u);
+  EXPECT_LE(FilesIn(dir, "wal-").size(), 2u);
+  Opened o = Open(dir);
+  EXPECT_FALSE(o.report.snapshot_file.empty());
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
+  const std::string dir = FreshDir("concurrent");
+  struct CountingObserver : DurabilityObserver {
+    std::atomic<int64_t> syncs = 0, records = 0, snapshots = 0;
+    void OnSync(int64_t r, int64_t, double) override {
+      ++syncs;
+      records += r;
+    }
+    void OnSnapshot(int64_t, double) override { ++snapshots; }
+  } observer;
+  constexpr int kThreads = 16, kSteps = 300;
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir, /*snapshot_log_bytes=*/64 << 10);
+    o.state->SetObserver(&observer);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(100 + t);
+        for (int i = 0; i < kSteps; ++i) {
+          const std::string name = "model" + std::to_string(t % 4);
+          EXPECT_TRUE(o.store->Train(name, RandomBatch(rng, 8)).ok());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    before = o.store->List(true);
+    o.state->SetObserver(nullptr);
+  }
+  EXPECT_EQ(observer.records.load(), kThreads * kSteps);
+  // Group commit: far fewer syncs than records.
+  EXPECT_LT(observer.syncs.load(), observer.records.load());
+  EXPECT_GT(observer.snapshots.load(), 0);
+  int64_t batches = 0;
+  for (const auto& m : before) batches += m.generation - 1;
+  EXPECT_EQ(batches, kThreads * kSteps);
+  Opened o = Open(dir);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(DurableStateTest, TornLastRecordIsDroppedWithAWarning) {
+  const std::string dir = FreshDir("torn");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 4);
+    before = o.store->List(true);
+    ASSERT_TRUE(o.store->Train("m1", std::vector<Moments>(2, {3, 1.0, 2.0}))
+                    .ok());
+  }
+  // Cut the last record (the Train above) in half.
+  const std::string segment = FilesIn(dir, "wal-").back();
+  fs::resize_file(segment, fs::file_size(segment) - 20);
+  Opened o = Open(dir);
+  ASSERT_EQ(o.report.warnings.size(), 1u);
+  EXPECT_NE(o.report.warnings[0].find("torn record"), std::string::npos);
+  EXPECT_NE(o.report.warnings[0].find(segment), std::string::npos);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(DurableStateTest, CorruptRecordInTheMiddleStopsRecovery) {
+  const std::string dir = FreshDir("corrupt_log");
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 5);
+  }
+  const std::string segment = FilesIn(dir, "wal-").back();
+  {
+    std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(segment), std::string::npos) << s;
+  // Nothing was changed: the same error again.
+  EXPECT_EQ(OpenStatus(dir).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(DurableStateTest, CorruptSnapshotStopsRecovery) {
+  const std::string dir = FreshDir("corrupt_snapshot");
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 6);
+    ASSERT_TRUE(o.state->Close().ok());
+  }
+  const std::string snapshot = FilesIn(dir, "snapshot-").back();
+  {
+    std::fstream f(snapshot, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x01');
+  }
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(snapshot), std::string::npos) << s;
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+}
+
+TEST(DurableStateTest, ADirectoryServesOneServerAtATime) {
+  const std::string dir = FreshDir("lock");
+  Opened first = Open(dir);
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("in use"), std::string::npos) << s;
+}
+
+TEST(DurableStateTest, ClosedStateRefusesChanges) {
+  const std::string dir = FreshDir("closed");
+  Opened o = Open(dir);
+  ASSERT_TRUE(o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0})).ok());
+  ASSERT_TRUE(o.state->Close().ok());
+  const auto after = o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0}));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(o.store->Get("a")->num_batches_tracked, 1);  // Unchanged.
+}
+
+TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
+  BatchNormModel model = MakeDefaultModel("x", 3);
+  std::string bytes;
+  ByteWriter writer(bytes);
+  Mutation create{.kind = Mutation::Kind::kCreate,
+                  .name = "x",
+                  .model = &model,
+                  .batch = {}};
+  EncodeMutation(create, writer);
+  MutationRecord record;
+  ASSERT_TRUE(DecodeMutation(bytes, &record));
+  EXPECT_EQ(record.model.num_features, 3);
+  // Every truncation fails cleanly.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record)) << n;
+  }
+  // A huge declared array length is refused before allocating.
+  std::string huge;
+  ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kTrain));
+  ByteWriter(huge).PutString("x");
+  ByteWriter(huge).PutU64(uint64_t{1} << 60);
+  EXPECT_FALSE(DecodeMutation(huge, &record));
+}
+
+}  // namespace
+}  // namespace normd::state
