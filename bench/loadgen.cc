@@ -31,7 +31,8 @@
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Server address.");
 ABSL_FLAG(std::string, rpc, "unary",
-          "unary (Normalize) or stream (NormalizeStream).");
+          "unary (Normalize), stream (NormalizeStream) or fit (Fit of "
+          "--model).");
 ABSL_FLAG(std::string, mode, "layer_norm", "layer_norm or batch_norm (eval).");
 ABSL_FLAG(std::string, shape, "1,768", "Input shape (fp32), comma-separated.");
 ABSL_FLAG(std::string, model, "bench",
@@ -115,9 +116,9 @@ class Run {
 // One unary call chain: issues the next call when the previous completes.
 class UnaryCaller {
  public:
-  UnaryCaller(grpc::GenericStub& stub, const grpc::ByteBuffer& request,
-              Run& run)
-      : stub_(stub), request_(request), run_(run) {}
+  UnaryCaller(grpc::GenericStub& stub, const std::string& method,
+              const grpc::ByteBuffer& request, Run& run)
+      : stub_(stub), method_(method), request_(request), run_(run) {}
 
   void Start() {
     run_.AddCaller();
@@ -129,14 +130,14 @@ class UnaryCaller {
   void Issue() {
     context_ = std::make_unique<grpc::ClientContext>();
     start_ = Clock::now();
-    stub_.UnaryCall(context_.get(), "/normd.v1.Normalizer/Normalize",
-                    grpc::StubOptions(), &request_, &response_,
+    stub_.UnaryCall(context_.get(), method_, grpc::StubOptions(), &request_,
+                    &response_,
                     [this](grpc::Status status) { OnDone(status); });
   }
   void OnDone(const grpc::Status& status) {
     const Clock::time_point now = Clock::now();
     if (!status.ok()) {
-      run_.Fail(absl::StrCat("Normalize: ", status.error_code(), " ",
+      run_.Fail(absl::StrCat(method_, ": ", status.error_code(), " ",
                              status.error_message()));
     } else {
       run_.Record(tally_, start_, now);
@@ -150,6 +151,7 @@ class UnaryCaller {
   }
 
   grpc::GenericStub& stub_;
+  const std::string method_;
   const grpc::ByteBuffer request_;  // Own reference to the shared slices.
   Run& run_;
   std::unique_ptr<grpc::ClientContext> context_;
@@ -265,12 +267,8 @@ bool ParseShape(const std::string& text, std::vector<int64_t>& shape) {
   return !shape.empty();
 }
 
-grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
-                                  bool batch_norm, const std::string& model) {
-  v1::NormalizeRequest request;
-  request.set_mode(batch_norm ? v1::BATCH_NORM : v1::LAYER_NORM);
-  if (batch_norm) request.set_model(model);
-  v1::Tensor& input = *request.mutable_input();
+// Fills `input` with `shape` fp32 normal(1, 2) values.
+void FillInput(const std::vector<int64_t>& shape, v1::Tensor& input) {
   input.set_dtype(v1::FLOAT32);
   int64_t count = 1;
   for (int64_t d : shape) {
@@ -282,7 +280,24 @@ grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
   std::normal_distribution<float> dist(1.0f, 2.0f);
   for (float& v : values) v = dist(gen);
   input.set_data(values.data(), values.size() * sizeof(float));
-  const std::string bytes = request.SerializeAsString();
+}
+
+grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
+                                  bool batch_norm, bool fit,
+                                  const std::string& model) {
+  std::string bytes;
+  if (fit) {
+    v1::FitRequest request;
+    request.set_model(model);
+    FillInput(shape, *request.mutable_input());
+    bytes = request.SerializeAsString();
+  } else {
+    v1::NormalizeRequest request;
+    request.set_mode(batch_norm ? v1::BATCH_NORM : v1::LAYER_NORM);
+    if (batch_norm) request.set_model(model);
+    FillInput(shape, *request.mutable_input());
+    bytes = request.SerializeAsString();
+  }
   grpc::Slice slice(bytes);
   return grpc::ByteBuffer(&slice, 1);
 }
@@ -306,14 +321,15 @@ int Main() {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int channel_count = absl::GetFlag(FLAGS_channels);
   if ((mode != "layer_norm" && mode != "batch_norm") ||
-      (rpc != "unary" && rpc != "stream") || inflight < 1 || streams < 1 ||
-      streams > inflight || channel_count < 1) {
+      (rpc != "unary" && rpc != "stream" && rpc != "fit") || inflight < 1 ||
+      streams < 1 || streams > inflight || channel_count < 1) {
     std::fprintf(stderr,
                  "loadgen: bad --mode, --rpc, --inflight, --streams or "
                  "--channels (see --help)\n");
     return 2;
   }
-  const bool batch_norm = mode == "batch_norm";
+  const bool fit = rpc == "fit";
+  const bool batch_norm = mode == "batch_norm" || fit;
   if (batch_norm && shape.size() < 2) {
     std::fprintf(stderr, "loadgen: batch_norm needs rank >= 2\n");
     return 2;
@@ -347,16 +363,19 @@ int Main() {
       return 1;
     }
   }
-  const grpc::ByteBuffer request = SerializeRequest(shape, batch_norm, model);
+  const grpc::ByteBuffer request =
+      SerializeRequest(shape, batch_norm, fit, model);
 
   Run run(absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_duration));
   std::vector<Tally*> tallies;
   std::vector<std::unique_ptr<UnaryCaller>> unary;
   std::vector<std::unique_ptr<StreamCaller>> stream;
-  if (rpc == "unary") {
+  if (rpc != "stream") {
+    const std::string method =
+        fit ? "/normd.v1.Normalizer/Fit" : "/normd.v1.Normalizer/Normalize";
     for (int i = 0; i < inflight; ++i) {
       unary.push_back(std::make_unique<UnaryCaller>(*stubs[i % stubs.size()],
-                                                    request, run));
+                                                    method, request, run));
       tallies.push_back(&unary.back()->tally());
     }
     for (auto& caller : unary) caller->Start();

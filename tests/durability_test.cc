@@ -146,8 +146,8 @@ void KillDuringStormAndCheck(const std::string& dir) {
   Observed observed;
   {
     testing::ServerProcess server;
-    ASSERT_TRUE(server.Start(NORMD_BINARY, {"--state_dir=" + dir,
-                                            "--snapshot_log_bytes=65536"}))
+    ASSERT_TRUE(server.Start(
+        NORMD_BINARY, {"--state_dir=" + dir, "--snapshot_log_bytes=65536"}))
         << server.log();
     std::vector<std::thread> storm = StartStorm(server.target(), observed);
     // Long enough for several snapshots and log rotations.
@@ -172,8 +172,8 @@ void KillDuringStormAndCheck(const std::string& dir) {
     ASSERT_FALSE(acked.empty());
     // Every acknowledged Fit is in the state...
     EXPECT_GE(state->generation(), acked.rbegin()->first);
-    in_flight_applied += static_cast<int>(state->generation() - 1 -
-                                          acked.size());
+    in_flight_applied +=
+        static_cast<int>(state->generation() - 1 - acked.size());
     // ...which is exactly a replay of a prefix of the applied order.
     EXPECT_TRUE(IsReplayOfAPrefix(*state, acked, observed.in_flight[name]));
   }

@@ -2,8 +2,6 @@
 // bitwise the store that wrote it, through snapshots, log rotation, torn
 // tails and concurrent writers; damage other than a torn tail stops recovery
 // with an error naming the file.
-#include "server/state/durable_state.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +17,7 @@
 
 #include "server/core/model_store.h"
 #include "server/state/codec.h"
+#include "server/state/durable_state.h"
 
 namespace normd::state {
 namespace {
@@ -108,8 +107,8 @@ struct Opened {
 
 Opened Open(const std::string& dir, int64_t snapshot_log_bytes = 64 << 20) {
   Opened o;
-  auto state = DurableState::Open({dir, snapshot_log_bytes}, *o.store,
-                                  &o.report);
+  auto state =
+      DurableState::Open({dir, snapshot_log_bytes}, *o.store, &o.report);
   EXPECT_TRUE(state.ok()) << state.status();
   if (state.ok()) o.state = std::move(*state);
   return o;
@@ -214,8 +213,8 @@ TEST(DurableStateTest, TornLastRecordIsDroppedWithAWarning) {
     Opened o = Open(dir);
     RandomChanges(*o.store, 50, 4);
     before = o.store->List(true);
-    ASSERT_TRUE(o.store->Train("m1", std::vector<Moments>(2, {3, 1.0, 2.0}))
-                    .ok());
+    ASSERT_TRUE(
+        o.store->Train("m1", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
   }
   // Cut the last record (the Train above) in half.
   const std::string segment = FilesIn(dir, "wal-").back();
@@ -278,7 +277,8 @@ TEST(DurableStateTest, ClosedStateRefusesChanges) {
   Opened o = Open(dir);
   ASSERT_TRUE(o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0})).ok());
   ASSERT_TRUE(o.state->Close().ok());
-  const auto after = o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0}));
+  const auto after =
+      o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0}));
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(o.store->Get("a")->num_batches_tracked, 1);  // Unchanged.
 }

@@ -60,8 +60,37 @@ uint64_t ModelStore::Record(const Mutation& mutation) const {
 }
 
 absl::Status ModelStore::WaitDurable(uint64_t sequence) const {
-  return log_ == nullptr ? absl::OkStatus() : log_->WaitDurable(sequence);
+  if (log_ == nullptr) return absl::OkStatus();
+  if (DeferDurability* scope = DeferDurability::Current()) {
+    scope->Note(sequence);
+    return absl::OkStatus();
+  }
+  return log_->WaitDurable(sequence);
 }
+
+void ModelStore::OnDurable(uint64_t sequence,
+                           std::function<void(absl::Status)> done) {
+  if (log_ == nullptr || sequence == 0) {
+    done(absl::OkStatus());
+    return;
+  }
+  log_->OnDurable(sequence, std::move(done));
+}
+
+namespace {
+thread_local DeferDurability* current_defer_durability = nullptr;
+}  // namespace
+
+DeferDurability::DeferDurability() : outer_(current_defer_durability) {
+  current_defer_durability = this;
+}
+
+DeferDurability::~DeferDurability() {
+  current_defer_durability = outer_;
+  if (outer_ != nullptr) outer_->Note(sequence_);
+}
+
+DeferDurability* DeferDurability::Current() { return current_defer_durability; }
 
 absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   // Malformed first (INVALID_ARGUMENT precedes RESOURCE_EXHAUSTED), then the

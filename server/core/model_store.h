@@ -81,6 +81,11 @@ class ModelStore {
   // before the store is shared between threads.
   void SetMutationLog(MutationLog* log) { log_ = log; }
 
+  // Calls `done` once change `sequence` (from a DeferDurability scope) is
+  // durable; at once with OK for sequence 0 or without a log. See
+  // MutationLog::OnDurable.
+  void OnDurable(uint64_t sequence, std::function<void(absl::Status)> done);
+
   // Inserts or replaces `model` as is: no limits, not logged. For loading a
   // snapshot.
   void Restore(BatchNormModel model);
@@ -109,7 +114,8 @@ class ModelStore {
   absl::Status CheckLog() const;
   // Appends `mutation` to the log; 0 without a log.
   uint64_t Record(const Mutation& mutation) const;
-  // Waits until record `sequence` is durable (OK without a log).
+  // Waits until record `sequence` is durable (OK without a log), or notes it
+  // in the thread's DeferDurability scope.
   absl::Status WaitDurable(uint64_t sequence) const;
 
   const ModelStoreOptions options_;

@@ -5,6 +5,7 @@
 #define NORMD_SERVER_CORE_MUTATION_LOG_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,7 +18,12 @@ namespace normd {
 
 // One change of a ModelStore, as applied. Views only: valid during Append.
 struct Mutation {
-  enum class Kind : uint8_t { kCreate = 1, kTrain = 2, kDelete = 3, kReset = 4 };
+  enum class Kind : uint8_t {
+    kCreate = 1,
+    kTrain = 2,
+    kDelete = 3,
+    kReset = 4
+  };
   Kind kind = Kind::kCreate;
   absl::string_view name;
   // kCreate: the model exactly as created (generation included).
@@ -47,6 +53,40 @@ class MutationLog {
   // one sync covers every record queued before it). An error means the
   // change may be lost on a crash.
   virtual absl::Status WaitDurable(uint64_t sequence) = 0;
+
+  // Calls `done` once record `sequence` is durable (or with the error that
+  // stops it ever being), from the log's own thread or, if that is known
+  // already, from this one. `done` must not block.
+  virtual void OnDurable(uint64_t sequence,
+                         std::function<void(absl::Status)> done) = 0;
+};
+
+// While a DeferDurability is alive on a thread, the ModelStore changes that
+// thread makes return as soon as they are applied and logged, without
+// waiting for durability; the scope collects the last sequence number to
+// wait for, so that the caller can wait once, asynchronously (see
+// ModelStore::OnDurable), before acknowledging. Scopes nest; not shared
+// between threads.
+class DeferDurability {
+ public:
+  DeferDurability();
+  ~DeferDurability();
+  DeferDurability(const DeferDurability&) = delete;
+  DeferDurability& operator=(const DeferDurability&) = delete;
+
+  // The highest sequence number a change made in this scope must wait for;
+  // 0 if none.
+  uint64_t sequence() const { return sequence_; }
+
+  // The innermost scope on this thread, or nullptr.
+  static DeferDurability* Current();
+  void Note(uint64_t sequence) {
+    if (sequence > sequence_) sequence_ = sequence;
+  }
+
+ private:
+  DeferDurability* const outer_;
+  uint64_t sequence_ = 0;
 };
 
 }  // namespace normd

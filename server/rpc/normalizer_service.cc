@@ -1,5 +1,6 @@
 #include "server/rpc/normalizer_service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -46,24 +47,44 @@ void LogIfServerFault(const char* method, const grpc::Status& status) {
   }
 }
 
-// Runs `body` and finishes the call with its status, logged and counted.
+// Runs `body` and finishes the call with its status, logged and counted. A
+// body that changed models finishes only once its changes are durable (with
+// --state_dir): it runs in a DeferDurability scope, and the log's thread
+// finishes the call, so that no gRPC thread blocks on a disk sync.
 template <typename Fn>
-void CompleteUnary(grpc::ServerUnaryReactor* reactor, CallTracker& tracker,
+void CompleteUnary(grpc::ServerUnaryReactor* reactor,
+                   std::shared_ptr<CallTracker> tracker, ModelStore& store,
                    const char* name, const Fn& body) {
-  const grpc::Status status = ToGrpcStatus(Guarded(body));
-  LogIfServerFault(name, status);
-  tracker.Finish(status.error_code());
-  reactor->Finish(status);
+  absl::Status status;
+  uint64_t sequence = 0;
+  {
+    DeferDurability defer;
+    status = Guarded(body);
+    sequence = defer.sequence();
+  }
+  auto finish = [reactor, tracker = std::move(tracker),
+                 name](const absl::Status& final_status) {
+    const grpc::Status grpc_status = ToGrpcStatus(final_status);
+    LogIfServerFault(name, grpc_status);
+    tracker->Finish(grpc_status.error_code());
+    reactor->Finish(grpc_status);
+  };
+  if (!status.ok() || sequence == 0) {
+    finish(status);
+    return;
+  }
+  store.OnDurable(sequence, std::move(finish));
 }
 
 // Completes a unary call: runs `body`, records the metrics, finishes.
 template <typename Fn>
 grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
-                                   ServerMetrics& metrics, RpcMethod method,
+                                   NormalizerService& service, RpcMethod method,
                                    const char* name, Fn&& body) {
-  CallTracker tracker(metrics, method);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CompleteUnary(reactor, tracker, name, body);
+  CompleteUnary(reactor,
+                std::make_shared<CallTracker>(service.metrics(), method),
+                service.store(), name, body);
   return reactor;
 }
 
@@ -78,14 +99,16 @@ constexpr size_t kOffloadRequestBytes = 256 << 10;
 // from there.
 template <typename Fn>
 grpc::ServerUnaryReactor* RunCompute(grpc::CallbackServerContext* context,
-                                     ServerMetrics& metrics, RpcMethod method,
-                                     const char* name, bool offload, Fn body) {
-  if (!offload) return RunUnary(context, metrics, method, name, body);
+                                     NormalizerService& service,
+                                     RpcMethod method, const char* name,
+                                     bool offload, Fn body) {
+  if (!offload) return RunUnary(context, service, method, name, body);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  EnqueueCompute([reactor, name, body = std::move(body),
-                  tracker = std::make_unique<CallTracker>(metrics, method)]() {
-    CompleteUnary(reactor, *tracker, name, body);
-  });
+  EnqueueCompute(
+      [reactor, name, &service, body = std::move(body),
+       tracker = std::make_shared<CallTracker>(service.metrics(), method)]() {
+        CompleteUnary(reactor, tracker, service.store(), name, body);
+      });
   return reactor;
 }
 
@@ -142,8 +165,9 @@ class NormalizeStreamReactor final
 };
 
 // FitStream: each message is one Fit step, applied as it arrives. The reply
-// (the model after the last step) is sent when the client half-closes; a
-// failing message ends the call with its error.
+// (the model after the last step) is sent when the client half-closes, once
+// every step is durable; a failing message ends the call with its error
+// (also once the steps before it are durable).
 class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
  public:
   FitStreamReactor(NormalizerService& service, v1::FitResponse* response)
@@ -161,8 +185,12 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
                                   "FitRequest"));
       return;
     }
-    const absl::Status status =
-        Guarded([&] { return service_.DoFit(request_, *response_); });
+    absl::Status status;
+    {
+      DeferDurability defer;
+      status = Guarded([&] { return service_.DoFit(request_, *response_); });
+      durable_after_ = std::max(durable_after_, defer.sequence());
+    }
     if (!status.ok()) {
       FinishWith(absl::Status(
           status.code(),
@@ -177,10 +205,14 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
 
  private:
   void FinishWith(const absl::Status& status) {
-    const grpc::Status grpc_status = ToGrpcStatus(status);
-    LogIfServerFault("FitStream", grpc_status);
-    tracker_.Finish(grpc_status.error_code());
-    Finish(grpc_status);
+    service_.store().OnDurable(
+        durable_after_, [this, status](const absl::Status& durable) {
+          const grpc::Status grpc_status =
+              ToGrpcStatus(durable.ok() ? status : durable);
+          LogIfServerFault("FitStream", grpc_status);
+          tracker_.Finish(grpc_status.error_code());
+          Finish(grpc_status);
+        });
   }
 
   NormalizerService& service_;
@@ -188,6 +220,7 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
   CallTracker tracker_;
   v1::FitRequest request_;
   int64_t steps_ = 0;
+  uint64_t durable_after_ = 0;  // Last change to be durable before the reply.
 };
 
 }  // namespace
@@ -329,7 +362,7 @@ absl::Status NormalizerService::DoFit(const v1::FitRequest& request,
 grpc::ServerUnaryReactor* NormalizerService::Normalize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunCompute(context, metrics_, RpcMethod::kNormalize, "Normalize",
+  return RunCompute(context, *this, RpcMethod::kNormalize, "Normalize",
                     request->Length() >= kOffloadRequestBytes,
                     [this, request, response] {
                       return DoNormalizeRaw(*request, *response);
@@ -340,7 +373,7 @@ grpc::ServerUnaryReactor* NormalizerService::Fit(
     grpc::CallbackServerContext* context, const v1::FitRequest* request,
     v1::FitResponse* response) {
   return RunCompute(
-      context, metrics_, RpcMethod::kFit, "Fit",
+      context, *this, RpcMethod::kFit, "Fit",
       request->input().data().size() >= kOffloadRequestBytes,
       [this, request, response] { return DoFit(*request, *response); });
 }
@@ -348,21 +381,20 @@ grpc::ServerUnaryReactor* NormalizerService::Fit(
 grpc::ServerUnaryReactor* NormalizerService::CreateModel(
     grpc::CallbackServerContext* context, const v1::CreateModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, metrics_, RpcMethod::kCreateModel, "CreateModel",
-                  [&] {
-                    absl::StatusOr<BatchNormModel> model =
-                        engine_.store().Create(ToModelSpec(*request));
-                    if (!model.ok()) return model.status();
-                    ToModelState(*model, /*with_arrays=*/true, *response);
-                    metrics_.SetModels(engine_.store().size());
-                    return absl::OkStatus();
-                  });
+  return RunUnary(context, *this, RpcMethod::kCreateModel, "CreateModel", [&] {
+    absl::StatusOr<BatchNormModel> model =
+        engine_.store().Create(ToModelSpec(*request));
+    if (!model.ok()) return model.status();
+    ToModelState(*model, /*with_arrays=*/true, *response);
+    metrics_.SetModels(engine_.store().size());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::GetModel(
     grpc::CallbackServerContext* context, const v1::GetModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, metrics_, RpcMethod::kGetModel, "GetModel", [&] {
+  return RunUnary(context, *this, RpcMethod::kGetModel, "GetModel", [&] {
     if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
       return s;
     }
@@ -376,7 +408,7 @@ grpc::ServerUnaryReactor* NormalizerService::GetModel(
 grpc::ServerUnaryReactor* NormalizerService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
     v1::ListModelsResponse* response) {
-  return RunUnary(context, metrics_, RpcMethod::kListModels, "ListModels", [&] {
+  return RunUnary(context, *this, RpcMethod::kListModels, "ListModels", [&] {
     for (const BatchNormModel& model : engine_.store().List()) {
       ToModelState(model, /*with_arrays=*/false, *response->add_models());
     }
@@ -387,24 +419,22 @@ grpc::ServerUnaryReactor* NormalizerService::ListModels(
 grpc::ServerUnaryReactor* NormalizerService::DeleteModel(
     grpc::CallbackServerContext* context, const v1::DeleteModelRequest* request,
     v1::DeleteModelResponse* response) {
-  return RunUnary(
-      context, metrics_, RpcMethod::kDeleteModel, "DeleteModel", [&] {
-        if (absl::Status s = ValidateModelName(request->name(), "name");
-            !s.ok()) {
-          return s;
-        }
-        if (absl::Status s = engine_.store().Delete(request->name()); !s.ok()) {
-          return s;
-        }
-        metrics_.SetModels(engine_.store().size());
-        return absl::OkStatus();
-      });
+  return RunUnary(context, *this, RpcMethod::kDeleteModel, "DeleteModel", [&] {
+    if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = engine_.store().Delete(request->name()); !s.ok()) {
+      return s;
+    }
+    metrics_.SetModels(engine_.store().size());
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ResetModel(
     grpc::CallbackServerContext* context, const v1::ResetModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, metrics_, RpcMethod::kResetModel, "ResetModel", [&] {
+  return RunUnary(context, *this, RpcMethod::kResetModel, "ResetModel", [&] {
     if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
       return s;
     }

@@ -76,6 +76,7 @@ class NormalizerService final : public NormalizerServiceBase {
   absl::Status DoFit(const v1::FitRequest& request, v1::FitResponse& response);
 
   ServerMetrics& metrics() { return metrics_; }
+  ModelStore& store() { return engine_.store(); }
 
  private:
   // Computes a parsed request into `out` and fills `response`'s other fields

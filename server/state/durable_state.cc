@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -124,8 +125,7 @@ absl::StatusOr<DirectoryListing> ListDirectory(const std::string& dir) {
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                       start)
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
@@ -180,15 +180,17 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(
   if (lock_fd < 0) return IoError("--state_dir: cannot open", lock_path);
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(lock_fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("--state_dir: ", options.dir,
-                     " is in use by another normd (", lock_path, " is locked)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir: ", options.dir, " is in use by another normd (",
+        lock_path, " is locked)"));
   }
   std::unique_ptr<DurableState> state(
       new DurableState(options, store, lock_fd));
   if (absl::Status s = state->Recover(report); !s.ok()) return s;
   store.SetMutationLog(state.get());
-  state->snapshot_thread_ = std::thread([s = state.get()] { s->SnapshotLoop(); });
+  state->sync_thread_ = std::thread([s = state.get()] { s->SyncLoop(); });
+  state->snapshot_thread_ =
+      std::thread([s = state.get()] { s->SnapshotLoop(); });
   return state;
 }
 
@@ -198,6 +200,7 @@ DurableState::~DurableState() {
     stopping_ = true;
   }
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
+  if (sync_thread_.joinable()) sync_thread_.join();  // After a last sync.
   store_.SetMutationLog(nullptr);
   absl::MutexLock lock(&mu_);
   if (segment_fd_ >= 0) ::close(segment_fd_);
@@ -305,10 +308,10 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
     return DataLoss(path, "not a normd log segment (bad header)");
   }
   if (first > *next_sequence) {
-    return DataLoss(path, absl::StrCat("starts at record ", first,
-                                       " but the state ends at record ",
-                                       *next_sequence - 1,
-                                       " (a segment is missing)"));
+    return DataLoss(
+        path, absl::StrCat("starts at record ", first,
+                           " but the state ends at record ", *next_sequence - 1,
+                           " (a segment is missing)"));
   }
   size_t offset = kSegmentHeaderSize;
   uint64_t expected = first;
@@ -342,9 +345,8 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
     if (sequence >= *next_sequence) {
       MutationRecord record;
       if (!DecodeMutation(checked.substr(8), &record)) {
-        return DataLoss(path, absl::StrCat("record #", sequence,
-                                           " at offset ", offset,
-                                           " is malformed"));
+        return DataLoss(path, absl::StrCat("record #", sequence, " at offset ",
+                                           offset, " is malformed"));
       }
       if (absl::Status s = ApplyRecord(store_, record); !s.ok()) {
         return DataLoss(path, absl::StrCat("record #", sequence,
@@ -387,11 +389,9 @@ absl::Status DurableState::WriteSnapshotFile(
 }
 
 absl::Status DurableState::StartSegment(uint64_t first_sequence) {
-  const std::string path =
-      Join(options_.dir, SegmentFileName(first_sequence));
-  const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
-                        0640);
+  const std::string path = Join(options_.dir, SegmentFileName(first_sequence));
+  const int fd = ::open(
+      path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
   if (fd < 0) return IoError("cannot create", path);
   std::string header(kSegmentMagic, kMagicSize);
   ByteWriter writer(header);
@@ -452,18 +452,62 @@ uint64_t DurableState::Append(const Mutation& mutation) {
 }
 
 absl::Status DurableState::WaitDurable(uint64_t sequence) {
-  mu_.Lock();
-  while (durable_sequence_ < sequence && error_.ok()) {
-    if (syncing_) {
-      // Another thread is syncing; it or the next leader covers us.
-      auto done = [this] {
-        mu_.AssertReaderHeld();
-        return !syncing_;
-      };
-      mu_.Await(absl::Condition(&done));
-      continue;
+  absl::MutexLock lock(&mu_);
+  auto done = [this, sequence] {
+    mu_.AssertReaderHeld();
+    return durable_sequence_ >= sequence || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&done));
+  return durable_sequence_ >= sequence ? absl::OkStatus() : error_;
+}
+
+void DurableState::OnDurable(uint64_t sequence,
+                             std::function<void(absl::Status)> done) {
+  absl::Status now;
+  {
+    absl::MutexLock lock(&mu_);
+    if (durable_sequence_ < sequence && error_.ok()) {
+      waiters_.emplace_back(sequence, std::move(done));
+      return;
     }
-    // Become the leader: write and sync everything queued so far.
+    now = durable_sequence_ >= sequence ? absl::OkStatus() : error_;
+  }
+  done(now);
+}
+
+void DurableState::TakeReadyWaiters(std::vector<Waiter>* ready) {
+  auto pending =
+      std::partition(waiters_.begin(), waiters_.end(), [this](const Waiter& w) {
+        mu_.AssertReaderHeld();
+        return w.first > durable_sequence_ && error_.ok();
+      });
+  std::move(pending, waiters_.end(), std::back_inserter(*ready));
+  waiters_.erase(pending, waiters_.end());
+}
+
+void DurableState::RunWaiters(std::vector<Waiter>& ready, uint64_t durable,
+                              const absl::Status& error) {
+  for (Waiter& w : ready) {
+    w.second(w.first <= durable ? absl::OkStatus() : error);
+  }
+  ready.clear();
+}
+
+void DurableState::SyncLoop() {
+  std::vector<Waiter> ready;
+  while (true) {
+    mu_.Lock();
+    auto work = [this] {
+      mu_.AssertReaderHeld();
+      return !pending_.empty() || stopping_;
+    };
+    mu_.Await(absl::Condition(&work));
+    if (pending_.empty()) {  // Stopping, everything written.
+      mu_.Unlock();
+      return;
+    }
+    // Write and sync everything queued so far; what is queued meanwhile
+    // goes into the next sync.
     syncing_ = true;
     std::string batch;
     batch.swap(pending_);
@@ -472,10 +516,14 @@ absl::Status DurableState::WaitDurable(uint64_t sequence) {
     const int fd = segment_fd_;
     const std::string path =
         Join(options_.dir, SegmentFileName(segment_first_));
+    const bool broken = !error_.ok();
     mu_.Unlock();
+    absl::Status s;
     const auto start = std::chrono::steady_clock::now();
-    absl::Status s = WriteAll(fd, batch, path);
-    if (s.ok() && ::fdatasync(fd) != 0) s = IoError("cannot sync", path);
+    if (!broken) {
+      s = WriteAll(fd, batch, path);
+      if (s.ok() && ::fdatasync(fd) != 0) s = IoError("cannot sync", path);
+    }
     const double seconds = SecondsSince(start);
     mu_.Lock();
     syncing_ = false;
@@ -484,27 +532,27 @@ absl::Status DurableState::WaitDurable(uint64_t sequence) {
           absl::StrCat("state_dir: changes can no longer be made durable, "
                        "so they are refused: ",
                        s.message()));
-      break;
+    } else if (!broken) {
+      durable_sequence_ = covered;
+      log_bytes_since_snapshot_ += static_cast<int64_t>(batch.size());
+      if (log_bytes_since_snapshot_ >= options_.snapshot_log_bytes) {
+        snapshot_wanted_ = true;
+      }
     }
-    durable_sequence_ = covered;
-    log_bytes_since_snapshot_ += static_cast<int64_t>(batch.size());
-    if (log_bytes_since_snapshot_ >= options_.snapshot_log_bytes) {
-      snapshot_wanted_ = true;
-    }
-    if (observer_ != nullptr) {
-      DurabilityObserver* observer = observer_;
-      mu_.Unlock();
+    TakeReadyWaiters(&ready);
+    const uint64_t durable = durable_sequence_;
+    const absl::Status error = error_;
+    DurabilityObserver* observer = observer_;
+    mu_.Unlock();
+    if (observer != nullptr && s.ok() && !broken) {
       observer->OnSync(records, static_cast<int64_t>(batch.size()), seconds);
-      mu_.Lock();
     }
+    RunWaiters(ready, durable, error);
   }
-  absl::Status result =
-      durable_sequence_ >= sequence ? absl::OkStatus() : error_;
-  mu_.Unlock();
-  return result;
 }
 
-absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed) {
+absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed,
+                                              std::vector<Waiter>* ready) {
   absl::MutexLock lock(&mu_);
   auto idle = [this] {
     mu_.AssertReaderHeld();
@@ -524,11 +572,13 @@ absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed) {
   if (!s.ok()) {
     error_ = absl::UnavailableError(absl::StrCat(
         "state_dir: changes can no longer be made durable: ", s.message()));
+    TakeReadyWaiters(ready);
     return error_;
   }
   pending_.clear();
   pending_records_ = 0;
   durable_sequence_ = cut;
+  TakeReadyWaiters(ready);
   return cut;
 }
 
@@ -537,14 +587,16 @@ absl::Status DurableState::Snapshot() {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<uint64_t> cut;
   FlushStats flushed;
+  std::vector<Waiter> ready;
   std::vector<BatchNormModel> models =
-      store_.CaptureConsistent([&] { cut = Rotate(&flushed); });
-  if (!cut.ok()) return cut.status();
+      store_.CaptureConsistent([&] { cut = Rotate(&flushed, &ready); });
   DurabilityObserver* observer = nullptr;
   {
     absl::MutexLock lock(&mu_);
     observer = observer_;
   }
+  RunWaiters(ready, cut.ok() ? *cut : 0, cut.status());
+  if (!cut.ok()) return cut.status();
   if (observer != nullptr && flushed.records > 0) {
     observer->OnSync(flushed.records, flushed.bytes, flushed.seconds);
   }
@@ -565,10 +617,19 @@ absl::Status DurableState::Snapshot() {
 
 absl::Status DurableState::Close() {
   absl::Status s = Snapshot();
-  absl::MutexLock lock(&mu_);
-  if (error_.ok()) {
-    error_ = absl::UnavailableError("state_dir: the server is shutting down");
+  std::vector<Waiter> ready;
+  uint64_t durable;
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) {
+      error_ = absl::UnavailableError("state_dir: the server is shutting down");
+    }
+    TakeReadyWaiters(&ready);
+    durable = durable_sequence_;
+    error = error_;
   }
+  RunWaiters(ready, durable, error);
   return s;
 }
 

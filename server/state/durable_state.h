@@ -7,10 +7,11 @@
 //
 // Open() loads the newest snapshot, replays the log after it, writes a fresh
 // snapshot and starts a new log segment. Every change of the store is then
-// appended to the log under the store's locks and acknowledged only after an
-// fdatasync that covers it; concurrent changes share one sync (group
-// commit). When the log has grown past snapshot_log_bytes a background
-// thread writes a new snapshot and drops the segments it covers.
+// queued in the log under the store's locks and acknowledged only after an
+// fdatasync that covers it. One writer thread syncs whatever is queued, in a
+// loop, so all changes queued during one sync share the next (group commit).
+// When the log has grown past snapshot_log_bytes a second background thread
+// writes a new snapshot and drops the segments it covers.
 //
 // A torn record at the very end of the last segment (a write cut off by a
 // crash, never acknowledged) is dropped with a warning; any other damage to a
@@ -22,6 +23,7 @@
 #define NORMD_SERVER_STATE_DURABLE_STATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -86,6 +88,8 @@ class DurableState final : public MutationLog {
   absl::Status Healthy() override;
   uint64_t Append(const Mutation& mutation) override;
   absl::Status WaitDurable(uint64_t sequence) override;
+  void OnDurable(uint64_t sequence,
+                 std::function<void(absl::Status)> done) override;
 
  private:
   DurableState(const DurableStateOptions& options, ModelStore& store,
@@ -103,11 +107,21 @@ class DurableState final : public MutationLog {
     int64_t bytes = 0;
     double seconds = 0;
   };
+  using Waiter = std::pair<uint64_t, std::function<void(absl::Status)>>;
   // Flushes queued records into the current segment and, if it holds any,
   // starts a new one. Called while the store is paused. Returns the last
-  // record covered by the old segments.
-  absl::StatusOr<uint64_t> Rotate(FlushStats* flushed);
+  // record covered by the old segments; `ready` receives the waiters it
+  // made durable, to be called once the store runs again.
+  absl::StatusOr<uint64_t> Rotate(FlushStats* flushed,
+                                  std::vector<Waiter>* ready);
+  // Moves the waiters that are durable (or can never be) into `ready`.
+  void TakeReadyWaiters(std::vector<Waiter>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls each waiter with OK or, if it was not made durable, `error`.
+  static void RunWaiters(std::vector<Waiter>& ready, uint64_t durable,
+                         const absl::Status& error);
   void DropFilesBefore(uint64_t sequence);
+  void SyncLoop();
   void SnapshotLoop();
 
   const DurableStateOptions options_;
@@ -122,13 +136,15 @@ class DurableState final : public MutationLog {
   int64_t pending_records_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t durable_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // A thread owns segment_fd_.
-  absl::Status error_ ABSL_GUARDED_BY(mu_);    // Sticky.
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // SyncLoop is writing.
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // Sticky.
   int segment_fd_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t segment_first_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t log_bytes_since_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
   bool snapshot_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sync_thread_;
   std::thread snapshot_thread_;
 };
 
