@@ -46,7 +46,8 @@ struct Fixture {
   prometheus::Registry registry;
   ServerMetrics metrics{registry};
   Engine engine;
-  NormalizerService service{engine, metrics};
+  Admission admission{0, 0};
+  NormalizerService service{engine, metrics, admission};
 };
 
 Fixture& Shared() {

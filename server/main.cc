@@ -35,6 +35,15 @@ ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
           "Bytes of freed tensor buffers (>= 256 KiB each) kept for reuse, "
           "so that large requests do not page-fault fresh memory; 0 keeps "
           "none.");
+ABSL_FLAG(int64_t, max_inflight_requests, 256,
+          "Most Normalizer calls in progress at once (a stream counts as "
+          "one); more get RESOURCE_EXHAUSTED at once instead of queuing. 0: "
+          "no limit.");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
+          "Most request bytes held by calls in progress; more get "
+          "RESOURCE_EXHAUSTED at once. A single request may always use up "
+          "to --max_message_bytes when nothing else is in flight. 0: no "
+          "limit.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for durable BatchNorm state (snapshots + write-ahead "
           "log); every model change is acknowledged only once it is on disk "
@@ -42,9 +51,11 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(int64_t, snapshot_log_bytes, 64 << 20,
           "With --state_dir: write a snapshot (and drop the log it covers) "
           "once the write-ahead log has grown by this many bytes.");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(10),
-          "On SIGINT/SIGTERM: how long calls in flight may finish before they "
-          "are cancelled.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGINT/SIGTERM: health turns NOT_SERVING and new calls are "
+          "refused at once; calls in flight get this long to finish before "
+          "they are cancelled; then (with --state_dir) a final snapshot is "
+          "written and normd exits 0.");
 
 namespace {
 
@@ -86,9 +97,11 @@ int main(int argc, char** argv) {
   options.max_models = absl::GetFlag(FLAGS_max_models);
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
   options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
-  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight_requests);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.snapshot_log_bytes = absl::GetFlag(FLAGS_snapshot_log_bytes);
 
   auto server = normd::NormdServer::Start(options);
@@ -111,7 +124,7 @@ int main(int argc, char** argv) {
   normd::Log(normd::LogSeverity::kInfo,
              absl::StrCat("received ", strsignal(signal_number),
                           "; draining for up to ",
-                          absl::FormatDuration(options.drain_timeout)));
+                          absl::FormatDuration(options.shutdown_grace)));
   (*server)->Shutdown();
   server->reset();
   normd::Log(normd::LogSeverity::kInfo, "stopped");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <regex>
@@ -759,8 +760,11 @@ TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
 }
 
 TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
+  const std::string state_dir = ::testing::TempDir() + "/normd_sigterm_state";
+  std::filesystem::remove_all(state_dir);
   ServerProcess server;
-  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--drain_timeout=20s"}))
+  ASSERT_TRUE(server.Start(
+      NORMD_BINARY, {"--shutdown_grace=20s", "--state_dir=" + state_dir}))
       << server.log();
   auto channel =
       grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
@@ -785,6 +789,20 @@ TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   ASSERT_TRUE(watch->Read(&update));
   EXPECT_EQ(update.status(), HealthCheckResponse::NOT_SERVING);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // No new calls, on a new connection or this one.
+  {
+    auto fresh = v1::Normalizer::NewStub(grpc::CreateChannel(
+        server.target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext get_context;
+    get_context.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(2));
+    v1::GetModelRequest get;
+    get.set_name("drain");
+    v1::ModelState state;
+    EXPECT_FALSE(fresh->GetModel(&get_context, get, &state).ok());
+    grpc::ClientContext same_context;
+    EXPECT_FALSE(stub->GetModel(&same_context, get, &state).ok());
+  }
   // The call in flight still completes.
   ASSERT_TRUE(stream->Write(FitRequest("drain", {2, 1}, {3, 5})));
   stream->WritesDone();
@@ -801,8 +819,40 @@ TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   const std::string log = server.log();
   EXPECT_NE(log.find("received"), std::string::npos) << log;
   EXPECT_NE(log.find("stopped"), std::string::npos) << log;
-  // Start and stop only: no per-request lines.
-  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3) << log;
+  // Start (state + serving) and stop only: no per-request lines.
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 4) << log;
+
+  // The final snapshot holds both steps: nothing is left to replay.
+  ServerProcess restarted;
+  ASSERT_TRUE(restarted.Start(NORMD_BINARY, {"--state_dir=" + state_dir}))
+      << restarted.log();
+  EXPECT_NE(restarted.log().find("+ 0 log records"), std::string::npos)
+      << restarted.log();
+  auto client = NormdClient::Connect(restarted.target());
+  auto model = client->GetModel("drain");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->num_batches_tracked(), 2);
+  EXPECT_EQ(model->generation(), 3u);
+}
+
+TEST(ServerLifecycleTest, CallsOutlivingTheGraceAreCancelledAndExitIsZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--shutdown_grace=1s"}))
+      << server.log();
+  auto stub = v1::Normalizer::NewStub(
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::FitResponse response;
+  auto stream = stub->FitStream(&context, &response);
+  ASSERT_TRUE(stream->Write(FitRequest("slow", {2, 1}, {1, 2})));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto signalled = std::chrono::steady_clock::now();
+  // The client never half-closes: the grace runs out.
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.log();
+  const auto took = std::chrono::steady_clock::now() - signalled;
+  EXPECT_GE(took, std::chrono::milliseconds(900));
+  EXPECT_LT(took, std::chrono::seconds(8));
+  EXPECT_FALSE(stream->Finish().ok());
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ struct Stack {
   prometheus::Registry registry;
   ServerMetrics metrics{registry};
   Engine engine;
-  NormalizerService service{engine, metrics};
+  Admission admission{0, 0};
+  NormalizerService service{engine, metrics, admission};
 };
 
 // `bytes` cut at `cuts` random places; each piece its own slice, copied to

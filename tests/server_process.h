@@ -103,6 +103,7 @@ class ServerProcess {
 
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
   const std::string& log() {
     ReadLog(0);

@@ -92,6 +92,14 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
                    .Help("Normalizer RPCs in progress.")
                    .Register(registry)
                    .Add({});
+  rejected_ = &prometheus::BuildCounter()
+                   .Name("normd_rejected_total")
+                   .Help(
+                       "Calls and stream messages refused with "
+                       "RESOURCE_EXHAUSTED by --max_inflight_requests or "
+                       "--max_inflight_bytes.")
+                   .Register(registry)
+                   .Add({});
 }
 
 void ServerMetrics::Started(RpcMethod method) {

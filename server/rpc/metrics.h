@@ -46,6 +46,8 @@ class ServerMetrics {
   void AddElements(ElementsMode mode, int64_t count);
   void SetModels(int64_t count);
   void AddInflight(double delta);
+  // A call or stream message refused by admission control.
+  void Rejected() { rejected_->Increment(); }
 
  private:
   static constexpr int kNumCodes = 17;  // OK .. UNAUTHENTICATED.
@@ -56,6 +58,7 @@ class ServerMetrics {
   std::array<prometheus::Counter*, kNumElementsModes> elements_{};
   prometheus::Gauge* models_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Counter* rejected_ = nullptr;
 };
 
 // Metrics of the durable state (--state_dir): write-ahead log syncs and the

@@ -47,14 +47,44 @@ void LogIfServerFault(const char* method, const grpc::Status& status) {
   }
 }
 
-// Runs `body` and finishes the call with its status, logged and counted. A
-// body that changed models finishes only once its changes are durable (with
-// --state_dir): it runs in a DeferDurability scope, and the log's thread
-// finishes the call, so that no gRPC thread blocks on a disk sync.
+// Finishes a unary call with `status`, logged and counted.
+void FinishUnary(grpc::ServerUnaryReactor* reactor, CallTracker& tracker,
+                 const char* name, const absl::Status& status) {
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  LogIfServerFault(name, grpc_status);
+  tracker.Finish(grpc_status.error_code());
+  reactor->Finish(grpc_status);
+}
+
+// What a unary call holds from admission to its reply.
+struct UnaryCall {
+  UnaryCall(NormalizerService& service, RpcMethod method,
+            grpc::CallbackServerContext* call_context, const char* method_name)
+      : tracker(service.metrics(), method),
+        reactor(call_context->DefaultReactor()),
+        context(call_context),
+        name(method_name) {}
+  CallTracker tracker;
+  grpc::ServerUnaryReactor* const reactor;
+  grpc::CallbackServerContext* const context;
+  const char* const name;
+  Admission::Ticket ticket;
+};
+
+// Runs `body` and finishes the call with its status. A call whose client
+// has gone (cancelled, or past its deadline) is not run. A body that changed
+// models finishes only once its changes are durable (with --state_dir): it
+// runs in a DeferDurability scope, and the log's thread finishes the call,
+// so that no gRPC thread blocks on a disk sync.
 template <typename Fn>
-void CompleteUnary(grpc::ServerUnaryReactor* reactor,
-                   std::shared_ptr<CallTracker> tracker, ModelStore& store,
-                   const char* name, const Fn& body) {
+void CompleteUnary(std::shared_ptr<UnaryCall> call, ModelStore& store,
+                   const Fn& body) {
+  if (call->context->IsCancelled()) {
+    FinishUnary(call->reactor, call->tracker, call->name,
+                absl::CancelledError("the call was cancelled or its deadline "
+                                     "passed before it ran"));
+    return;
+  }
   absl::Status status;
   uint64_t sequence = 0;
   {
@@ -62,29 +92,42 @@ void CompleteUnary(grpc::ServerUnaryReactor* reactor,
     status = Guarded(body);
     sequence = defer.sequence();
   }
-  auto finish = [reactor, tracker = std::move(tracker),
-                 name](const absl::Status& final_status) {
-    const grpc::Status grpc_status = ToGrpcStatus(final_status);
-    LogIfServerFault(name, grpc_status);
-    tracker->Finish(grpc_status.error_code());
-    reactor->Finish(grpc_status);
-  };
   if (!status.ok() || sequence == 0) {
-    finish(status);
+    FinishUnary(call->reactor, call->tracker, call->name, status);
     return;
   }
-  store.OnDurable(sequence, std::move(finish));
+  store.OnDurable(sequence, [call](const absl::Status& durable) {
+    FinishUnary(call->reactor, call->tracker, call->name, durable);
+  });
 }
 
-// Completes a unary call: runs `body`, records the metrics, finishes.
+// Admits a call of `request_bytes`, or refuses it with RESOURCE_EXHAUSTED
+// and finishes it (false).
+bool AdmitUnary(NormalizerService& service, UnaryCall& call,
+                int64_t request_bytes) {
+  absl::StatusOr<Admission::Ticket> ticket =
+      service.admission().Admit(1, request_bytes);
+  if (!ticket.ok()) {
+    service.metrics().Rejected();
+    FinishUnary(call.reactor, call.tracker, call.name, ticket.status());
+    return false;
+  }
+  call.ticket = std::move(*ticket);
+  return true;
+}
+
+// Completes a unary call: admits it, runs `body`, records the metrics,
+// finishes.
 template <typename Fn>
 grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
                                    NormalizerService& service, RpcMethod method,
-                                   const char* name, Fn&& body) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CompleteUnary(reactor,
-                std::make_shared<CallTracker>(service.metrics(), method),
-                service.store(), name, body);
+                                   const char* name, int64_t request_bytes,
+                                   Fn&& body) {
+  auto call = std::make_shared<UnaryCall>(service, method, context, name);
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  if (AdmitUnary(service, *call, request_bytes)) {
+    CompleteUnary(std::move(call), service.store(), body);
+  }
   return reactor;
 }
 
@@ -94,21 +137,23 @@ grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
 // to compute in place than to hand over.
 constexpr size_t kOffloadRequestBytes = 256 << 10;
 
-// RunUnary for compute RPCs: when `offload`, `body` (which must own or point
-// to everything it uses) runs in the compute arena and finishes the call
-// from there.
+// RunUnary for compute RPCs: requests of kOffloadRequestBytes or more run
+// `body` (which must own or point to everything it uses) in the compute
+// arena and finish the call from there.
 template <typename Fn>
 grpc::ServerUnaryReactor* RunCompute(grpc::CallbackServerContext* context,
                                      NormalizerService& service,
                                      RpcMethod method, const char* name,
-                                     bool offload, Fn body) {
-  if (!offload) return RunUnary(context, service, method, name, body);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  EnqueueCompute(
-      [reactor, name, &service, body = std::move(body),
-       tracker = std::make_shared<CallTracker>(service.metrics(), method)]() {
-        CompleteUnary(reactor, tracker, service.store(), name, body);
-      });
+                                     int64_t request_bytes, Fn body) {
+  if (request_bytes < static_cast<int64_t>(kOffloadRequestBytes)) {
+    return RunUnary(context, service, method, name, request_bytes, body);
+  }
+  auto call = std::make_shared<UnaryCall>(service, method, context, name);
+  grpc::ServerUnaryReactor* reactor = call->reactor;
+  if (!AdmitUnary(service, *call, request_bytes)) return reactor;
+  EnqueueCompute([call = std::move(call), &service, body = std::move(body)] {
+    CompleteUnary(call, service.store(), body);
+  });
   return reactor;
 }
 
@@ -121,6 +166,13 @@ class NormalizeStreamReactor final
   explicit NormalizeStreamReactor(NormalizerService& service)
       : service_(service),
         tracker_(service.metrics(), RpcMethod::kNormalizeStream) {
+    absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
+    if (!ticket.ok()) {
+      service.metrics().Rejected();
+      FinishWith(ToGrpcStatus(ticket.status()));
+      return;
+    }
+    ticket_ = std::move(*ticket);
     StartRead(&request_);
   }
 
@@ -130,8 +182,14 @@ class NormalizeStreamReactor final
       return;
     }
     response_.Clear();
+    absl::StatusOr<Admission::Ticket> message_ticket =
+        service_.admission().Admit(
+            0, static_cast<int64_t>(request_.ByteSizeLong()));
+    if (!message_ticket.ok()) service_.metrics().Rejected();
     const absl::Status status =
-        Guarded([&] { return service_.DoNormalize(request_, response_); });
+        message_ticket.ok()
+            ? Guarded([&] { return service_.DoNormalize(request_, response_); })
+            : message_ticket.status();
     if (!status.ok()) {
       response_.Clear();
       response_.set_request_id(request_.request_id());
@@ -160,6 +218,7 @@ class NormalizeStreamReactor final
 
   NormalizerService& service_;
   CallTracker tracker_;
+  Admission::Ticket ticket_;
   v1::NormalizeRequest request_;
   v1::NormalizeResponse response_;
 };
@@ -174,6 +233,13 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
       : service_(service),
         response_(response),
         tracker_(service.metrics(), RpcMethod::kFitStream) {
+    absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
+    if (!ticket.ok()) {
+      service.metrics().Rejected();
+      FinishWith(ticket.status());
+      return;
+    }
+    ticket_ = std::move(*ticket);
     StartRead(&request_);
   }
 
@@ -186,7 +252,13 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
       return;
     }
     absl::Status status;
-    {
+    absl::StatusOr<Admission::Ticket> message_ticket =
+        service_.admission().Admit(
+            0, static_cast<int64_t>(request_.ByteSizeLong()));
+    if (!message_ticket.ok()) {
+      service_.metrics().Rejected();
+      status = message_ticket.status();
+    } else {
       DeferDurability defer;
       status = Guarded([&] { return service_.DoFit(request_, *response_); });
       durable_after_ = std::max(durable_after_, defer.sequence());
@@ -218,6 +290,7 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
   NormalizerService& service_;
   v1::FitResponse* response_;
   CallTracker tracker_;
+  Admission::Ticket ticket_;
   v1::FitRequest request_;
   int64_t steps_ = 0;
   uint64_t durable_after_ = 0;  // Last change to be durable before the reply.
@@ -225,8 +298,9 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
 
 }  // namespace
 
-NormalizerService::NormalizerService(Engine& engine, ServerMetrics& metrics)
-    : engine_(engine), metrics_(metrics) {}
+NormalizerService::NormalizerService(Engine& engine, ServerMetrics& metrics,
+                                     Admission& admission)
+    : engine_(engine), metrics_(metrics), admission_(admission) {}
 
 absl::Status NormalizerService::RunNormalize(
     const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
@@ -363,7 +437,7 @@ grpc::ServerUnaryReactor* NormalizerService::Normalize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   return RunCompute(context, *this, RpcMethod::kNormalize, "Normalize",
-                    request->Length() >= kOffloadRequestBytes,
+                    static_cast<int64_t>(request->Length()),
                     [this, request, response] {
                       return DoNormalizeRaw(*request, *response);
                     });
@@ -374,76 +448,89 @@ grpc::ServerUnaryReactor* NormalizerService::Fit(
     v1::FitResponse* response) {
   return RunCompute(
       context, *this, RpcMethod::kFit, "Fit",
-      request->input().data().size() >= kOffloadRequestBytes,
+      static_cast<int64_t>(request->ByteSizeLong()),
       [this, request, response] { return DoFit(*request, *response); });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::CreateModel(
     grpc::CallbackServerContext* context, const v1::CreateModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kCreateModel, "CreateModel", [&] {
-    absl::StatusOr<BatchNormModel> model =
-        engine_.store().Create(ToModelSpec(*request));
-    if (!model.ok()) return model.status();
-    ToModelState(*model, /*with_arrays=*/true, *response);
-    metrics_.SetModels(engine_.store().size());
-    return absl::OkStatus();
-  });
+  return RunUnary(context, *this, RpcMethod::kCreateModel, "CreateModel",
+                  request->ByteSizeLong(), [&] {
+                    absl::StatusOr<BatchNormModel> model =
+                        engine_.store().Create(ToModelSpec(*request));
+                    if (!model.ok()) return model.status();
+                    ToModelState(*model, /*with_arrays=*/true, *response);
+                    metrics_.SetModels(engine_.store().size());
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::GetModel(
     grpc::CallbackServerContext* context, const v1::GetModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kGetModel, "GetModel", [&] {
-    if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<BatchNormModel> model = engine_.store().Get(request->name());
-    if (!model.ok()) return model.status();
-    ToModelState(*model, /*with_arrays=*/true, *response);
-    return absl::OkStatus();
-  });
+  return RunUnary(
+      context, *this, RpcMethod::kGetModel, "GetModel", request->ByteSizeLong(),
+      [&] {
+        if (absl::Status s = ValidateModelName(request->name(), "name");
+            !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<BatchNormModel> model =
+            engine_.store().Get(request->name());
+        if (!model.ok()) return model.status();
+        ToModelState(*model, /*with_arrays=*/true, *response);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
     v1::ListModelsResponse* response) {
-  return RunUnary(context, *this, RpcMethod::kListModels, "ListModels", [&] {
-    for (const BatchNormModel& model : engine_.store().List()) {
-      ToModelState(model, /*with_arrays=*/false, *response->add_models());
-    }
-    return absl::OkStatus();
-  });
+  return RunUnary(context, *this, RpcMethod::kListModels, "ListModels",
+                  request->ByteSizeLong(), [&] {
+                    for (const BatchNormModel& model : engine_.store().List()) {
+                      ToModelState(model, /*with_arrays=*/false,
+                                   *response->add_models());
+                    }
+                    return absl::OkStatus();
+                  });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::DeleteModel(
     grpc::CallbackServerContext* context, const v1::DeleteModelRequest* request,
     v1::DeleteModelResponse* response) {
-  return RunUnary(context, *this, RpcMethod::kDeleteModel, "DeleteModel", [&] {
-    if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = engine_.store().Delete(request->name()); !s.ok()) {
-      return s;
-    }
-    metrics_.SetModels(engine_.store().size());
-    return absl::OkStatus();
-  });
+  return RunUnary(
+      context, *this, RpcMethod::kDeleteModel, "DeleteModel",
+      request->ByteSizeLong(), [&] {
+        if (absl::Status s = ValidateModelName(request->name(), "name");
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = engine_.store().Delete(request->name()); !s.ok()) {
+          return s;
+        }
+        metrics_.SetModels(engine_.store().size());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ResetModel(
     grpc::CallbackServerContext* context, const v1::ResetModelRequest* request,
     v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kResetModel, "ResetModel", [&] {
-    if (absl::Status s = ValidateModelName(request->name(), "name"); !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<BatchNormModel> model =
-        engine_.store().Reset(request->name());
-    if (!model.ok()) return model.status();
-    ToModelState(*model, /*with_arrays=*/true, *response);
-    return absl::OkStatus();
-  });
+  return RunUnary(
+      context, *this, RpcMethod::kResetModel, "ResetModel",
+      request->ByteSizeLong(), [&] {
+        if (absl::Status s = ValidateModelName(request->name(), "name");
+            !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<BatchNormModel> model =
+            engine_.store().Reset(request->name());
+        if (!model.ok()) return model.status();
+        ToModelState(*model, /*with_arrays=*/true, *response);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "normd/v1/normalizer.grpc.pb.h"
 #include "server/core/engine.h"
+#include "server/rpc/admission.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/metrics.h"
 
@@ -32,7 +33,8 @@ using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
 
 class NormalizerService final : public NormalizerServiceBase {
  public:
-  NormalizerService(Engine& engine, ServerMetrics& metrics);
+  NormalizerService(Engine& engine, ServerMetrics& metrics,
+                    Admission& admission);
 
   grpc::ServerUnaryReactor* Normalize(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -77,6 +79,7 @@ class NormalizerService final : public NormalizerServiceBase {
 
   ServerMetrics& metrics() { return metrics_; }
   ModelStore& store() { return engine_.store(); }
+  Admission& admission() { return admission_; }
 
  private:
   // Computes a parsed request into `out` and fills `response`'s other fields
@@ -92,6 +95,7 @@ class NormalizerService final : public NormalizerServiceBase {
 
   Engine& engine_;
   ServerMetrics& metrics_;
+  Admission& admission_;
 };
 
 }  // namespace normd

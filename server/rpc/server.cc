@@ -50,6 +50,11 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         "--port must be in 0..65535 and --metrics_port in -1..65535, got ",
         options.port, " and ", options.metrics_port));
   }
+  if (options.max_inflight_requests < 0 || options.max_inflight_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "--max_inflight_requests and --max_inflight_bytes must be >= 0 (0: "
+        "no limit)");
+  }
   if (options.max_models < 0 || options.max_num_features < 1 ||
       options.tbb_threads < 0 || options.buffer_pool_bytes < 0) {
     return absl::InvalidArgumentError(
@@ -106,8 +111,10 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
     server->durable_->SetObserver(server->state_metrics_.get());
     server->metrics_->SetModels(server->engine_->store().size());
   }
-  server->service_ =
-      std::make_unique<NormalizerService>(*server->engine_, *server->metrics_);
+  server->admission_ = std::make_unique<Admission>(
+      options.max_inflight_requests, options.max_inflight_bytes);
+  server->service_ = std::make_unique<NormalizerService>(
+      *server->engine_, *server->metrics_, *server->admission_);
 
   // normd's own health service (see health_service.h), not gRPC's default.
   grpc::EnableDefaultHealthCheckService(false);
@@ -133,7 +140,7 @@ void NormdServer::Shutdown() {
   shut_down_ = true;
   // NOT_SERVING for every service name, watches told and ended.
   health_->Shutdown();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.drain_timeout));
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   server_->Wait();
   if (durable_ != nullptr) {
     if (absl::Status s = durable_->Close(); !s.ok()) {

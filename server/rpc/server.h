@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/rpc/admission.h"
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
@@ -35,9 +36,11 @@ struct ServerOptions {
   int64_t max_models = 10000;
   int64_t max_num_features = 1 << 20;
   int tbb_threads = 0;  // 0: one per core.
-  absl::Duration drain_timeout = absl::Seconds(10);
-  int64_t buffer_pool_bytes = 64 << 20;  // See BufferPool.
-  std::string state_dir;                 // Empty: in-memory state only.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+  int64_t buffer_pool_bytes = 64 << 20;           // See BufferPool.
+  int64_t max_inflight_requests = 256;            // 0: no limit.
+  int64_t max_inflight_bytes = int64_t{1} << 30;  // 0: no limit.
+  std::string state_dir;  // Empty: in-memory state only.
   int64_t snapshot_log_bytes = 64 << 20;
 };
 
@@ -72,6 +75,7 @@ class NormdServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Admission> admission_;
   std::unique_ptr<StateMetrics> state_metrics_;
   std::unique_ptr<state::DurableState> durable_;
   std::unique_ptr<NormalizerService> service_;

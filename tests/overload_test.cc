@@ -1,0 +1,216 @@
+// Overload: 40 clients each keep 4 MiB LayerNorm requests in flight against
+// a normd limited to 4 calls / 8 MiB of requests in progress (10x what it
+// admits). Every call gets OK or RESOURCE_EXHAUSTED at once, the server's
+// peak RSS stays under a stated bound, nothing crashes, and afterwards the
+// service answers normally. Deadlines: a call whose deadline passed while it
+// waited for the compute arena is not computed.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "client/tensor_io.h"
+#include "tests/reference.h"
+#include "tests/server_process.h"
+
+namespace normd {
+namespace {
+
+using ::normd::client::MakeTensor;
+using ::normd::client::NormdClient;
+
+// VmHWM or VmRSS of `pid`, in MiB.
+double MemoryMiB(pid_t pid, const std::string& field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::stod(line.substr(field.size() + 1)) / 1024.0;
+    }
+  }
+  return -1;
+}
+
+v1::NormalizeRequest LayerNormRequest(int64_t rows, int64_t cols) {
+  v1::NormalizeRequest request;
+  request.set_mode(v1::LAYER_NORM);
+  *request.mutable_input() = MakeTensor(
+      {rows, cols}, testing::RandomValues<double>(rows * cols, 3, 1.0, 2.0),
+      v1::FLOAT32);
+  return request;
+}
+
+TEST(OverloadTest, TenfoldOverloadIsRefusedAtOnceAndMemoryStaysBounded) {
+  constexpr int kClients = 40;
+  constexpr int64_t kMiB = 1 << 20;
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--max_inflight_requests=4",
+                                          "--max_inflight_bytes=8388608"}))
+      << server.log();
+  const double idle_mib = MemoryMiB(server.pid(), "VmRSS");
+  const v1::NormalizeRequest big = LayerNormRequest(1024, 1024);  // 4 MiB.
+  const v1::NormalizeRequest small = LayerNormRequest(2, 768);
+
+  std::atomic<bool> stop = false;
+  std::mutex mu;
+  std::map<absl::StatusCode, int> codes;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      auto client = NormdClient::Connect(server.target());  // Own channel.
+      while (!stop) {
+        const absl::StatusCode code = client->Normalize(big).status().code();
+        std::lock_guard<std::mutex> lock(mu);
+        ++codes[code];
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  stop = true;
+  for (auto& t : clients) t.join();
+  const double peak_mib = MemoryMiB(server.pid(), "VmHWM");
+
+  // Only the two expected answers, plenty of each.
+  EXPECT_GT(codes[absl::StatusCode::kOk], 10);
+  EXPECT_GT(codes[absl::StatusCode::kResourceExhausted], 10);
+  EXPECT_EQ(codes[absl::StatusCode::kOk] +
+                codes[absl::StatusCode::kResourceExhausted],
+            [&] {
+              int all = 0;
+              for (const auto& [code, n] : codes) all += n;
+              return all;
+            }());
+  // The bound: idle + every client's request in gRPC's receive buffers,
+  // with their slice overhead (1.5x; admission runs once a message has
+  // arrived) + the admitted calls' inputs, outputs and working copies (3x
+  // --max_inflight_bytes) + the buffer pool (64 MiB by default). It does not
+  // grow with the overload's duration: refused calls are not queued.
+  const double bound_mib = idle_mib + kClients * 4 * 1.5 + 3 * 8 + 64;
+  std::cout << "idle RSS " << idle_mib << " MiB, peak " << peak_mib
+            << " MiB, bound " << bound_mib << " MiB; OK "
+            << codes[absl::StatusCode::kOk] << ", RESOURCE_EXHAUSTED "
+            << codes[absl::StatusCode::kResourceExhausted] << "\n";
+  EXPECT_LT(peak_mib, bound_mib);
+
+  // Back to normal: every call succeeds.
+  auto client = NormdClient::Connect(server.target());
+  for (int i = 0; i < 20; ++i) {
+    auto response = client->Normalize(i % 2 ? big : small);
+    EXPECT_TRUE(response.ok()) << response.status();
+  }
+  const std::string metrics = testing::HttpGet(server.metrics_port(), "/metrics");
+  EXPECT_NE(metrics.find("normd_rejected_total"), std::string::npos);
+  EXPECT_EQ(metrics.find("normd_rejected_total 0\n"), std::string::npos);
+  client.reset();
+  EXPECT_EQ(server.Stop(), 0) << server.log();
+}
+
+TEST(OverloadTest, RefusalNamesTheLimit) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--max_inflight_bytes=1000"}))
+      << server.log();
+  auto channel =
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Normalizer::NewStub(channel);
+  // A stream holds one call; its big message alone is fine (nothing else is
+  // in flight), and two streams at once still are, one message at a time.
+  grpc::ClientContext context;
+  auto stream = stub->NormalizeStream(&context);
+  const v1::NormalizeRequest big = LayerNormRequest(4, 768);  // > 1000 bytes.
+  ASSERT_TRUE(stream->Write(big));
+  v1::NormalizeResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_FALSE(response.has_error()) << response.error().message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+
+  testing::ServerProcess limited;
+  ASSERT_TRUE(limited.Start(NORMD_BINARY, {"--max_inflight_requests=1"}))
+      << limited.log();
+  auto limited_stub = v1::Normalizer::NewStub(grpc::CreateChannel(
+      limited.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext open_context;
+  v1::FitResponse fit_response;
+  auto open = limited_stub->FitStream(&open_context, &fit_response);
+  ASSERT_TRUE(open->Write([] {
+    v1::FitRequest fit;
+    fit.set_model("m");
+    *fit.mutable_input() = MakeTensor({2, 1}, {1, 2}, v1::FLOAT64);
+    return fit;
+  }()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  grpc::ClientContext get_context;
+  v1::GetModelRequest get;
+  get.set_name("m");
+  v1::ModelState state;
+  const grpc::Status refused =
+      limited_stub->GetModel(&get_context, get, &state);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max_inflight_requests"),
+            std::string::npos)
+      << refused.error_message();
+  open->WritesDone();
+  EXPECT_TRUE(open->Finish().ok());
+  // The stream's slot is given back once the server has cleaned it up.
+  grpc::Status again;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext again_context;
+    again = limited_stub->GetModel(&again_context, get, &state);
+    if (again.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(state.num_batches_tracked(), 1);
+}
+
+TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--tbb_threads=1"})) << server.log();
+  // 32 MiB requests keep the compute arena busy; calls with a 5 ms deadline
+  // queued behind them expire before they run.
+  const v1::NormalizeRequest huge = LayerNormRequest(2048, 4096);
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 3; ++i) {
+    busy.emplace_back([&] {
+      auto client = NormdClient::Connect(server.target());
+      for (int k = 0; k < 3; ++k) (void)client->Normalize(huge);
+    });
+  }
+  const v1::NormalizeRequest medium = LayerNormRequest(512, 1024);  // 2 MiB.
+  int expired = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto channel = grpc::CreateChannel(server.target(),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = v1::Normalizer::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(5));
+    v1::NormalizeResponse response;
+    if (stub->Normalize(&context, medium, &response).error_code() ==
+        grpc::StatusCode::DEADLINE_EXCEEDED) {
+      ++expired;
+    }
+  }
+  for (auto& t : busy) t.join();
+  EXPECT_GT(expired, 0);
+  // The server saw calls that had expired before they ran and skipped them
+  // (finished as Canceled without computing).
+  const std::string metrics =
+      testing::HttpGet(server.metrics_port(), "/metrics");
+  const std::string series =
+      "grpc_server_handled_total{grpc_code=\"Canceled\",grpc_method="
+      "\"Normalize\",grpc_service=\"normd.v1.Normalizer\",grpc_type="
+      "\"unary\"} ";
+  const size_t at = metrics.find(series);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::stod(metrics.substr(at + series.size())), 0) << metrics;
+  EXPECT_EQ(server.Stop(), 0) << server.log();
+}
+
+}  // namespace
+}  // namespace normd
