@@ -21,8 +21,6 @@ rounds once. Run with /usr/bin/python3 (it sees Debian's torch).
 
 import argparse
 import random
-import re
-import subprocess
 import sys
 
 import numpy as np
@@ -46,6 +44,7 @@ sys.path.insert(0, ARGS.stubs)
 import grpc  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
+import normd_process  # noqa: E402  (tests/, next to this file)
 
 DTYPES = {pb.FLOAT32: np.float32, pb.FLOAT64: np.float64}
 
@@ -55,15 +54,8 @@ class Failure(Exception):
 
 
 def start_normd():
-    proc = subprocess.Popen(
-        [ARGS.normd, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=0"],
-        stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    match = re.search(r"serving gRPC on [^ ]*:(\d+)", line)
-    if not match:
-        proc.kill()
-        raise RuntimeError(f"normd did not start: {line!r}")
-    return proc, int(match.group(1))
+    proc, port, _ = normd_process.start_normd(ARGS.normd)
+    return proc, port
 
 
 def to_tensor_proto(array, dtype, values_form=False):

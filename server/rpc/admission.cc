@@ -41,11 +41,11 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(int64_t requests,
         max_requests_, "; retry with backoff"));
   }
   if (max_bytes_ > 0 && now_bytes > max_bytes_ && now_bytes != bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "server overloaded: calls in progress hold ", now_bytes - bytes,
-        " request bytes and this one ", bytes,
-        ", the limit (--max_inflight_bytes) is ", max_bytes_,
-        "; retry with backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("server overloaded: calls in progress hold ",
+                     now_bytes - bytes, " request bytes and this one ", bytes,
+                     ", the limit (--max_inflight_bytes) is ", max_bytes_,
+                     "; retry with backoff"));
   }
   return ticket;
 }

@@ -1,0 +1,26 @@
+"""Starts a real normd on loopback for the Python tests (Debian's python3)."""
+
+import re
+import subprocess
+import threading
+
+
+def start_normd(binary, flags=()):
+    """Starts `binary` on free ports; returns (process, grpc_port, metrics_port).
+
+    Reads its log until the "serving" line, then keeps draining it so that
+    the server can never block on a full pipe.
+    """
+    proc = subprocess.Popen(
+        [binary, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=0",
+         *flags], stderr=subprocess.PIPE, text=True)
+    log = []
+    for line in proc.stderr:
+        log.append(line)
+        match = re.search(
+            r"serving gRPC on [^ ]*:(\d+), metrics on [^ ]*:(\d+)", line)
+        if match:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, int(match.group(1)), int(match.group(2))
+    proc.kill()
+    raise RuntimeError("normd did not start: " + "".join(log))
