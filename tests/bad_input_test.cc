@@ -51,16 +51,19 @@ void ParseRequest(const Value& fields, Message& message) {
   bool oversize = false;
   auto input = request.mutable_fields()->find("input");
   if (input != request.mutable_fields()->end()) {
-    auto& input_fields = *input->second.mutable_struct_value()->mutable_fields();
+    auto& input_fields =
+        *input->second.mutable_struct_value()->mutable_fields();
     auto data = input_fields.find("data");
-    if (data != input_fields.end() && data->second.string_value() == "OVERSIZE") {
+    if (data != input_fields.end() &&
+        data->second.string_value() == "OVERSIZE") {
       oversize = true;
       input_fields.erase(data);
     }
   }
   std::string json;
   ASSERT_TRUE(google::protobuf::util::MessageToJsonString(request, &json).ok());
-  const auto status = google::protobuf::util::JsonStringToMessage(json, &message);
+  const auto status =
+      google::protobuf::util::JsonStringToMessage(json, &message);
   ASSERT_TRUE(status.ok()) << status.ToString() << " in " << json;
   if (oversize) {
     static_cast<v1::NormalizeRequest&>(message).mutable_input()->set_data(
@@ -73,7 +76,8 @@ class BadInputTest : public ::testing::Test {
   void SetUp() override {
     table_ = LoadTable();
     std::vector<std::string> flags;
-    for (const Value& flag : Field(table_, "server_flags").list_value().values()) {
+    for (const Value& flag :
+         Field(table_, "server_flags").list_value().values()) {
       flags.push_back(flag.string_value());
     }
     ASSERT_TRUE(server_.Start(NORMD_BINARY, flags)) << server_.log();
@@ -95,7 +99,8 @@ class BadInputTest : public ::testing::Test {
     };
     using S = v1::Normalizer::Stub;
     if (rpc == "Normalize") {
-      return run(v1::NormalizeRequest(), v1::NormalizeResponse(), &S::Normalize);
+      return run(v1::NormalizeRequest(), v1::NormalizeResponse(),
+                 &S::Normalize);
     }
     if (rpc == "Fit") return run(v1::FitRequest(), v1::FitResponse(), &S::Fit);
     if (rpc == "CreateModel") {
@@ -153,8 +158,9 @@ class BadInputTest : public ::testing::Test {
 
 TEST_F(BadInputTest, EveryRowGetsItsCodeAndFieldAndChangesNothing) {
   for (const Value& step : Field(table_, "setup").list_value().values()) {
-    const grpc::Status s = Call(Field(step.struct_value(), "rpc").string_value(),
-                                Field(step.struct_value(), "request"));
+    const grpc::Status s =
+        Call(Field(step.struct_value(), "rpc").string_value(),
+             Field(step.struct_value(), "request"));
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   const auto& rows = Field(table_, "rows").list_value().values();
@@ -197,9 +203,9 @@ TEST_F(BadInputTest, EveryRowGetsItsCodeAndFieldAndChangesNothing) {
         const Struct& want = errors[i].struct_value();
         EXPECT_EQ(response.error().code(),
                   CodeNamed(Field(want, "code").string_value()));
-        EXPECT_NE(
-            response.error().message().find(Field(want, "field").string_value()),
-            std::string::npos);
+        EXPECT_NE(response.error().message().find(
+                      Field(want, "field").string_value()),
+                  std::string::npos);
       }
     }
     stream->WritesDone();
@@ -221,7 +227,8 @@ TEST_F(BadInputTest, EveryRowGetsItsCodeAndFieldAndChangesNothing) {
     }
     stream->WritesDone();
     const grpc::Status status = stream->Finish();
-    EXPECT_EQ(status.error_code(), CodeNamed(Field(spec, "code").string_value()));
+    EXPECT_EQ(status.error_code(),
+              CodeNamed(Field(spec, "code").string_value()));
     EXPECT_NE(status.error_message().find(Field(spec, "field").string_value()),
               std::string::npos)
         << status.error_message();
