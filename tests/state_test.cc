@@ -206,6 +206,40 @@ TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
   ExpectSameModels(before, o.store->List(true));
 }
 
+// Train, Delete and Reset racing on the same two names: the log must hold
+// them in the order each name saw them (a Delete can reach a model that a
+// concurrent Train has just created, before the step is applied).
+TEST(DurableStateTest, RacingChangesOfOneNameReplayInTheirOrder) {
+  const std::string dir = FreshDir("racing");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(200 + t);
+        for (int i = 0; i < 2000; ++i) {
+          const std::string name = (rng() & 1) ? "x" : "y";
+          switch (rng() % 4) {
+            case 0:
+              (void)o.store->Delete(name);
+              break;
+            case 1:
+              (void)o.store->Reset(name);
+              break;
+            default:
+              EXPECT_TRUE(o.store->Train(name, RandomBatch(rng, 2)).ok());
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    before = o.store->List(true);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(before, o.store->List(true));
+}
+
 TEST(DurableStateTest, TornLastRecordIsDroppedWithAWarning) {
   const std::string dir = FreshDir("torn");
   std::vector<BatchNormModel> before;

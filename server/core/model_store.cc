@@ -146,9 +146,16 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
   if (it != models_.end()) return it->second;
   if (absl::Status s = CheckNewModelLimits(channels); !s.ok()) return s;
   auto entry = std::make_shared<Entry>();
+  BatchNormModel model = MakeDefaultModel(name, channels);
+  // The creation is a change of its own: a Delete or Reset may reach the new
+  // entry before the step that created it is applied.
+  Record({.kind = Mutation::Kind::kCreate,
+          .name = name,
+          .model = &model,
+          .batch = {}});
   {
     absl::MutexLock entry_lock(&entry->mu);
-    entry->model = MakeDefaultModel(name, channels);
+    entry->model = std::move(model);
   }
   models_.emplace(std::string(name), entry);
   return entry;

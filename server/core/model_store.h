@@ -106,6 +106,8 @@ class ModelStore {
   };
 
   std::shared_ptr<Entry> Find(absl::string_view name) const;
+  // The entry of `name`, created (and its creation logged) with defaults and
+  // `channels` channels if absent. Requires pause_mu_ held shared.
   absl::StatusOr<std::shared_ptr<Entry>> FindOrCreate(absl::string_view name,
                                                       int64_t channels);
   absl::Status CheckNewModelLimits(int64_t num_features) const
