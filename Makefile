@@ -12,7 +12,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libtbb-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
-  python3-numpy
+  python3-numpy openssl
 
 .PHONY: all deps build test run clean format bench
 

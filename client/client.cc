@@ -24,7 +24,10 @@ std::unique_ptr<NormdClient> NormdClient::Connect(const std::string& target,
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   return std::make_unique<NormdClient>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+      grpc::CreateCustomChannel(target,
+                                options.credentials != nullptr
+                                    ? options.credentials
+                                    : grpc::InsecureChannelCredentials(),
                                 args),
       options);
 }
@@ -40,6 +43,9 @@ void NormdClient::Prepare(grpc::ClientContext& context,
                           absl::string_view model) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   if (!model.empty()) context.AddMetadata(kModelHeader, std::string(model));
+  if (!options_.bearer_token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
 }
 
 absl::StatusOr<v1::NormalizeResponse> NormdClient::Normalize(

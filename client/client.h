@@ -28,11 +28,18 @@ inline constexpr char kModelHeader[] = "x-normd-model";
 struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);  // Per call.
   int max_message_bytes = 64 << 20;
+  // Channel credentials (e.g. grpc::SslCredentials for TLS / mTLS); null:
+  // plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent as "authorization: Bearer <token>" on every call when not empty
+  // (normd's --auth_token_file).
+  std::string bearer_token;
 };
 
 class NormdClient {
  public:
-  // A client on an insecure channel to `target` ("host:port").
+  // A client on a channel to `target` ("host:port") with the options'
+  // credentials (plaintext by default).
   static std::unique_ptr<NormdClient> Connect(const std::string& target,
                                               ClientOptions options = {});
   NormdClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options);

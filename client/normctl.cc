@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,13 @@
 
 ABSL_FLAG(std::string, server, "localhost:50051", "normd address host:port.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Per-call deadline.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle to verify a TLS server with (turns TLS on).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for mTLS (with --tls_key and --tls_ca).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the server's bearer token (its --auth_token_file).");
 ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
 ABSL_FLAG(std::string, model, "",
           "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
@@ -353,6 +361,38 @@ int RunHealth(NormdClient& client) {
   return *status == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
+// TLS credentials and the bearer token from the flags.
+absl::Status ApplySecurityFlags(ClientOptions& options) {
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  if (ca.empty() && (!cert.empty() || !key.empty())) {
+    return absl::InvalidArgumentError(
+        "--tls_cert/--tls_key need --tls_ca (the CA that signed the server)");
+  }
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("give both --tls_cert and --tls_key");
+  }
+  if (!ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    for (const auto& [path, field] : {std::pair{&ca, &ssl.pem_root_certs},
+                                      std::pair{&cert, &ssl.pem_cert_chain},
+                                      std::pair{&key, &ssl.pem_private_key}}) {
+      if (path->empty()) continue;
+      absl::StatusOr<std::string> pem = ReadFile(*path);
+      if (!pem.ok()) return pem.status();
+      *field = *pem;
+    }
+    options.credentials = grpc::SslCredentials(ssl);
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(file);
+    if (!token.ok()) return token.status();
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   absl::FlagsUsageConfig usage_config;
@@ -367,6 +407,10 @@ int Main(int argc, char** argv) {
   const std::string command = args[1];
   ClientOptions options;
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  if (absl::Status s = ApplySecurityFlags(options); !s.ok()) {
+    std::cerr << "normctl: " << s.message() << "\n";
+    return 2;
+  }
   std::unique_ptr<NormdClient> client =
       NormdClient::Connect(absl::GetFlag(FLAGS_server), options);
   if (command == "normalize") return RunNormalize(*client);

@@ -44,6 +44,20 @@ ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "RESOURCE_EXHAUSTED at once. A single request may always use up "
           "to --max_message_bytes when nothing else is in flight. 0: no "
           "limit.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS on the gRPC port (with --tls_key); "
+          "empty: plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed "
+          "(mTLS); needs --tls_cert/--tls_key.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token every Normalizer call must send as "
+          "metadata \"authorization: Bearer <token>\" (UNAUTHENTICATED "
+          "otherwise); health checks need none. Empty: no token.");
+ABSL_FLAG(std::string, metrics_bind_address, "",
+          "Address the metrics port listens on (e.g. 127.0.0.1 to keep "
+          "/metrics private); empty: --bind_address.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for durable BatchNorm state (snapshots + write-ahead "
           "log); every model change is acknowledged only once it is on disk "
@@ -100,6 +114,11 @@ int main(int argc, char** argv) {
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.metrics_bind_address = absl::GetFlag(FLAGS_metrics_bind_address);
   options.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight_requests);
   options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.snapshot_log_bytes = absl::GetFlag(FLAGS_snapshot_log_bytes);
@@ -112,12 +131,20 @@ int main(int argc, char** argv) {
   }
   normd::Log(
       normd::LogSeverity::kInfo,
-      absl::StrCat("serving gRPC on ", options.bind_address, ":",
-                   (*server)->port(), ", metrics on ",
-                   (*server)->metrics_port() < 0
-                       ? std::string("(disabled)")
-                       : absl::StrCat(options.bind_address, ":",
-                                      (*server)->metrics_port(), "/metrics")));
+      absl::StrCat(
+          "serving gRPC on ", options.bind_address, ":", (*server)->port(),
+          ", metrics on ",
+          (*server)->metrics_port() < 0
+              ? std::string("(disabled)")
+              : absl::StrCat(options.metrics_bind_address.empty()
+                                 ? options.bind_address
+                                 : options.metrics_bind_address,
+                             ":", (*server)->metrics_port(), "/metrics"),
+          options.tls_cert.empty() ? "; plaintext"
+          : options.tls_client_ca.empty()
+              ? "; TLS"
+              : "; TLS, client certificates required",
+          options.auth_token_file.empty() ? "" : ", bearer token required"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

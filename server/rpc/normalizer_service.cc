@@ -101,10 +101,14 @@ void CompleteUnary(std::shared_ptr<UnaryCall> call, ModelStore& store,
   });
 }
 
-// Admits a call of `request_bytes`, or refuses it with RESOURCE_EXHAUSTED
-// and finishes it (false).
+// Admits an authenticated call of `request_bytes`, or refuses it with
+// UNAUTHENTICATED or RESOURCE_EXHAUSTED and finishes it (false).
 bool AdmitUnary(NormalizerService& service, UnaryCall& call,
                 int64_t request_bytes) {
+  if (absl::Status s = service.Authenticate(*call.context); !s.ok()) {
+    FinishUnary(call.reactor, call.tracker, call.name, s);
+    return false;
+  }
   absl::StatusOr<Admission::Ticket> ticket =
       service.admission().Admit(1, request_bytes);
   if (!ticket.ok()) {
@@ -163,9 +167,14 @@ class NormalizeStreamReactor final
     : public grpc::ServerBidiReactor<v1::NormalizeRequest,
                                      v1::NormalizeResponse> {
  public:
-  explicit NormalizeStreamReactor(NormalizerService& service)
+  NormalizeStreamReactor(NormalizerService& service,
+                         const grpc::CallbackServerContext& context)
       : service_(service),
         tracker_(service.metrics(), RpcMethod::kNormalizeStream) {
+    if (absl::Status s = service.Authenticate(context); !s.ok()) {
+      FinishWith(ToGrpcStatus(s));
+      return;
+    }
     absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
     if (!ticket.ok()) {
       service.metrics().Rejected();
@@ -229,10 +238,16 @@ class NormalizeStreamReactor final
 // (also once the steps before it are durable).
 class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
  public:
-  FitStreamReactor(NormalizerService& service, v1::FitResponse* response)
+  FitStreamReactor(NormalizerService& service,
+                   const grpc::CallbackServerContext& context,
+                   v1::FitResponse* response)
       : service_(service),
         response_(response),
         tracker_(service.metrics(), RpcMethod::kFitStream) {
+    if (absl::Status s = service.Authenticate(context); !s.ok()) {
+      FinishWith(s);
+      return;
+    }
     absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
     if (!ticket.ok()) {
       service.metrics().Rejected();
@@ -299,8 +314,31 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
 }  // namespace
 
 NormalizerService::NormalizerService(Engine& engine, ServerMetrics& metrics,
-                                     Admission& admission)
-    : engine_(engine), metrics_(metrics), admission_(admission) {}
+                                     Admission& admission,
+                                     std::string auth_token)
+    : engine_(engine),
+      metrics_(metrics),
+      admission_(admission),
+      auth_token_(std::move(auth_token)) {}
+
+absl::Status NormalizerService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
+  if (auth_token_.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  const std::string expected = "Bearer " + auth_token_;
+  if (it != metadata.end() && it->second.size() == expected.size()) {
+    // Constant time: the comparison does not reveal how much matched.
+    unsigned char differ = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      differ |= static_cast<unsigned char>(it->second.data()[i] ^ expected[i]);
+    }
+    if (differ == 0) return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(
+      "authorization: this server needs the metadata \"authorization: Bearer "
+      "<token>\" with its token (--auth_token_file); it was missing or wrong");
+}
 
 absl::Status NormalizerService::RunNormalize(
     const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
@@ -535,12 +573,12 @@ grpc::ServerUnaryReactor* NormalizerService::ResetModel(
 
 grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*
 NormalizerService::NormalizeStream(grpc::CallbackServerContext* context) {
-  return new NormalizeStreamReactor(*this);
+  return new NormalizeStreamReactor(*this, *context);
 }
 
 grpc::ServerReadReactor<v1::FitRequest>* NormalizerService::FitStream(
     grpc::CallbackServerContext* context, v1::FitResponse* response) {
-  return new FitStreamReactor(*this, response);
+  return new FitStreamReactor(*this, *context, response);
 }
 
 }  // namespace normd

@@ -33,8 +33,10 @@ using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
 
 class NormalizerService final : public NormalizerServiceBase {
  public:
+  // `auth_token`: the bearer token every call must carry in its
+  // "authorization" metadata ("Bearer <token>"); empty: none needed.
   NormalizerService(Engine& engine, ServerMetrics& metrics,
-                    Admission& admission);
+                    Admission& admission, std::string auth_token = "");
 
   grpc::ServerUnaryReactor* Normalize(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
@@ -81,6 +83,10 @@ class NormalizerService final : public NormalizerServiceBase {
   ModelStore& store() { return engine_.store(); }
   Admission& admission() { return admission_; }
 
+  // UNAUTHENTICATED unless the call carries the bearer token (OK when none
+  // is configured).
+  absl::Status Authenticate(const grpc::CallbackServerContext& context) const;
+
  private:
   // Computes a parsed request into `out` and fills `response`'s other fields
   // (request_id, model) and the metrics.
@@ -96,6 +102,7 @@ class NormalizerService final : public NormalizerServiceBase {
   Engine& engine_;
   ServerMetrics& metrics_;
   Admission& admission_;
+  const std::string auth_token_;
 };
 
 }  // namespace normd

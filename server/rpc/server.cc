@@ -3,7 +3,11 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 
 #include <exception>
+#include <fstream>
+#include <sstream>
+#include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "server/rpc/buffer_pool.h"
 #include "server/rpc/logging.h"
@@ -13,7 +17,55 @@ namespace {
 
 constexpr const char* kServiceName = "normd.v1.Normalizer";
 
+// The contents of the file `path` given by `flag`; INVALID_ARGUMENT naming
+// the flag if it cannot be read or is empty.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path,
+                                         absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  if (!in || contents.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": cannot read ", path, " (missing, unreadable or empty)"));
+  }
+  return contents.str();
+}
+
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty() && options.tls_key.empty()) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca: needs --tls_cert and --tls_key (mTLS is TLS with "
+          "client certificates)");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert.empty() || options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key: give both (PEM certificate chain and its "
+        "private key) or neither");
+  }
+  absl::StatusOr<std::string> cert =
+      ReadFlagFile(options.tls_cert, "--tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadFlagFile(options.tls_key, "--tls_key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca =
+        ReadFlagFile(options.tls_client_ca, "--tls_client_ca");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
 
 std::string HostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos && host.front() != '[') {
@@ -22,10 +74,11 @@ std::string HostPort(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
-void ConfigureServerBuilder(const ServerOptions& options,
-                            grpc::ServerBuilder& builder, int* port) {
+void ConfigureServerBuilder(
+    const ServerOptions& options, grpc::ServerBuilder& builder, int* port,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   builder.AddListeningPort(HostPort(options.bind_address, options.port),
-                           grpc::InsecureServerCredentials(), port);
+                           std::move(credentials), port);
   // A second normd on a busy port must fail, not silently share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -61,6 +114,20 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         "--max_models must be >= 0, --max_num_features >= 1, "
         "--tbb_threads >= 0 and --buffer_pool_bytes >= 0");
   }
+  std::string auth_token;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadFlagFile(options.auth_token_file, "--auth_token_file");
+    if (!token.ok()) return token.status();
+    auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--auth_token_file: ", options.auth_token_file, " holds no token"));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
   BufferPool::Global().SetMaxRetainedBytes(
       static_cast<size_t>(options.buffer_pool_bytes));
   std::unique_ptr<NormdServer> server(new NormdServer(options));
@@ -71,8 +138,10 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   server->registry_ = std::make_shared<prometheus::Registry>();
   server->metrics_ = std::make_unique<ServerMetrics>(*server->registry_);
   if (options.metrics_port >= 0) {
-    const std::string address =
-        HostPort(options.bind_address, options.metrics_port);
+    const std::string address = HostPort(options.metrics_bind_address.empty()
+                                             ? options.bind_address
+                                             : options.metrics_bind_address,
+                                         options.metrics_port);
     try {
       server->exposer_ = std::make_unique<prometheus::Exposer>(address);
     } catch (const std::exception& e) {
@@ -114,7 +183,8 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   server->admission_ = std::make_unique<Admission>(
       options.max_inflight_requests, options.max_inflight_bytes);
   server->service_ = std::make_unique<NormalizerService>(
-      *server->engine_, *server->metrics_, *server->admission_);
+      *server->engine_, *server->metrics_, *server->admission_,
+      std::move(auth_token));
 
   // normd's own health service (see health_service.h), not gRPC's default.
   grpc::EnableDefaultHealthCheckService(false);
@@ -122,7 +192,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
-  ConfigureServerBuilder(options, builder, &server->port_);
+  ConfigureServerBuilder(options, builder, &server->port_, *credentials);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
   server->server_ = builder.BuildAndStart();

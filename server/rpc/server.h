@@ -41,15 +41,33 @@ struct ServerOptions {
   int64_t max_inflight_requests = 256;            // 0: no limit.
   int64_t max_inflight_bytes = int64_t{1} << 30;  // 0: no limit.
   std::string state_dir;  // Empty: in-memory state only.
+  // TLS: PEM files. Cert and key enable TLS; a client CA also requires and
+  // verifies client certificates (mTLS).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // A file holding the bearer token every Normalizer call must carry
+  // ("authorization: Bearer <token>"); empty: no token.
+  std::string auth_token_file;
+  std::string metrics_bind_address;  // Empty: bind_address.
   int64_t snapshot_log_bytes = 64 << 20;
 };
 
 // Applies the transport settings every normd gRPC server uses (listening
-// address, message size limits, no port sharing) to `builder`; `port` receives
-// the bound port after BuildAndStart. Shared with bench/echo_server so that
-// the echo baseline runs with exactly normd's settings.
-void ConfigureServerBuilder(const ServerOptions& options,
-                            grpc::ServerBuilder& builder, int* port);
+// address with `credentials`, message size limits, no port sharing) to
+// `builder`; `port` receives the bound port after BuildAndStart. Shared with
+// bench/echo_server so that the echo baseline runs with exactly normd's
+// settings.
+void ConfigureServerBuilder(
+    const ServerOptions& options, grpc::ServerBuilder& builder, int* port,
+    std::shared_ptr<grpc::ServerCredentials> credentials =
+        grpc::InsecureServerCredentials());
+
+// The server credentials the TLS options ask for (insecure when tls_cert and
+// tls_key are empty); INVALID_ARGUMENT naming the flag for a missing or
+// unreadable file or half a pair.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerOptions& options);
 
 // "host:port", bracketing IPv6 literals.
 std::string HostPort(const std::string& host, int port);
