@@ -12,9 +12,10 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libtbb-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
-  python3-numpy openssl
+  python3-numpy openssl clang libclang-rt-14-dev
 
-.PHONY: all deps build test run clean format bench
+.PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
+  format bench
 
 all: build
 
@@ -35,10 +36,55 @@ $(BUILD_DIR)/Makefile: CMakeLists.txt tests/CMakeLists.txt
 build: deps $(BUILD_DIR)/Makefile
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Every test: core, end-to-end against a real normd, the PyTorch cross-check,
-# the concurrency proof.
-test: build
+# Every test: the suite (core, end-to-end against a real normd, the PyTorch
+# cross-check, the concurrency proof, durability, overload, security), then
+# the suite again under ASan+UBSan, the concurrency tests under TSan, and
+# each fuzz target for FUZZ_SECONDS.
+test: test-main test-asan test-tsan fuzz
+
+test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Sanitizer builds: Debian's libraries are not instrumented; ours are. Each
+# has its own build tree (no benchmarks).
+SANITIZER_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF
+ASAN_BUILD_DIR ?= build-asan
+TSAN_BUILD_DIR ?= build-tsan
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD_DIR) $(SANITIZER_CMAKE) \
+	  -DNORMD_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	cd $(ASAN_BUILD_DIR) && \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900 -LE pytorch
+
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD_DIR) $(SANITIZER_CMAKE) -DNORMD_SANITIZE=thread
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target normd state_test \
+	  concurrency_test durability_test
+	cd $(TSAN_BUILD_DIR) && \
+	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
+	  ctest --output-on-failure -j 1 --timeout 900 -L 'state|concurrency'
+
+# libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
+# tests/fuzz/corpus; new inputs go to $(FUZZ_BUILD_DIR)/corpus, crashes to
+# $(FUZZ_BUILD_DIR)/crash-* (add them to tests/fuzz/regressions).
+fuzz: deps
+	CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) $(SANITIZER_CMAKE) \
+	  -DNORMD_FUZZ=ON -DNORMD_BUILD_TESTS=OFF
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rpc_fuzzer state_fuzzer
+	for t in rpc state; do \
+	  mkdir -p $(FUZZ_BUILD_DIR)/corpus/$$t && \
+	  $(FUZZ_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD_DIR)/$$t- \
+	    $(FUZZ_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
 
 # Starts normd in the foreground with in-memory state; Ctrl-C stops it.
 run: build
@@ -48,7 +94,7 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(FUZZ_BUILD_DIR)
 
 # One run, two tables: kernels vs copy / read-only-sum baselines and PyTorch;
 # the service (loopback) vs a raw gRPC echo and the Python peer. Medians of

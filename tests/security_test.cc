@@ -34,8 +34,8 @@ class SecurityTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new std::string(::testing::TempDir() + "/normd_certs_" +
                            std::to_string(getpid()));
-    ASSERT_EQ(std::system((std::string(NORMD_MAKE_CERTS) + " " + *dir_).c_str()),
-              0);
+    ASSERT_EQ(
+        std::system((std::string(NORMD_MAKE_CERTS) + " " + *dir_).c_str()), 0);
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*dir_);
@@ -149,8 +149,8 @@ TEST_F(SecurityTest, BearerTokenGuardsEveryCallButHealth) {
   ASSERT_TRUE(model.ok());
   EXPECT_EQ(model->num_batches_tracked(), 1);
   // The metrics port listens on its own address.
-  EXPECT_NE(testing::HttpGet(server.metrics_port(), "/metrics").find(
-                "grpc_server_handled_total"),
+  EXPECT_NE(testing::HttpGet(server.metrics_port(), "/metrics")
+                .find("grpc_server_handled_total"),
             std::string::npos);
   EXPECT_EQ(server.Stop(), 0);
 }

@@ -15,9 +15,12 @@ absl::string_view DTypeName(DType dtype) {
 
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,
                                     absl::string_view field) {
-  // Keep prod(shape) * 8 bytes representable.
+  // Keep prod(shape) * 8 bytes representable, and also the product of the
+  // nonzero dims: a zero dim makes the tensor empty, but products of the
+  // other dims (outer / inner sizes of a layout) must not overflow either.
   constexpr int64_t kMaxElements = std::numeric_limits<int64_t>::max() / 8;
   int64_t count = 1;
+  bool empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     const int64_t dim = shape[i];
     if (dim < 0) {
@@ -29,9 +32,13 @@ absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,
           absl::StrCat(field, ": the product of the dims overflows (dim ", i,
                        " = ", dim, ")"));
     }
-    count *= dim;
+    if (dim == 0) {
+      empty = true;
+    } else {
+      count *= dim;
+    }
   }
-  return count;
+  return empty ? 0 : count;
 }
 
 void ScatteredBytes::Append(absl::string_view chunk) {

@@ -23,7 +23,10 @@ size_t SizeClass(size_t bytes) {
 }
 
 void* NewBlock(size_t capacity) {
-  void* block = std::aligned_alloc(kAlign, kAlign + capacity);
+  // aligned_alloc wants a size that is a multiple of the alignment (glibc
+  // does not insist; ASan and the C standard do).
+  const size_t size = (kAlign + capacity + kAlign - 1) / kAlign * kAlign;
+  void* block = std::aligned_alloc(kAlign, size);
   if (block == nullptr) throw std::bad_alloc();
   return block;
 }

@@ -309,8 +309,12 @@ class WireReader {
     }
     return false;
   }
+  // Skips `bytes`, which must end at or before `limit` (a varint read just
+  // before may already have run past it).
   bool Skip(uint64_t bytes, int64_t limit) {
-    if (bytes > static_cast<uint64_t>(limit - pos_)) return false;
+    if (pos_ > limit || bytes > static_cast<uint64_t>(limit - pos_)) {
+      return false;
+    }
     pos_ += static_cast<int64_t>(bytes);
     return true;
   }

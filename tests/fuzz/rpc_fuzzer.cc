@@ -1,0 +1,121 @@
+// libFuzzer target over everything a request goes through: protobuf
+// decoding, the raw (zero-copy) Normalize path with its hand-written wire
+// reader over arbitrarily split slices, validation, the kernels and the
+// model store. The first byte picks the RPC and how the bytes are split; the
+// rest is the serialized request. Any crash, sanitizer report or
+// inconsistency between the raw and protobuf paths is a bug.
+#include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "google/protobuf/stubs/logging.h"
+#include "normd/v1/normalizer.pb.h"
+#include "server/core/engine.h"
+#include "server/rpc/admission.h"
+#include "server/rpc/convert.h"
+#include "server/rpc/metrics.h"
+#include "server/rpc/normalizer_service.h"
+
+namespace {
+
+struct Fixture {
+  Fixture() {
+    // Invalid UTF-8 in string fields makes protobuf log each time.
+    google::protobuf::SetLogHandler(
+        [](google::protobuf::LogLevel, const char*, int, const std::string&) {
+        });
+  }
+  prometheus::Registry registry;
+  normd::ServerMetrics metrics{registry};
+  normd::Engine engine{normd::ModelStoreOptions{64, 4096}};
+  normd::Admission admission{0, 0};
+  normd::NormalizerService service{engine, metrics, admission};
+};
+
+// `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
+grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
+  }
+  if (slices.empty()) slices.emplace_back("", 0);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Fixture* fixture = new Fixture;
+  if (size < 1) return 0;
+  const uint8_t selector = data[0];
+  const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
+  normd::NormalizerService& service = fixture->service;
+  switch (selector % 4) {
+    case 0: {  // Normalize: raw path vs protobuf path must agree.
+      grpc::ByteBuffer response;
+      const size_t piece = 1 + (selector >> 2) * 7;
+      const absl::Status raw =
+          service.DoNormalizeRaw(Split(bytes, piece), response);
+      normd::v1::NormalizeRequest request;
+      if (!request.ParseFromString(bytes)) break;
+      // Training changes the model: compare on a copy of the request only
+      // when it is stateless.
+      if (request.mode() == normd::v1::BATCH_NORM && request.training()) break;
+      normd::v1::NormalizeResponse reference;
+      const absl::Status proto = service.DoNormalize(request, reference);
+      if (raw.code() != proto.code()) std::abort();
+      if (raw.ok()) {
+        std::vector<grpc::Slice> slices;
+        (void)response.Dump(&slices);
+        std::string raw_bytes;
+        for (const auto& s : slices) {
+          raw_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+        }
+        normd::v1::NormalizeResponse parsed;
+        if (!parsed.ParseFromString(raw_bytes) ||
+            parsed.output().data() != reference.output().data() ||
+            parsed.output().values_size() !=
+                reference.output().values_size()) {
+          std::abort();
+        }
+      }
+      break;
+    }
+    case 1: {  // Fit.
+      normd::v1::FitRequest request;
+      if (!request.ParseFromString(bytes)) break;
+      normd::v1::FitResponse response;
+      (void)service.DoFit(request, response);
+      break;
+    }
+    case 2: {  // CreateModel, then Get / Reset / Delete of that name.
+      normd::v1::CreateModelRequest request;
+      if (!request.ParseFromString(bytes)) break;
+      normd::ModelStore& store = fixture->engine.store();
+      (void)store.Create(normd::ToModelSpec(request));
+      (void)store.Get(request.name());
+      (void)store.Reset(request.name());
+      if (selector & 0x80) (void)store.Delete(request.name());
+      break;
+    }
+    case 3: {  // A training Normalize (changes models).
+      normd::v1::NormalizeRequest request;
+      if (!request.ParseFromString(bytes)) break;
+      normd::v1::NormalizeResponse response;
+      (void)service.DoNormalize(request, response);
+      break;
+    }
+  }
+  // Keep the store small so that iterations stay fast.
+  if (fixture->engine.store().size() > 32) {
+    for (const auto& m : fixture->engine.store().List()) {
+      (void)fixture->engine.store().Delete(m.name);
+    }
+  }
+  return 0;
+}
