@@ -46,7 +46,11 @@ test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 # Sanitizer builds: Debian's libraries are not instrumented; ours are. Each
-# has its own build tree (no benchmarks).
+# has its own build tree (no benchmarks). TSan runs the in-process
+# concurrency tests (label tsan: the model store, the durable state and the
+# engine under racing threads): gRPC, oneTBB and Abseil synchronize in code
+# TSan cannot see, so a server under TSan would only report their handoffs
+# (server/core/sync.h makes normd's own mutexes visible to it).
 SANITIZER_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
@@ -65,11 +69,9 @@ test-asan: deps
 
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) $(SANITIZER_CMAKE) -DNORMD_SANITIZE=thread
-	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target normd state_test \
-	  concurrency_test durability_test
-	cd $(TSAN_BUILD_DIR) && \
-	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
-	  ctest --output-on-failure -j 1 --timeout 900 -L 'state|concurrency'
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target state_test
+	cd $(TSAN_BUILD_DIR) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L tsan
 
 # libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
 # tests/fuzz/corpus; new inputs go to $(FUZZ_BUILD_DIR)/corpus, crashes to

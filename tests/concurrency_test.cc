@@ -242,6 +242,7 @@ TEST(ConcurrencyTest, MixedLoadLosesNothingAndMatchesSerialReplay) {
   EXPECT_EQ(Fingerprint(*client), before);
   client.reset();
   EXPECT_EQ(restarted.Stop(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

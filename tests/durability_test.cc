@@ -22,6 +22,7 @@
 #include "client/tensor_io.h"
 #include "tests/reference.h"
 #include "tests/server_process.h"
+#include "tests/temp_dir.h"
 
 namespace normd {
 namespace {
@@ -38,10 +39,7 @@ constexpr int64_t kChannels = 5;
 constexpr double kMomentum = 0.1;
 
 std::string FreshDir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() /
-                 ("normd_durability_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(dir);
-  return dir.string();
+  return testing::FreshTempDir("normd_durability", name);
 }
 
 std::vector<double> Batch(int client, int i) {

@@ -96,7 +96,12 @@ TEST(OverloadTest, TenfoldOverloadIsRefusedAtOnceAndMemoryStaysBounded) {
             << " MiB, bound " << bound_mib << " MiB; OK "
             << codes[absl::StatusCode::kOk] << ", RESOURCE_EXHAUSTED "
             << codes[absl::StatusCode::kResourceExhausted] << "\n";
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine and shadow memory make RSS meaningless here.
+  (void)bound_mib;
+#else
   EXPECT_LT(peak_mib, bound_mib);
+#endif
 
   // Back to normal: every call succeeds.
   auto client = NormdClient::Connect(server.target());

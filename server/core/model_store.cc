@@ -97,7 +97,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   // limits, before MakeModel allocates num_features-sized arrays.
   if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
       return s;
     }
@@ -106,13 +106,13 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   if (!model.ok()) return model.status();
   auto entry = std::make_shared<Entry>();
   {
-    absl::MutexLock entry_lock(&entry->mu);
+    MutexLock entry_lock(&entry->mu);
     entry->model = *model;
   }
   uint64_t sequence = 0;
   {
-    absl::ReaderMutexLock pause(&pause_mu_);
-    absl::MutexLock lock(&mu_);
+    ReaderMutexLock pause(&pause_mu_);
+    MutexLock lock(&mu_);
     if (models_.contains(spec.name)) {
       return absl::AlreadyExistsError(
           absl::StrCat("name: model '", spec.name, "' already exists"));
@@ -133,7 +133,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
 
 std::shared_ptr<ModelStore::Entry> ModelStore::Find(
     absl::string_view name) const {
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   auto it = models_.find(name);
   return it == models_.end() ? nullptr : it->second;
 }
@@ -141,7 +141,7 @@ std::shared_ptr<ModelStore::Entry> ModelStore::Find(
 absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
     absl::string_view name, int64_t channels) {
   if (auto entry = Find(name)) return entry;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it != models_.end()) return it->second;
   if (absl::Status s = CheckNewModelLimits(channels); !s.ok()) return s;
@@ -154,7 +154,7 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
           .model = &model,
           .batch = {}});
   {
-    absl::MutexLock entry_lock(&entry->mu);
+    MutexLock entry_lock(&entry->mu);
     entry->model = std::move(model);
   }
   models_.emplace(std::string(name), entry);
@@ -164,21 +164,21 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
 absl::StatusOr<BatchNormModel> ModelStore::Get(absl::string_view name) const {
   std::shared_ptr<Entry> entry = Find(name);
   if (entry == nullptr) return NotFound(name);
-  absl::MutexLock lock(&entry->mu);
+  MutexLock lock(&entry->mu);
   return entry->model;
 }
 
 std::vector<BatchNormModel> ModelStore::List(bool with_arrays) const {
   std::vector<std::shared_ptr<Entry>> entries;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     entries.reserve(models_.size());
     for (const auto& [name, entry] : models_) entries.push_back(entry);
   }
   std::vector<BatchNormModel> out;
   out.reserve(entries.size());
   for (const auto& entry : entries) {
-    absl::MutexLock lock(&entry->mu);
+    MutexLock lock(&entry->mu);
     if (entry->deleted) continue;
     out.push_back(with_arrays ? entry->model : WithoutArrays(entry->model));
   }
@@ -192,16 +192,16 @@ std::vector<BatchNormModel> ModelStore::List(bool with_arrays) const {
 absl::Status ModelStore::Delete(absl::string_view name) {
   uint64_t sequence = 0;
   {
-    absl::ReaderMutexLock pause(&pause_mu_);
+    ReaderMutexLock pause(&pause_mu_);
     // The entry is marked deleted and the record appended before mu_ is
     // released, so a Train that re-creates the name is logged after it.
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = models_.find(name);
     if (it == models_.end()) return NotFound(name);
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     std::shared_ptr<Entry> entry = std::move(it->second);
     models_.erase(it);
-    absl::MutexLock entry_lock(&entry->mu);
+    MutexLock entry_lock(&entry->mu);
     entry->deleted = true;
     sequence = Record({.kind = Mutation::Kind::kDelete,
                        .name = name,
@@ -215,12 +215,12 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
   uint64_t sequence = 0;
   BatchNormModel after;
   {
-    absl::ReaderMutexLock pause(&pause_mu_);
+    ReaderMutexLock pause(&pause_mu_);
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     while (true) {
       std::shared_ptr<Entry> entry = Find(name);
       if (entry == nullptr) return NotFound(name);
-      absl::MutexLock lock(&entry->mu);
+      MutexLock lock(&entry->mu);
       if (entry->deleted) continue;  // Deleted meanwhile: look again.
       ResetStatistics(entry->model);
       sequence = Record({.kind = Mutation::Kind::kReset,
@@ -241,13 +241,13 @@ absl::StatusOr<BatchNormModel> ModelStore::Train(
   uint64_t sequence = 0;
   BatchNormModel after;
   {
-    absl::ReaderMutexLock pause(&pause_mu_);
+    ReaderMutexLock pause(&pause_mu_);
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     while (true) {
       absl::StatusOr<std::shared_ptr<Entry>> entry =
           FindOrCreate(name, channels);
       if (!entry.ok()) return entry.status();
-      absl::MutexLock lock(&(*entry)->mu);
+      MutexLock lock(&(*entry)->mu);
       if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
       BatchNormModel& model = (*entry)->model;
       if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
@@ -276,22 +276,22 @@ void ModelStore::Restore(BatchNormModel model) {
   auto entry = std::make_shared<Entry>();
   std::string name = model.name;
   {
-    absl::MutexLock entry_lock(&entry->mu);
+    MutexLock entry_lock(&entry->mu);
     entry->model = std::move(model);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   models_.insert_or_assign(std::move(name), std::move(entry));
 }
 
 std::vector<BatchNormModel> ModelStore::CaptureConsistent(
     absl::FunctionRef<void()> at_cut) {
-  absl::MutexLock pause(&pause_mu_);
+  MutexLock pause(&pause_mu_);
   at_cut();
   return List(/*with_arrays=*/true);
 }
 
 int64_t ModelStore::size() const {
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   return static_cast<int64_t>(models_.size());
 }
 

@@ -26,10 +26,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/core/model.h"
 #include "server/core/mutation_log.h"
+#include "server/core/sync.h"
 
 namespace normd {
 
@@ -100,7 +100,7 @@ class ModelStore {
   // (under `mu`) when the entry leaves the map, so that an update that
   // looked it up just before retries on a fresh entry instead of being lost.
   struct Entry {
-    mutable absl::Mutex mu;
+    mutable Mutex mu;
     BatchNormModel model ABSL_GUARDED_BY(mu);
     bool deleted ABSL_GUARDED_BY(mu) = false;
   };
@@ -124,8 +124,8 @@ class ModelStore {
   MutationLog* log_ = nullptr;
   // Held shared by every change (apply + append), exclusively by
   // CaptureConsistent. Acquired before mu_ and any entry's mu.
-  absl::Mutex pause_mu_;
-  mutable absl::Mutex mu_;
+  Mutex pause_mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> models_
       ABSL_GUARDED_BY(mu_);
 };

@@ -9,7 +9,10 @@
 #ifndef NORMD_SERVER_CORE_SIMD_H_
 #define NORMD_SERVER_CORE_SIMD_H_
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// Not under ThreadSanitizer: the clones' ifunc resolvers run before the
+// TSan runtime is initialized, and its instrumentation of them crashes.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define NORMD_MULTIVERSION \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 #else

@@ -40,7 +40,7 @@ BufferPool& BufferPool::Global() {
 }
 
 void BufferPool::SetMaxRetainedBytes(size_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   max_retained_ = bytes;
   for (auto& [capacity, blocks] : free_) {
     while (retained_ > max_retained_ && !blocks.empty()) {
@@ -56,7 +56,7 @@ void* BufferPool::Acquire(size_t bytes) {
   void* block = nullptr;
   if (bytes >= kMinPooledBytes) {
     capacity = SizeClass(bytes);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = free_.find(capacity);
     if (it != free_.end() && !it->second.empty()) {
       block = it->second.back();
@@ -83,7 +83,7 @@ void BufferPool::Release(void* buffer) {
 
 void BufferPool::Put(void* block, size_t capacity) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (retained_ + capacity <= max_retained_) {
       free_[capacity].push_back(block);
       retained_ += capacity;
@@ -94,7 +94,7 @@ void BufferPool::Put(void* block, size_t capacity) {
 }
 
 size_t BufferPool::retained_bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return retained_;
 }
 

@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "server/core/sync.h"
 
 namespace normd {
 
@@ -43,7 +43,7 @@ class BufferPool {
  private:
   void Put(void* block, size_t capacity);
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   size_t max_retained_ ABSL_GUARDED_BY(mu_) = kDefaultRetainedBytes;
   size_t retained_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<size_t, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);

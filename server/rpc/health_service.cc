@@ -20,7 +20,7 @@ class HealthService::Watcher final
 
   // Queues `status` (and, if `last`, the end of the stream).
   void Notify(ServingStatus status, bool last) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     pending_ = status;
     has_pending_ = true;
@@ -29,7 +29,7 @@ class HealthService::Watcher final
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
@@ -39,7 +39,7 @@ class HealthService::Watcher final
   }
 
   void OnCancel() override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     FinishLocked(grpc::Status::CANCELLED);
   }
 
@@ -74,7 +74,7 @@ class HealthService::Watcher final
 
   HealthService& service_;
   const std::string name_;
-  absl::Mutex mu_;
+  Mutex mu_;
   HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
   ServingStatus pending_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
@@ -91,7 +91,7 @@ HealthService::ServingStatus HealthService::StatusLocked(
 }
 
 void HealthService::SetServing(absl::string_view service, bool serving) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return;
   const ServingStatus status =
       serving ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
@@ -102,7 +102,7 @@ void HealthService::SetServing(absl::string_view service, bool serving) {
 }
 
 void HealthService::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return;
   shut_down_ = true;
   for (auto& [name, status] : statuses_) {
@@ -114,13 +114,13 @@ void HealthService::Shutdown() {
 }
 
 void HealthService::Register(Watcher* watcher) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   watchers_.insert(watcher);
   watcher->Notify(StatusLocked(watcher->name()), /*last=*/shut_down_);
 }
 
 void HealthService::Unregister(Watcher* watcher) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   watchers_.erase(watcher);
 }
 
@@ -129,7 +129,7 @@ grpc::ServerUnaryReactor* HealthService::Check(
     HealthCheckResponse* response) {
   grpc::Status status;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     const ServingStatus serving = StatusLocked(request->service());
     if (serving == HealthCheckResponse::SERVICE_UNKNOWN) {
       status = grpc::Status(

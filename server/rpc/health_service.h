@@ -20,8 +20,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "server/core/sync.h"
 
 namespace normd {
 
@@ -54,7 +54,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   void Register(Watcher* watcher);
   void Unregister(Watcher* watcher);
 
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<std::string, ServingStatus> statuses_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);

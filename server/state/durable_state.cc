@@ -196,13 +196,13 @@ absl::StatusOr<std::unique_ptr<DurableState>> DurableState::Open(
 
 DurableState::~DurableState() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
   if (sync_thread_.joinable()) sync_thread_.join();  // After a last sync.
   store_.SetMutationLog(nullptr);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (segment_fd_ >= 0) ::close(segment_fd_);
   ::close(lock_fd_);  // Releases the flock.
 }
@@ -275,7 +275,7 @@ absl::Status DurableState::Recover(RecoveryReport* report) {
     }
   }
   DropFilesBefore(last_sequence + 1);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   next_sequence_ = next_sequence;
   durable_sequence_ = last_sequence;
   return StartSegment(next_sequence);
@@ -425,12 +425,12 @@ void DurableState::DropFilesBefore(uint64_t sequence) {
 }
 
 void DurableState::SetObserver(DurabilityObserver* observer) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   observer_ = observer;
 }
 
 absl::Status DurableState::Healthy() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return error_;
 }
 
@@ -438,7 +438,7 @@ uint64_t DurableState::Append(const Mutation& mutation) {
   std::string payload;
   ByteWriter payload_writer(payload);
   EncodeMutation(mutation, payload_writer);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const uint64_t sequence = next_sequence_++;
   std::string sequence_bytes;
   ByteWriter(sequence_bytes).PutU64(sequence);
@@ -452,7 +452,7 @@ uint64_t DurableState::Append(const Mutation& mutation) {
 }
 
 absl::Status DurableState::WaitDurable(uint64_t sequence) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto done = [this, sequence] {
     mu_.AssertReaderHeld();
     return durable_sequence_ >= sequence || !error_.ok();
@@ -465,7 +465,7 @@ void DurableState::OnDurable(uint64_t sequence,
                              std::function<void(absl::Status)> done) {
   absl::Status now;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (durable_sequence_ < sequence && error_.ok()) {
       waiters_.emplace_back(sequence, std::move(done));
       return;
@@ -553,7 +553,7 @@ void DurableState::SyncLoop() {
 
 absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed,
                                               std::vector<Waiter>* ready) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto idle = [this] {
     mu_.AssertReaderHeld();
     return !syncing_;
@@ -583,7 +583,7 @@ absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed,
 }
 
 absl::Status DurableState::Snapshot() {
-  absl::MutexLock snapshot_lock(&snapshot_mu_);
+  MutexLock snapshot_lock(&snapshot_mu_);
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<uint64_t> cut;
   FlushStats flushed;
@@ -592,7 +592,7 @@ absl::Status DurableState::Snapshot() {
       store_.CaptureConsistent([&] { cut = Rotate(&flushed, &ready); });
   DurabilityObserver* observer = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     observer = observer_;
   }
   RunWaiters(ready, cut.ok() ? *cut : 0, cut.status());
@@ -606,7 +606,7 @@ absl::Status DurableState::Snapshot() {
   }
   DropFilesBefore(*cut + 1);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     log_bytes_since_snapshot_ = 0;
     snapshot_wanted_ = false;
     observer = observer_;
@@ -621,7 +621,7 @@ absl::Status DurableState::Close() {
   uint64_t durable;
   absl::Status error;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (error_.ok()) {
       error_ = absl::UnavailableError("state_dir: the server is shutting down");
     }
@@ -636,7 +636,7 @@ absl::Status DurableState::Close() {
 void DurableState::SnapshotLoop() {
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto wake = [this] {
         mu_.AssertReaderHeld();
         return snapshot_wanted_ || stopping_;
@@ -647,7 +647,7 @@ void DurableState::SnapshotLoop() {
     if (!Snapshot().ok()) {
       // The error is sticky in error_ (or the snapshot file failed): retry
       // only when more log has accumulated.
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       snapshot_wanted_ = false;
       log_bytes_since_snapshot_ = 0;
     }

@@ -32,9 +32,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "server/core/model_store.h"
 #include "server/core/mutation_log.h"
+#include "server/core/sync.h"
 
 namespace normd::state {
 
@@ -128,9 +128,9 @@ class DurableState final : public MutationLog {
   ModelStore& store_;
   const int lock_fd_;
 
-  absl::Mutex snapshot_mu_;  // One snapshot at a time.
+  Mutex snapshot_mu_;  // One snapshot at a time.
 
-  absl::Mutex mu_;
+  Mutex mu_;
   DurabilityObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string pending_ ABSL_GUARDED_BY(mu_);  // Framed, not yet written.
   int64_t pending_records_ ABSL_GUARDED_BY(mu_) = 0;

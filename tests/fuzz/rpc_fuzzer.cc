@@ -26,9 +26,8 @@ namespace {
 struct Fixture {
   Fixture() {
     // Invalid UTF-8 in string fields makes protobuf log each time.
-    google::protobuf::SetLogHandler(
-        [](google::protobuf::LogLevel, const char*, int, const std::string&) {
-        });
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*,
+                                       int, const std::string&) {});
   }
   prometheus::Registry registry;
   normd::ServerMetrics metrics{registry};
@@ -79,8 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         normd::v1::NormalizeResponse parsed;
         if (!parsed.ParseFromString(raw_bytes) ||
             parsed.output().data() != reference.output().data() ||
-            parsed.output().values_size() !=
-                reference.output().values_size()) {
+            parsed.output().values_size() != reference.output().values_size()) {
           std::abort();
         }
       }
