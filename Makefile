@@ -112,3 +112,4 @@ bench: build
 	  --reps $(SERVICE_REPS) > $(BUILD_DIR)/service_bench.json
 	/usr/bin/python3 bench/report.py $(BUILD_DIR)/kernel_bench.json \
 	  $(BUILD_DIR)/torch_bench.json $(BUILD_DIR)/service_bench.json
+	/usr/bin/python3 bench/durable_bench.py --build $(BUILD_DIR) --reps $(BENCH_REPS)

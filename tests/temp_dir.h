@@ -35,9 +35,8 @@ inline std::string FreshTempDir(const std::string& prefix,
   (void)registered;
   const char* base = std::getenv("TEST_TMPDIR");
   const std::filesystem::path dir =
-      std::filesystem::path(base != nullptr
-                                ? base
-                                : std::filesystem::temp_directory_path()) /
+      std::filesystem::path(
+          base != nullptr ? base : std::filesystem::temp_directory_path()) /
       (prefix + "_" + std::to_string(getpid()) + "_" + name);
   std::filesystem::remove_all(dir);
   TempDirCleanup::dirs().push_back(dir.string());
