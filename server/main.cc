@@ -76,11 +76,13 @@ namespace {
 
 const char kUsage[] =
     "a gRPC server that normalizes tensors (LayerNorm, BatchNorm) with "
-    "PyTorch semantics\nand keeps BatchNorm statistics per model in memory.\n\n"
-    "Usage: normd [--port=50051] [--metrics_port=9464] [flags...]\n\n"
+    "PyTorch semantics\nand keeps BatchNorm statistics per model, in memory "
+    "or durably (--state_dir).\n\n"
+    "Usage: normd [--port=50051] [--metrics_port=9464] [--state_dir=DIR] "
+    "[flags...]\n\n"
     "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
     "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
-    "drain, exit 0.";
+    "drain (--shutdown_grace),\na final snapshot is written, exit 0.";
 
 // Show only normd's own flags in --help.
 bool IsNormdFlagFile(absl::string_view file) {

@@ -7,18 +7,13 @@ in tests/bad_input_test.cc.
 Usage: bad_input_test.py --normd BUILD/normd --stubs BUILD/python
 """
 
-import argparse
 import json
 import os
 import sys
 
 import normd_process
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--normd", required=True)
-parser.add_argument("--stubs", required=True)
-ARGS = parser.parse_args()
-sys.path.insert(0, ARGS.stubs)
+ARGS = normd_process.parse_test_args(__doc__)
 import grpc  # noqa: E402
 from google.protobuf import json_format  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402

@@ -216,6 +216,20 @@ TEST(DurabilityTest, GracefulRestartKeepsEverything) {
         MakeTensor({kRows, kChannels}, Batch(1, 0), v1::FLOAT64);
     ASSERT_TRUE(client->Fit(other).ok());
     ASSERT_TRUE(client->DeleteModel("deleted").ok());
+    // Training steps on a NormalizeStream are answered once durable.
+    std::vector<v1::NormalizeRequest> steps(2);
+    for (int i = 0; i < 2; ++i) {
+      steps[i].set_mode(v1::BATCH_NORM);
+      steps[i].set_model("streamed");
+      steps[i].set_training(true);
+      *steps[i].mutable_input() =
+          MakeTensor({kRows, kChannels}, Batch(2, i), v1::FLOAT64);
+    }
+    auto streamed = client->NormalizeStream(steps);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_EQ(streamed->size(), 2u);
+    EXPECT_FALSE((*streamed)[1].has_error());
+    EXPECT_EQ((*streamed)[1].model().num_batches_tracked(), 2);
     auto state = client->GetModel("kept");
     ASSERT_TRUE(state.ok());
     before = *state;
@@ -226,7 +240,7 @@ TEST(DurabilityTest, GracefulRestartKeepsEverything) {
   ASSERT_TRUE(restarted.Start(NORMD_BINARY, {"--state_dir=" + dir}))
       << restarted.log();
   // The final snapshot holds everything: nothing left to replay.
-  EXPECT_NE(restarted.log().find("1 models recovered"), std::string::npos)
+  EXPECT_NE(restarted.log().find("2 models recovered"), std::string::npos)
       << restarted.log();
   EXPECT_NE(restarted.log().find("+ 0 log records"), std::string::npos)
       << restarted.log();
@@ -236,6 +250,9 @@ TEST(DurabilityTest, GracefulRestartKeepsEverything) {
   EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
   EXPECT_EQ(client->GetModel("deleted").status().code(),
             absl::StatusCode::kNotFound);
+  auto streamed = client->GetModel("streamed");
+  ASSERT_TRUE(streamed.ok());
+  EXPECT_EQ(streamed->num_batches_tracked(), 2);
   client.reset();
   EXPECT_EQ(restarted.Stop(), 0);
 }

@@ -1,8 +1,20 @@
 """Starts a real normd on loopback for the Python tests (Debian's python3)."""
 
+import argparse
 import re
 import subprocess
+import sys
 import threading
+
+
+def parse_test_args(doc):
+    """Parses --normd and --stubs (the generated Python stubs, made importable)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--normd", required=True)
+    parser.add_argument("--stubs", required=True)
+    args = parser.parse_args()
+    sys.path.insert(0, args.stubs)
+    return args
 
 
 def start_normd(binary, flags=()):

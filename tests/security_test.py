@@ -8,7 +8,6 @@ client certificate from another CA, or none, fails the handshake
 Usage: security_test.py --normd BUILD/normd --stubs BUILD/python
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -16,11 +15,7 @@ import tempfile
 
 import normd_process
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--normd", required=True)
-parser.add_argument("--stubs", required=True)
-ARGS = parser.parse_args()
-sys.path.insert(0, ARGS.stubs)
+ARGS = normd_process.parse_test_args(__doc__)
 import grpc  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402

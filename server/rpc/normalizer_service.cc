@@ -195,17 +195,30 @@ class NormalizeStreamReactor final
         service_.admission().Admit(
             0, static_cast<int64_t>(request_.ByteSizeLong()));
     if (!message_ticket.ok()) service_.metrics().Rejected();
-    const absl::Status status =
-        message_ticket.ok()
-            ? Guarded([&] { return service_.DoNormalize(request_, response_); })
-            : message_ticket.status();
-    if (!status.ok()) {
-      response_.Clear();
-      response_.set_request_id(request_.request_id());
-      response_.mutable_error()->set_code(static_cast<int>(status.code()));
-      response_.mutable_error()->set_message(std::string(status.message()));
+    absl::Status status = message_ticket.status();
+    uint64_t sequence = 0;
+    if (message_ticket.ok()) {
+      DeferDurability defer;
+      status =
+          Guarded([&] { return service_.DoNormalize(request_, response_); });
+      sequence = defer.sequence();
     }
-    StartWrite(&response_);
+    // A training step is answered once it is durable (from the log's
+    // thread; at once otherwise).
+    service_.store().OnDurable(
+        status.ok() ? sequence : 0,
+        [this, status](const absl::Status& durable) {
+          const absl::Status final_status = durable.ok() ? status : durable;
+          if (!final_status.ok()) {
+            response_.Clear();
+            response_.set_request_id(request_.request_id());
+            response_.mutable_error()->set_code(
+                static_cast<int>(final_status.code()));
+            response_.mutable_error()->set_message(
+                std::string(final_status.message()));
+          }
+          StartWrite(&response_);
+        });
   }
 
   void OnWriteDone(bool ok) override {
