@@ -109,12 +109,7 @@ def main():
         if after != before:
             failures.append("FitStream changed other models")
 
-        # grpc.health.v1.Health/Check by hand (grpcio's own "grpc" package
-        # shadows generated health stubs): request {service = 1}, response
-        # {status = 1}, SERVING = 1.
-        service = b"normd.v1.Normalizer"
-        check = channel.unary_unary("/grpc.health.v1.Health/Check")
-        if check(b"\x0a" + bytes([len(service)]) + service) != b"\x08\x01":
+        if not normd_process.is_serving(channel):
             failures.append("the server is not SERVING afterwards")
         channel.close()
     finally:
@@ -122,10 +117,8 @@ def main():
         proc.wait(timeout=30)
     if proc.returncode != 0:
         failures.append(f"normd exited with {proc.returncode}")
-    for f in failures:
-        print("FAIL", f)
-    print(f"{len(TABLE['rows'])} rows + 2 streams, {len(failures)} failures")
-    return 1 if failures else 0
+    return normd_process.report(
+        failures, f"{len(TABLE['rows'])} rows + 2 streams")
 
 
 if __name__ == "__main__":

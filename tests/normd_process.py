@@ -36,3 +36,21 @@ def start_normd(binary, flags=()):
             return proc, int(match.group(1)), int(match.group(2))
     proc.kill()
     raise RuntimeError("normd did not start: " + "".join(log))
+
+
+def is_serving(channel, service="normd.v1.Normalizer", metadata=None):
+    """grpc.health.v1.Health/Check by hand (grpcio's own "grpc" package
+    shadows generated health stubs): request {service = 1}, response
+    {status = 1}, SERVING = 1."""
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    name = service.encode()
+    request = b"\x0a" + bytes([len(name)]) + name if name else b""
+    return check(request, timeout=5, metadata=metadata) == b"\x08\x01"
+
+
+def report(failures, summary):
+    """Prints each failure and the summary; the exit code."""
+    for f in failures:
+        print("FAIL", f)
+    print(f"{summary}, {len(failures)} failures")
+    return 1 if failures else 0
