@@ -307,6 +307,35 @@ TEST(DurableStateTest, ADirectoryServesOneServerAtATime) {
   EXPECT_NE(s.message().find("in use"), std::string::npos) << s;
 }
 
+// A full disk: the next log segment is /dev/full, so its writes fail with
+// ENOSPC. From then on every change is refused with UNAVAILABLE and leaves
+// the store as it was; what was acknowledged before is recovered.
+TEST(DurableStateTest, FullDiskRefusesChangesAndKeepsWhatWasAcknowledged) {
+  const std::string dir = FreshDir("full");
+  std::vector<BatchNormModel> acknowledged;
+  {
+    Opened o = Open(dir);
+    ASSERT_TRUE(
+        o.store->Train("a", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
+    acknowledged = o.store->List(true);
+    // The next segment starts after the 2 records so far (create + step).
+    const std::string next = dir + "/" + SegmentFileName(3);
+    fs::create_symlink("/dev/full", next);
+    const absl::Status snapshot = o.state->Snapshot();
+    EXPECT_EQ(snapshot.code(), absl::StatusCode::kUnavailable) << snapshot;
+    const auto refused =
+        o.store->Train("a", std::vector<Moments>(2, {3, 5.0, 2.0}));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(refused.status().message().find("durable"), std::string::npos)
+        << refused.status();
+    EXPECT_EQ(o.store->Delete("a").code(), absl::StatusCode::kUnavailable);
+    ExpectSameModels(acknowledged, o.store->List(true));  // Unchanged.
+    fs::remove(next);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(acknowledged, o.store->List(true));
+}
+
 TEST(DurableStateTest, ClosedStateRefusesChanges) {
   const std::string dir = FreshDir("closed");
   Opened o = Open(dir);
