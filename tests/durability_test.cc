@@ -257,6 +257,56 @@ TEST(DurabilityTest, GracefulRestartKeepsEverything) {
   EXPECT_EQ(restarted.Stop(), 0);
 }
 
+// A full disk: the log segment normd moves to next is /dev/full. The Fit
+// before is acknowledged and kept; then health turns NOT_SERVING, changes get
+// UNAVAILABLE, reads still work, and normd_state_writable drops to 0.
+TEST(DurabilityTest, FullDiskTakesTheServerOutOfServiceAndKeepsItsState) {
+  const std::string dir = FreshDir("full");
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY,
+                           {"--state_dir=" + dir, "--snapshot_log_bytes=1"}))
+      << server.log();
+  // Records 1 and 2 (the model's creation and its step) go to the first
+  // segment; the snapshot they trigger starts segment 3.
+  const std::string next = dir + "/wal-00000000000000000003.log";
+  fs::create_symlink("/dev/full", next);
+  auto client = NormdClient::Connect(server.target());
+  v1::FitRequest fit;
+  fit.set_model("kept");
+  *fit.mutable_input() =
+      MakeTensor({kRows, kChannels}, Batch(0, 0), v1::FLOAT64);
+  ASSERT_TRUE(client->Fit(fit).ok());
+  auto health = client->Health();
+  for (int i = 0; i < 100 && health.ok() &&
+                  *health == grpc::health::v1::HealthCheckResponse::SERVING;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    health = client->Health();
+  }
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  const absl::Status refused = client->Fit(fit).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  auto state = client->GetModel("kept");
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->num_batches_tracked(), 1);
+  EXPECT_NE(testing::HttpGet(server.metrics_port(), "/metrics")
+                .find("normd_state_writable 0"),
+            std::string::npos);
+  EXPECT_NE(server.log().find("NOT_SERVING"), std::string::npos)
+      << server.log();
+  client.reset();
+  EXPECT_EQ(server.Stop(SIGKILL), 128 + SIGKILL);
+
+  fs::remove(next);
+  testing::ServerProcess restarted;
+  ASSERT_TRUE(restarted.Start(NORMD_BINARY, {"--state_dir=" + dir}))
+      << restarted.log();
+  auto after = NormdClient::Connect(restarted.target())->GetModel("kept");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->num_batches_tracked(), 1);
+}
+
 TEST(DurabilityTest, DamagedStateStopsStartUpNamingTheFile) {
   const std::string dir = FreshDir("damaged");
   {

@@ -166,16 +166,20 @@ TEST(DurableStateTest, RotatesIntoSnapshotsAndDropsCoveredLog) {
   ExpectSameModels(before, o.store->List(true));
 }
 
+// Counts what a DurableState reports.
+struct CountingObserver : DurabilityObserver {
+  std::atomic<int64_t> syncs = 0, records = 0, snapshots = 0, failures = 0;
+  void OnSync(int64_t r, int64_t, double) override {
+    ++syncs;
+    records += r;
+  }
+  void OnSnapshot(int64_t, double) override { ++snapshots; }
+  void OnFailure(const absl::Status&) override { ++failures; }
+};
+
 TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
   const std::string dir = FreshDir("concurrent");
-  struct CountingObserver : DurabilityObserver {
-    std::atomic<int64_t> syncs = 0, records = 0, snapshots = 0;
-    void OnSync(int64_t r, int64_t, double) override {
-      ++syncs;
-      records += r;
-    }
-    void OnSnapshot(int64_t, double) override { ++snapshots; }
-  } observer;
+  CountingObserver observer;
   constexpr int kThreads = 16, kSteps = 300;
   std::vector<BatchNormModel> before;
   {
@@ -200,6 +204,7 @@ TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
   // Group commit: far fewer syncs than records.
   EXPECT_LT(observer.syncs.load(), observer.records.load());
   EXPECT_GT(observer.snapshots.load(), 0);
+  EXPECT_EQ(observer.failures.load(), 0);
   int64_t batches = 0;
   for (const auto& m : before) batches += m.generation - 1;
   EXPECT_EQ(batches, kThreads * kSteps);
@@ -313,8 +318,10 @@ TEST(DurableStateTest, ADirectoryServesOneServerAtATime) {
 TEST(DurableStateTest, FullDiskRefusesChangesAndKeepsWhatWasAcknowledged) {
   const std::string dir = FreshDir("full");
   std::vector<BatchNormModel> acknowledged;
+  CountingObserver observer;
   {
     Opened o = Open(dir);
+    o.state->SetObserver(&observer);
     ASSERT_TRUE(
         o.store->Train("a", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
     acknowledged = o.store->List(true);
@@ -330,6 +337,8 @@ TEST(DurableStateTest, FullDiskRefusesChangesAndKeepsWhatWasAcknowledged) {
         << refused.status();
     EXPECT_EQ(o.store->Delete("a").code(), absl::StatusCode::kUnavailable);
     ExpectSameModels(acknowledged, o.store->List(true));  // Unchanged.
+    EXPECT_EQ(observer.failures.load(), 1);               // Told once.
+    o.state->SetObserver(nullptr);
     fs::remove(next);
   }
   Opened o = Open(dir);

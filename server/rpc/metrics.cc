@@ -158,7 +158,13 @@ StateMetrics::StateMetrics(prometheus::Registry& registry) {
       gauge("normd_snapshot_bytes", "Size of the last snapshot written.");
   snapshot_seconds_ = gauge("normd_snapshot_seconds",
                             "Time the last snapshot took, in seconds.");
+  writable_ = gauge("normd_state_writable",
+                    "1 while model changes can be made durable; 0 once "
+                    "writing the state failed (changes are refused).");
+  writable_->Set(1);
 }
+
+void StateMetrics::OnFailure(const absl::Status& error) { writable_->Set(0); }
 
 void StateMetrics::OnSync(int64_t records, int64_t bytes, double seconds) {
   syncs_->Increment();

@@ -69,8 +69,10 @@ class StateMetrics final : public state::DurabilityObserver {
   explicit StateMetrics(prometheus::Registry& registry);
   void OnSync(int64_t records, int64_t bytes, double seconds) override;
   void OnSnapshot(int64_t bytes, double seconds) override;
+  void OnFailure(const absl::Status& error) override;
 
  private:
+  prometheus::Gauge* writable_ = nullptr;
   prometheus::Counter* syncs_ = nullptr;
   prometheus::Counter* records_ = nullptr;
   prometheus::Counter* bytes_ = nullptr;

@@ -31,6 +31,32 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& path,
   return contents.str();
 }
 
+// Forwards the durable state's events to its metrics and, when the state can
+// no longer be written, logs it and takes the server out of service (health
+// NOT_SERVING), since every change would be refused. Thread-safe.
+class StateObserver final : public state::DurabilityObserver {
+ public:
+  StateObserver(StateMetrics& metrics, HealthService& health)
+      : metrics_(metrics), health_(health) {}
+  void OnSync(int64_t records, int64_t bytes, double seconds) override {
+    metrics_.OnSync(records, bytes, seconds);
+  }
+  void OnSnapshot(int64_t bytes, double seconds) override {
+    metrics_.OnSnapshot(bytes, seconds);
+  }
+  void OnFailure(const absl::Status& error) override {
+    metrics_.OnFailure(error);
+    Log(LogSeverity::kError,
+        absl::StrCat(error.message(), "; health is now NOT_SERVING"));
+    health_.SetServing(kServiceName, false);
+    health_.SetServing("", false);
+  }
+
+ private:
+  StateMetrics& metrics_;
+  HealthService& health_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -177,7 +203,6 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
                                                   : report.snapshot_file,
                      " + ", report.records_replayed, " log records"));
     server->state_metrics_ = std::make_unique<StateMetrics>(*server->registry_);
-    server->durable_->SetObserver(server->state_metrics_.get());
     server->metrics_->SetModels(server->engine_->store().size());
   }
   server->admission_ = std::make_unique<Admission>(
@@ -189,6 +214,11 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   // normd's own health service (see health_service.h), not gRPC's default.
   grpc::EnableDefaultHealthCheckService(false);
   server->health_ = std::make_unique<HealthService>();
+  if (server->durable_ != nullptr) {
+    server->state_observer_ = std::make_unique<StateObserver>(
+        *server->state_metrics_, *server->health_);
+    server->durable_->SetObserver(server->state_observer_.get());
+  }
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);

@@ -95,6 +95,7 @@ class NormdServer {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<StateMetrics> state_metrics_;
+  std::unique_ptr<state::DurabilityObserver> state_observer_;
   std::unique_ptr<state::DurableState> durable_;
   std::unique_ptr<NormalizerService> service_;
   std::unique_ptr<HealthService> health_;

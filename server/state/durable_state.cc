@@ -60,6 +60,12 @@ absl::Status WriteAll(int fd, absl::string_view bytes,
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError("cannot open", path);
+  struct stat info;
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a regular file; refusing to start"));
+  }
   std::string bytes;
   char buffer[1 << 16];
   while (true) {
@@ -548,6 +554,7 @@ void DurableState::SyncLoop() {
       observer->OnSync(records, static_cast<int64_t>(batch.size()), seconds);
     }
     RunWaiters(ready, durable, error);
+    if (!s.ok()) ReportFailure();
   }
 }
 
@@ -596,7 +603,10 @@ absl::Status DurableState::Snapshot() {
     observer = observer_;
   }
   RunWaiters(ready, cut.ok() ? *cut : 0, cut.status());
-  if (!cut.ok()) return cut.status();
+  if (!cut.ok()) {
+    ReportFailure();
+    return cut.status();
+  }
   if (observer != nullptr && flushed.records > 0) {
     observer->OnSync(flushed.records, flushed.bytes, flushed.seconds);
   }
@@ -615,7 +625,25 @@ absl::Status DurableState::Snapshot() {
   return absl::OkStatus();
 }
 
+void DurableState::ReportFailure() {
+  DurabilityObserver* observer;
+  absl::Status error;
+  {
+    MutexLock lock(&mu_);
+    if (error_.ok() || failure_reported_ || observer_ == nullptr) return;
+    failure_reported_ = true;
+    observer = observer_;
+    error = error_;
+  }
+  if (observer != nullptr) observer->OnFailure(error);
+}
+
 absl::Status DurableState::Close() {
+  {
+    MutexLock lock(&mu_);
+    // Only an error from now on would be the closing itself, not a failure.
+    failure_reported_ = failure_reported_ || error_.ok();
+  }
   absl::Status s = Snapshot();
   std::vector<Waiter> ready;
   uint64_t durable;

@@ -60,6 +60,9 @@ class DurabilityObserver {
   virtual ~DurabilityObserver() = default;
   virtual void OnSync(int64_t records, int64_t bytes, double seconds) = 0;
   virtual void OnSnapshot(int64_t bytes, double seconds) = 0;
+  // Once, when writing the log or a snapshot failed for good: from then on
+  // every change is refused with `error` (UNAVAILABLE).
+  virtual void OnFailure(const absl::Status& error) = 0;
 };
 
 class DurableState final : public MutationLog {
@@ -121,6 +124,8 @@ class DurableState final : public MutationLog {
   static void RunWaiters(std::vector<Waiter>& ready, uint64_t durable,
                          const absl::Status& error);
   void DropFilesBefore(uint64_t sequence);
+  // Tells the observer about a new sticky error (once; not for Close).
+  void ReportFailure();
   void SyncLoop();
   void SnapshotLoop();
 
@@ -139,6 +144,7 @@ class DurableState final : public MutationLog {
   bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // SyncLoop is writing.
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // Sticky.
+  bool failure_reported_ ABSL_GUARDED_BY(mu_) = false;
   int segment_fd_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t segment_first_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t log_bytes_since_snapshot_ ABSL_GUARDED_BY(mu_) = 0;
