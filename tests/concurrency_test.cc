@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -23,6 +22,7 @@
 #include "client/tensor_io.h"
 #include "tests/reference.h"
 #include "tests/server_process.h"
+#include "tests/temp_dir.h"
 
 namespace normd {
 namespace {
@@ -77,10 +77,7 @@ std::map<std::string, std::string> Fingerprint(NormdClient& client) {
 }
 
 TEST(ConcurrencyTest, MixedLoadLosesNothingAndMatchesSerialReplay) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("normd_concurrency_" + std::to_string(getpid())))
-                              .string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = testing::FreshTempDir("normd_concurrency", "state");
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(NORMD_BINARY, {"--state_dir=" + dir}))
       << server.log();
@@ -242,7 +239,6 @@ TEST(ConcurrencyTest, MixedLoadLosesNothingAndMatchesSerialReplay) {
   EXPECT_EQ(Fingerprint(*client), before);
   client.reset();
   EXPECT_EQ(restarted.Stop(), 0);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <regex>
@@ -17,6 +16,7 @@
 #include "client/tensor_io.h"
 #include "tests/reference.h"
 #include "tests/server_process.h"
+#include "tests/temp_dir.h"
 
 namespace normd {
 namespace {
@@ -485,8 +485,7 @@ TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
 }
 
 TEST(ServerLifecycleTest, SigtermDrainsInFlightStreamsAndExitsZero) {
-  const std::string state_dir = ::testing::TempDir() + "/normd_sigterm_state";
-  std::filesystem::remove_all(state_dir);
+  const std::string state_dir = testing::FreshTempDir("normd_sigterm", "state");
   ServerProcess server;
   ASSERT_TRUE(server.Start(
       NORMD_BINARY, {"--shutdown_grace=20s", "--state_dir=" + state_dir}))

@@ -57,6 +57,22 @@ absl::Status WriteAll(int fd, absl::string_view bytes,
   return absl::OkStatus();
 }
 
+// Writes `bytes` to `fd` and makes them durable (fdatasync).
+absl::Status WriteAndSync(int fd, absl::string_view bytes,
+                          const std::string& path) {
+  absl::Status s = WriteAll(fd, bytes, path);
+  if (s.ok() && ::fdatasync(fd) != 0) s = IoError("cannot sync", path);
+  return s;
+}
+
+// The sticky error every later change gets once writing the log failed.
+absl::Status RefusalError(const absl::Status& cause) {
+  return absl::UnavailableError(
+      absl::StrCat("state_dir: changes can no longer be made durable, so "
+                   "they are refused: ",
+                   cause.message()));
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return IoError("cannot open", path);
@@ -404,8 +420,7 @@ absl::Status DurableState::StartSegment(uint64_t first_sequence) {
   writer.PutU32(kFormatVersion);
   writer.PutU64(first_sequence);
   writer.PutU32(Crc32(header));
-  absl::Status s = WriteAll(fd, header, path);
-  if (s.ok() && ::fdatasync(fd) != 0) s = IoError("cannot sync", path);
+  absl::Status s = WriteAndSync(fd, header, path);
   if (s.ok()) s = SyncDirectory(options_.dir);
   if (!s.ok()) {
     ::close(fd);
@@ -527,17 +542,13 @@ void DurableState::SyncLoop() {
     absl::Status s;
     const auto start = std::chrono::steady_clock::now();
     if (!broken) {
-      s = WriteAll(fd, batch, path);
-      if (s.ok() && ::fdatasync(fd) != 0) s = IoError("cannot sync", path);
+      s = WriteAndSync(fd, batch, path);
     }
     const double seconds = SecondsSince(start);
     mu_.Lock();
     syncing_ = false;
     if (!s.ok()) {
-      error_ = absl::UnavailableError(
-          absl::StrCat("state_dir: changes can no longer be made durable, "
-                       "so they are refused: ",
-                       s.message()));
+      error_ = RefusalError(s);
     } else if (!broken) {
       durable_sequence_ = covered;
       log_bytes_since_snapshot_ += static_cast<int64_t>(batch.size());
@@ -571,14 +582,12 @@ absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed,
   if (cut < segment_first_) return cut;  // The segment is empty: keep it.
   const std::string path = Join(options_.dir, SegmentFileName(segment_first_));
   const auto start = std::chrono::steady_clock::now();
-  absl::Status s = WriteAll(segment_fd_, pending_, path);
-  if (s.ok() && ::fdatasync(segment_fd_) != 0) s = IoError("cannot sync", path);
+  absl::Status s = WriteAndSync(segment_fd_, pending_, path);
   *flushed = {pending_records_, static_cast<int64_t>(pending_.size()),
               SecondsSince(start)};
   if (s.ok()) s = StartSegment(cut + 1);
   if (!s.ok()) {
-    error_ = absl::UnavailableError(absl::StrCat(
-        "state_dir: changes can no longer be made durable: ", s.message()));
+    error_ = RefusalError(s);
     TakeReadyWaiters(ready);
     return error_;
   }
