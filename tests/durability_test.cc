@@ -266,8 +266,9 @@ TEST(DurabilityTest, FullDiskTakesTheServerOutOfServiceAndKeepsItsState) {
   ASSERT_TRUE(server.Start(NORMD_BINARY,
                            {"--state_dir=" + dir, "--snapshot_log_bytes=1"}))
       << server.log();
-  // Records 1 and 2 (the model's creation and its step) go to the first
-  // segment; the snapshot they trigger starts segment 3.
+  // Records 1 and 2 are the model's creation and its step; whichever way the
+  // snapshots they trigger interleave with them, the segment after record 2
+  // is segment 3, and the step is durable (and acknowledged) before it.
   const std::string next = dir + "/wal-00000000000000000003.log";
   fs::create_symlink("/dev/full", next);
   auto client = NormdClient::Connect(server.target());

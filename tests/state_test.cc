@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "server/core/engine.h"
 #include "server/core/model_store.h"
 #include "server/state/codec.h"
@@ -339,6 +340,41 @@ TEST(DurableStateTest, FullDiskRefusesChangesAndKeepsWhatWasAcknowledged) {
     ExpectSameModels(acknowledged, o.store->List(true));  // Unchanged.
     EXPECT_EQ(observer.failures.load(), 1);               // Told once.
     o.state->SetObserver(nullptr);
+    fs::remove(next);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(acknowledged, o.store->List(true));
+}
+
+// A rotation writes and syncs the records still queued before it starts the
+// next segment. If only the new segment fails, those records are durable and
+// their callers are acknowledged; the failure refuses what comes after.
+TEST(DurableStateTest, RecordsFlushedBeforeAFailedRotationAreAcknowledged) {
+  const std::string dir = FreshDir("rotation");
+  std::vector<BatchNormModel> acknowledged;
+  {
+    Opened o = Open(dir);
+    uint64_t sequence = 0;
+    {
+      DeferDurability defer;
+      ASSERT_TRUE(
+          o.store->Train("a", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
+      sequence = defer.sequence();
+    }
+    ASSERT_EQ(sequence, 2u);  // Create + step; the rotation cuts after 2.
+    acknowledged = o.store->List(true);
+    const std::string next = dir + "/" + SegmentFileName(3);
+    fs::create_symlink("/dev/full", next);
+    EXPECT_EQ(o.state->Snapshot().code(), absl::StatusCode::kUnavailable);
+    absl::Notification answered;
+    absl::Status outcome = absl::UnknownError("not answered");
+    o.store->OnDurable(sequence, [&](absl::Status s) {
+      outcome = s;
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    EXPECT_TRUE(outcome.ok()) << outcome;
+    EXPECT_EQ(o.state->Healthy().code(), absl::StatusCode::kUnavailable);
     fs::remove(next);
   }
   Opened o = Open(dir);

@@ -585,16 +585,17 @@ absl::StatusOr<uint64_t> DurableState::Rotate(FlushStats* flushed,
   absl::Status s = WriteAndSync(segment_fd_, pending_, path);
   *flushed = {pending_records_, static_cast<int64_t>(pending_.size()),
               SecondsSince(start)};
-  if (s.ok()) s = StartSegment(cut + 1);
-  if (!s.ok()) {
-    error_ = RefusalError(s);
-    TakeReadyWaiters(ready);
-    return error_;
+  if (s.ok()) {
+    // These records are durable whether or not the next segment can be
+    // started: their callers are acknowledged either way.
+    pending_.clear();
+    pending_records_ = 0;
+    durable_sequence_ = cut;
+    s = StartSegment(cut + 1);
   }
-  pending_.clear();
-  pending_records_ = 0;
-  durable_sequence_ = cut;
+  if (!s.ok()) error_ = RefusalError(s);
   TakeReadyWaiters(ready);
+  if (!error_.ok()) return error_;
   return cut;
 }
 
@@ -607,11 +608,13 @@ absl::Status DurableState::Snapshot() {
   std::vector<BatchNormModel> models =
       store_.CaptureConsistent([&] { cut = Rotate(&flushed, &ready); });
   DurabilityObserver* observer = nullptr;
+  uint64_t durable;
   {
     MutexLock lock(&mu_);
     observer = observer_;
+    durable = durable_sequence_;
   }
-  RunWaiters(ready, cut.ok() ? *cut : 0, cut.status());
+  RunWaiters(ready, durable, cut.status());
   if (!cut.ok()) {
     ReportFailure();
     return cut.status();
