@@ -529,5 +529,22 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
   EXPECT_FALSE(DecodeMutation(huge, &record));
 }
 
+// The layout is little-endian whatever the host, and a combined checksum is
+// the checksum of the concatenation (hand-worked bytes; zlib's crc32 of the
+// whole as the reference).
+TEST(CodecTest, BytesAreLittleEndianAndChecksumsCombine) {
+  std::string bytes;
+  ByteWriter writer(bytes);
+  writer.PutU32(0x01020304u);
+  writer.PutU64(0x1122334455667788ull);
+  EXPECT_EQ(bytes, std::string("\x04\x03\x02\x01\x88\x77\x66\x55\x44\x33"
+                               "\x22\x11",
+                               12));
+  EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);  // The standard check value.
+  const std::string a = "sequence", b(1500, 'p');
+  EXPECT_EQ(Crc32Combine(Crc32(a), Crc32(b), b.size()), Crc32(a + b));
+  EXPECT_EQ(Crc32Combine(Crc32(a), Crc32(""), 0), Crc32(a));
+}
+
 }  // namespace
 }  // namespace normd::state

@@ -18,13 +18,24 @@ bool DecodeMoments(ByteReader& in, Moments* m) {
 
 }  // namespace
 
-void ByteWriter::PutU32(uint32_t v) {
-  for (int i = 0; i < 4; ++i) PutU8(static_cast<uint8_t>(v >> (8 * i)));
+namespace {
+
+// Little-endian bytes of `v`, whatever the host's byte order; compilers turn
+// the shifts into one store on little-endian hosts.
+template <typename T>
+void AppendLittleEndian(T v, std::string& out) {
+  char bytes[sizeof(T)];
+  for (size_t i = 0; i < sizeof(T); ++i) {
+    bytes[i] = static_cast<char>(v >> (8 * i));
+  }
+  out.append(bytes, sizeof(T));
 }
 
-void ByteWriter::PutU64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) PutU8(static_cast<uint8_t>(v >> (8 * i)));
-}
+}  // namespace
+
+void ByteWriter::PutU32(uint32_t v) { AppendLittleEndian(v, out_); }
+
+void ByteWriter::PutU64(uint64_t v) { AppendLittleEndian(v, out_); }
 
 void ByteWriter::PutDouble(double v) {
   uint64_t bits;
@@ -39,6 +50,7 @@ void ByteWriter::PutString(absl::string_view s) {
 
 void ByteWriter::PutDoubles(const std::vector<double>& values) {
   PutU64(values.size());
+  Reserve(sizeof(double) * values.size());
   for (double v : values) PutDouble(v);
 }
 
@@ -168,6 +180,8 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
       EncodeModel(*mutation.model, out);
       break;
     case Mutation::Kind::kTrain:
+      out.Reserve(sizeof(uint64_t) +
+                  3 * sizeof(uint64_t) * mutation.batch.size());
       out.PutU64(mutation.batch.size());
       for (const Moments& m : mutation.batch) {
         out.PutI64(m.count);
@@ -227,6 +241,11 @@ uint32_t Crc32(absl::string_view bytes, uint32_t crc) {
     bytes.remove_prefix(n);
   }
   return crc;
+}
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, size_t length_b) {
+  return static_cast<uint32_t>(
+      crc32_combine(crc_a, crc_b, static_cast<z_off_t>(length_b)));
 }
 
 }  // namespace normd::state

@@ -21,6 +21,8 @@ namespace normd::state {
 class ByteWriter {
  public:
   explicit ByteWriter(std::string& out) : out_(out) {}
+  // Makes room for `bytes` more without changing what is written.
+  void Reserve(size_t bytes) { out_.reserve(out_.size() + bytes); }
   void PutU8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
   void PutU32(uint32_t v);
   void PutU64(uint64_t v);
@@ -71,6 +73,8 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record);
 
 // CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc`.
 uint32_t Crc32(absl::string_view bytes, uint32_t crc = 0);
+// Crc32 of A followed by B, from Crc32(A), Crc32(B) and B's length.
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, size_t length_b);
 
 }  // namespace normd::state
 

@@ -459,13 +459,17 @@ uint64_t DurableState::Append(const Mutation& mutation) {
   std::string payload;
   ByteWriter payload_writer(payload);
   EncodeMutation(mutation, payload_writer);
+  // The record's checksum covers its sequence number and then the payload;
+  // the payload's part is computed before taking the lock.
+  const uint32_t payload_crc = Crc32(payload);
   MutexLock lock(&mu_);
   const uint64_t sequence = next_sequence_++;
   std::string sequence_bytes;
   ByteWriter(sequence_bytes).PutU64(sequence);
   ByteWriter frame(pending_);
   frame.PutU32(static_cast<uint32_t>(payload.size()));
-  frame.PutU32(Crc32(payload, Crc32(sequence_bytes)));
+  frame.PutU32(
+      Crc32Combine(Crc32(sequence_bytes), payload_crc, payload.size()));
   pending_.append(sequence_bytes);
   pending_.append(payload);
   ++pending_records_;
