@@ -15,20 +15,25 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   python3-numpy openssl clang libclang-rt-14-dev
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
-  format bench
+  format bench test-container
 
 all: build
 
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+# Installs whichever of the packages in $(1) are missing (sudo when not root).
+define install_missing
+	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	done); \
 	if [ -n "$$missing" ]; then \
-	  echo "make deps: installing" $$missing; \
+	  echo "make: installing" $$missing; \
 	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$sudo apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
 
 $(BUILD_DIR)/Makefile: CMakeLists.txt tests/CMakeLists.txt
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
@@ -87,6 +92,18 @@ fuzz: deps
 	    -artifact_prefix=$(FUZZ_BUILD_DIR)/$$t- \
 	    $(FUZZ_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
 	done
+
+# The Dockerfile, built with podman (no Docker engine needed) and smoke-run
+# as the image's non-root user; needs root (podman storage, chroot). The
+# debian:bookworm base is made once with debootstrap. See
+# tests/container_test.py.
+CONTAINER_PACKAGES := podman debootstrap
+test-container: build
+	$(call install_missing,$(CONTAINER_PACKAGES))
+	mkdir -p $(BUILD_DIR)/container
+	$$( [ "$$(id -u)" = 0 ] || echo sudo ) /usr/bin/python3 \
+	  tests/container_test.py --normd $(BUILD_DIR)/normd \
+	  --stubs $(BUILD_DIR)/python --work $(CURDIR)/$(BUILD_DIR)/container
 
 # Starts normd in the foreground with in-memory state; Ctrl-C stops it.
 run: build

@@ -20,11 +20,14 @@ def parse_test_args(doc):
 def start_normd(binary, flags=()):
     """Starts `binary` on free ports; returns (process, grpc_port, metrics_port).
 
+    `binary` is a path, or a whole command (e.g. a chroot into a container
+    image and its entrypoint) that the loopback and free-port flags follow.
     Reads its log until the "serving" line, then keeps draining it so that
     the server can never block on a full pipe.
     """
+    command = [binary] if isinstance(binary, str) else list(binary)
     proc = subprocess.Popen(
-        [binary, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=0",
+        [*command, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=0",
          *flags], stderr=subprocess.PIPE, text=True)
     log = []
     for line in proc.stderr:
