@@ -1,0 +1,270 @@
+"""normd.Client: numpy in, numpy out, over gRPC (see normd/__init__.py)."""
+
+import dataclasses
+from typing import Any, Mapping, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from normd.v1 import normalizer_pb2 as pb
+from normd.v1 import normalizer_pb2_grpc as pb_grpc
+
+# numpy dtype <-> wire dtype. Elements travel little-endian, row-major.
+_WIRE_DTYPES = {
+    np.dtype(np.float32): pb.FLOAT32,
+    np.dtype(np.float64): pb.FLOAT64,
+    np.dtype(np.float16): pb.FLOAT16,
+}
+_NUMPY_DTYPES = {wire: dtype for dtype, wire in _WIRE_DTYPES.items()}
+_MODEL_HEADER = "x-normd-model"
+
+
+class NormdError(Exception):
+    """A call normd (or gRPC) refused; `code` is the grpc.StatusCode and
+    `details` the server's message, which names the offending field."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclasses.dataclass
+class ModelState:
+    """A BatchNorm model's configuration and statistics (see the .proto's
+    ModelState). `momentum` is None for a cumulative average; `mean`/`var`
+    are the exact pooled statistics (empty until something is fitted)."""
+
+    name: str
+    num_features: int
+    momentum: Optional[float]
+    eps: float
+    use_pooled_statistics: bool
+    num_batches_tracked: int
+    sample_count: int
+    running_mean: np.ndarray
+    running_var: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    weight: np.ndarray
+    bias: np.ndarray
+    generation: int
+
+    def state_dict(self) -> dict:
+        """The statistics in torch.nn.BatchNorm*d's state_dict layout (numpy
+        arrays; wrap each in torch.from_numpy to load them into a module)."""
+        return {
+            "weight": self.weight.copy(),
+            "bias": self.bias.copy(),
+            "running_mean": self.running_mean.copy(),
+            "running_var": self.running_var.copy(),
+            "num_batches_tracked": np.array(self.num_batches_tracked,
+                                            dtype=np.int64),
+        }
+
+    @classmethod
+    def from_proto(cls, m: "pb.ModelState") -> "ModelState":
+        def arr(values):
+            return np.array(values, dtype=np.float64)
+        return cls(
+            name=m.name, num_features=m.num_features,
+            momentum=None if m.cumulative_average else m.momentum,
+            eps=m.eps, use_pooled_statistics=m.use_pooled_statistics,
+            num_batches_tracked=m.num_batches_tracked,
+            sample_count=m.sample_count,
+            running_mean=arr(m.running_mean), running_var=arr(m.running_var),
+            mean=arr(m.mean), var=arr(m.var), weight=arr(m.weight),
+            bias=arr(m.bias), generation=m.generation)
+
+
+def _to_tensor(x: Any, field: str) -> "pb.Tensor":
+    array = np.asarray(x)
+    wire = _WIRE_DTYPES.get(array.dtype.newbyteorder("="))
+    if wire is None:
+        raise TypeError(
+            f"{field}: dtype {array.dtype} is not supported; use float32, "
+            f"float64 or float16 (convert with x.astype(np.float32))")
+    little = np.ascontiguousarray(
+        array, dtype=array.dtype.newbyteorder("<"))
+    tensor = pb.Tensor(dtype=wire, shape=little.shape)
+    if little.size:
+        tensor.data = little.tobytes()
+    return tensor
+
+
+def _from_tensor(tensor: "pb.Tensor") -> np.ndarray:
+    dtype = _NUMPY_DTYPES.get(tensor.dtype or pb.FLOAT32)
+    if dtype is None:
+        raise TypeError(f"output: dtype {pb.DataType.Name(tensor.dtype)} "
+                        f"has no numpy equivalent")
+    shape = tuple(tensor.shape)
+    if tensor.values:
+        return np.array(tensor.values, dtype=dtype).reshape(shape)
+    return np.frombuffer(tensor.data, dtype=dtype.newbyteorder("<")).astype(
+        dtype, copy=False).reshape(shape)
+
+
+def _vector(values: Any, field: str) -> list:
+    if values is None:
+        return []
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"{field}: expected a 1-D array, got shape "
+                         f"{array.shape}")
+    return array.tolist()
+
+
+class Client:
+    """A connection to one normd server. Thread-safe: gRPC channels are, and
+    the client keeps no other state. Every method raises NormdError with the
+    server's gRPC code on failure.
+
+    target: "host:port". credentials: grpc.ssl_channel_credentials(...) for
+    TLS/mTLS (None = plaintext). token: bearer token for --auth_token_file.
+    timeout: seconds per call (None = no deadline). options: extra channel
+    arguments; message size limits default to 64 MiB like the server's.
+    """
+
+    def __init__(self, target: str, *, credentials=None,
+                 token: Optional[str] = None,
+                 timeout: Optional[float] = None,
+                 options: Sequence = ()):
+        limits = [("grpc.max_send_message_length", 64 << 20),
+                  ("grpc.max_receive_message_length", 64 << 20)]
+        options = limits + list(options)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            self._channel = grpc.secure_channel(target, credentials,
+                                                options=options)
+        self._stub = pb_grpc.NormalizerStub(self._channel)
+        self._token = token
+        self._timeout = timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- Normalization ------------------------------------------------------
+
+    def layer_norm(self, x, normalized_ndim: int = 1, weight=None, bias=None,
+                   eps: Optional[float] = None) -> np.ndarray:
+        """torch.nn.functional.layer_norm over the last `normalized_ndim`
+        dims; the result has x's dtype and shape."""
+        request = pb.NormalizeRequest(
+            mode=pb.LAYER_NORM, input=_to_tensor(x, "x"),
+            normalized_ndim=normalized_ndim)
+        self._affine(request, weight, bias, eps)
+        return _from_tensor(self._call("Normalize", request).output)
+
+    def batch_norm(self, model: str, x, training: bool = False,
+                   channel_axis: int = 1, weight=None, bias=None,
+                   eps: Optional[float] = None) -> np.ndarray:
+        """BatchNorm with model `model`'s statistics (training=False, like
+        module.eval()) or with the batch's own, updating the model
+        (training=True, like module.train()). channel_axis=-1 for
+        channels-last."""
+        request = pb.NormalizeRequest(
+            mode=pb.BATCH_NORM, model=model, input=_to_tensor(x, "x"),
+            training=training, channel_axis=channel_axis)
+        self._affine(request, weight, bias, eps)
+        return _from_tensor(self._call("Normalize", request, model).output)
+
+    # -- Models -------------------------------------------------------------
+
+    def fit(self, model: str, x, channel_axis: int = 1) -> ModelState:
+        """Folds batch x into model `model`'s statistics (created with C =
+        x.shape[channel_axis] if new); returns the model after the update."""
+        request = pb.FitRequest(model=model, input=_to_tensor(x, "x"),
+                                channel_axis=channel_axis)
+        return ModelState.from_proto(self._call("Fit", request, model).model)
+
+    def create_model(self, name: str, num_features: Optional[int] = None, *,
+                     state_dict: Optional[Mapping[str, Any]] = None,
+                     momentum: Optional[float] = 0.1, eps: float = 1e-5,
+                     running_mean=None, running_var=None, weight=None,
+                     bias=None, num_batches_tracked: int = 0,
+                     use_pooled_statistics: bool = False) -> ModelState:
+        """Creates a model. `state_dict` takes a torch.nn.BatchNorm*d
+        state_dict's entries as numpy arrays (weight, bias, running_mean,
+        running_var, num_batches_tracked; e.g. {k: v.numpy() for k, v in
+        bn.state_dict().items()}); explicit arguments override it.
+        momentum=None is PyTorch's cumulative moving average. num_features
+        defaults to the length of the given statistics."""
+        sd = dict(state_dict or {})
+        running_mean = sd.get("running_mean") if running_mean is None \
+            else running_mean
+        running_var = sd.get("running_var") if running_var is None \
+            else running_var
+        weight = sd.get("weight") if weight is None else weight
+        bias = sd.get("bias") if bias is None else bias
+        if not num_batches_tracked and "num_batches_tracked" in sd:
+            num_batches_tracked = int(np.asarray(sd["num_batches_tracked"]))
+        request = pb.CreateModelRequest(
+            name=name, eps=eps,
+            running_mean=_vector(running_mean, "running_mean"),
+            running_var=_vector(running_var, "running_var"),
+            weight=_vector(weight, "weight"), bias=_vector(bias, "bias"),
+            num_batches_tracked=num_batches_tracked,
+            use_pooled_statistics=use_pooled_statistics)
+        if num_features is None:
+            lengths = {len(v) for v in (request.running_mean,
+                                        request.running_var, request.weight,
+                                        request.bias) if len(v)}
+            if len(lengths) != 1:
+                raise ValueError(
+                    "num_features: give it, or statistics of one length "
+                    f"(got lengths {sorted(lengths)})")
+            num_features = lengths.pop()
+        request.num_features = num_features
+        if momentum is None:
+            request.cumulative_average = True
+        else:
+            request.momentum = momentum
+        return ModelState.from_proto(self._call("CreateModel", request, name))
+
+    def get_model(self, name: str) -> ModelState:
+        return ModelState.from_proto(
+            self._call("GetModel", pb.GetModelRequest(name=name), name))
+
+    def list_models(self) -> list:
+        """Every model, without the per-channel arrays (empty here)."""
+        response = self._call("ListModels", pb.ListModelsRequest())
+        return [ModelState.from_proto(m) for m in response.models]
+
+    def delete_model(self, name: str) -> None:
+        self._call("DeleteModel", pb.DeleteModelRequest(name=name), name)
+
+    def reset_model(self, name: str) -> ModelState:
+        """Running statistics back to mean 0 / var 1, counts 0, pooled
+        statistics cleared; configuration, weight and bias kept."""
+        return ModelState.from_proto(
+            self._call("ResetModel", pb.ResetModelRequest(name=name), name))
+
+    # -- Internals ----------------------------------------------------------
+
+    @staticmethod
+    def _affine(request, weight, bias, eps) -> None:
+        if weight is not None:
+            request.weight.CopyFrom(_to_tensor(weight, "weight"))
+        if bias is not None:
+            request.bias.CopyFrom(_to_tensor(bias, "bias"))
+        if eps is not None:
+            request.eps = eps
+
+    def _call(self, method: str, request, model: Optional[str] = None):
+        metadata = []
+        if model:
+            metadata.append((_MODEL_HEADER, model))
+        if self._token is not None:
+            metadata.append(("authorization", "Bearer " + self._token))
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self._timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            raise NormdError(e.code(), e.details() or "") from None
