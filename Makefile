@@ -71,7 +71,7 @@ test-asan: deps
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp \
-	  ctest --output-on-failure -j $(JOBS) --timeout 900 -LE pytorch
+	  ctest --output-on-failure -j $(JOBS) --timeout 900 -LE 'pytorch|install'
 
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) $(SANITIZER_CMAKE) -DNORMD_SANITIZE=thread
