@@ -92,6 +92,13 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
                    .Help("Normalizer RPCs in progress.")
                    .Register(registry)
                    .Add({});
+  inflight_limit_ = &prometheus::BuildGauge()
+                         .Name("normd_max_inflight_requests")
+                         .Help(
+                             "The --max_inflight_requests limit (0: none); "
+                             "saturation is normd_inflight_requests over it.")
+                         .Register(registry)
+                         .Add({});
   rejected_ = &prometheus::BuildCounter()
                    .Name("normd_rejected_total")
                    .Help(
@@ -123,6 +130,10 @@ void ServerMetrics::SetModels(int64_t count) {
 }
 
 void ServerMetrics::AddInflight(double delta) { inflight_->Increment(delta); }
+
+void ServerMetrics::SetInflightLimit(int64_t limit) {
+  inflight_limit_->Set(static_cast<double>(limit));
+}
 
 StateMetrics::StateMetrics(prometheus::Registry& registry) {
   auto counter = [&](const char* name, const char* help) {

@@ -46,6 +46,8 @@ class ServerMetrics {
   void AddElements(ElementsMode mode, int64_t count);
   void SetModels(int64_t count);
   void AddInflight(double delta);
+  // The configured --max_inflight_requests (0: no limit), for saturation.
+  void SetInflightLimit(int64_t limit);
   // A call or stream message refused by admission control.
   void Rejected() { rejected_->Increment(); }
 
@@ -58,6 +60,7 @@ class ServerMetrics {
   std::array<prometheus::Counter*, kNumElementsModes> elements_{};
   prometheus::Gauge* models_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Gauge* inflight_limit_ = nullptr;
   prometheus::Counter* rejected_ = nullptr;
 };
 

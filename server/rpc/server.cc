@@ -207,6 +207,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   }
   server->admission_ = std::make_unique<Admission>(
       options.max_inflight_requests, options.max_inflight_bytes);
+  server->metrics_->SetInflightLimit(options.max_inflight_requests);
   server->service_ = std::make_unique<NormalizerService>(
       *server->engine_, *server->metrics_, *server->admission_,
       std::move(auth_token));
