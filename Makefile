@@ -33,8 +33,16 @@ define install_missing
 	fi
 endef
 
+# npm packages of the tests (lockfiles committed): installed with `npm ci`
+# unless node_modules is newer than the lockfile.
+NPM_DIRS := tests/k8s
+
 deps:
 	$(call install_missing,$(DEB_PACKAGES))
+	@for d in $(NPM_DIRS); do \
+	  [ $$d/node_modules/.package-lock.json -nt $$d/package-lock.json ] || \
+	  npm ci --prefix $$d --no-audit --no-fund --loglevel=error || exit 1; \
+	done
 
 $(BUILD_DIR)/Makefile: CMakeLists.txt tests/CMakeLists.txt
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
