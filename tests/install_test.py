@@ -14,6 +14,7 @@ Usage: install_test.py --build BUILD_DIR
 import argparse
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,11 +24,31 @@ import normd_process
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def check_readme_snippets(failures):
+    """The README's C++ client snippets are lines of install_consumer."""
+    with open(os.path.join(os.path.dirname(HERE), "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("### C++"):readme.index("### normctl")]
+    for language, source in (("cmake", "CMakeLists.txt"), ("cpp", "main.cc")):
+        with open(os.path.join(HERE, "install_consumer", source)) as f:
+            lines = {line.strip() for line in f}
+        block = re.search(rf"```{language}\n(.*?)```", section, re.S)
+        if block is None:
+            failures.append(f"README: no {language} block under ### C++")
+            continue
+        for line in block.group(1).splitlines():
+            code = re.sub(r"\s*//.*$", "", line).strip()
+            if code and code not in lines:
+                failures.append(f"README {language} line not in "
+                                f"install_consumer/{source}: {line!r}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", required=True)
     args = parser.parse_args()
     failures = []
+    check_readme_snippets(failures)
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "prefix")
         subprocess.run(["cmake", "--install", args.build, "--prefix", prefix],

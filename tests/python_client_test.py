@@ -281,6 +281,24 @@ def test_wheel(port):
               "installed wheel's layer_norm vs fp64")
 
 
+def test_readme_snippet(port):
+    """The Python block of the README's Clients section, run as written
+    (pointed at this server), prints what the README says."""
+    import re
+    with open(os.path.join(SOURCE, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("### Python"):readme.index("### C++")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace("localhost:50051", f"127.0.0.1:{port}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(SOURCE, "client", "python"), args.stubs]))
+    ran = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True)
+    check(ran.returncode == 0 and
+          ran.stdout == "float32 (4, 8) 1\nNOT_FOUND\n",
+          f"README snippet: {ran.stdout!r} {ran.stderr[-1500:]!r}")
+
+
 def main():
     proc, port, _ = normd_process.start_normd(args.normd)
     try:
@@ -290,6 +308,7 @@ def main():
             test_fit_and_models(client)
             test_errors(client)
         test_wheel(port)
+        test_readme_snippet(port)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
