@@ -35,7 +35,7 @@ endef
 
 # npm packages of the tests (lockfiles committed): installed with `npm ci`
 # unless node_modules is newer than the lockfile.
-NPM_DIRS := tests/k8s
+NPM_DIRS := tests/k8s client/node
 
 deps:
 	$(call install_missing,$(DEB_PACKAGES))

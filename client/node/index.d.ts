@@ -1,0 +1,42 @@
+// Types of the normd Node client (index.js).
+import type { ChannelCredentials, status as grpcStatus } from "@grpc/grpc-js";
+
+export type Floats = Float32Array | Float64Array;
+export interface Tensor<T extends Floats = Floats> { data: T; shape: number[]; }
+
+export interface ModelState {
+  name: string; numFeatures: number; momentum: number | null; eps: number;
+  usePooledStatistics: boolean; numBatchesTracked: number; sampleCount: number;
+  runningMean: Float64Array; runningVar: Float64Array; mean: Float64Array;
+  var: Float64Array; weight: Float64Array; bias: Float64Array; generation: number;
+}
+
+export interface ClientOptions {
+  credentials?: ChannelCredentials; token?: string; timeoutMs?: number;
+  channelOptions?: Record<string, unknown>;
+}
+export interface AffineOptions { weight?: Floats; bias?: Floats; eps?: number; }
+
+export class NormdError extends Error { code: number; details: string; }
+
+export class Client {
+  constructor(target: string, options?: ClientOptions);
+  close(): void;
+  layerNorm<T extends Floats>(data: T, shape: number[],
+    options?: AffineOptions & { normalizedNdim?: number }): Promise<Tensor<T>>;
+  batchNorm<T extends Floats>(model: string, data: T, shape: number[],
+    options?: AffineOptions & { training?: boolean; channelAxis?: number }): Promise<Tensor<T>>;
+  fit(model: string, data: Floats, shape: number[],
+    options?: { channelAxis?: number }): Promise<ModelState>;
+  createModel(name: string, numFeatures: number, options?: {
+    momentum?: number | null; eps?: number; runningMean?: ArrayLike<number>;
+    runningVar?: ArrayLike<number>; weight?: ArrayLike<number>; bias?: ArrayLike<number>;
+    numBatchesTracked?: number; usePooledStatistics?: boolean; }): Promise<ModelState>;
+  getModel(name: string): Promise<ModelState>;
+  listModels(): Promise<ModelState[]>;
+  deleteModel(name: string): Promise<void>;
+  resetModel(name: string): Promise<ModelState>;
+}
+
+export const status: typeof grpcStatus;
+export { credentials } from "@grpc/grpc-js";

@@ -1,0 +1,244 @@
+// Node.js client for normd: typed arrays in, typed arrays out, over gRPC
+// (@grpc/grpc-js, the .proto loaded at run time by @grpc/proto-loader).
+//
+//   const { Client } = require("normd");
+//   const client = new Client("localhost:50051");
+//   const { data, shape } = await client.layerNorm(new Float32Array([1, 2, 3]), [1, 3]);
+//
+// Every method returns a Promise; failures reject with a NormdError whose
+// `code` is the gRPC status code (grpc.status) and `details` the server's
+// message naming the field. Calls that name a model send it as the
+// x-normd-model header, for proxies that route by model.
+"use strict";
+
+const fs = require("node:fs");
+const path = require("node:path");
+const grpc = require("@grpc/grpc-js");
+const protoLoader = require("@grpc/proto-loader");
+
+// The API definition: the copy packed with the module, else the repository's.
+function protoRoot() {
+  const candidates = [
+    process.env.NORMD_PROTO_DIR,
+    path.join(__dirname, "proto"),
+    path.join(__dirname, "..", "..", "proto"),
+  ].filter(Boolean);
+  for (const dir of candidates) {
+    if (fs.existsSync(path.join(dir, "normd", "v1", "normalizer.proto"))) {
+      return dir;
+    }
+  }
+  throw new Error(`normd: normalizer.proto not found in ${candidates}`);
+}
+
+const definition = protoLoader.loadSync("normd/v1/normalizer.proto", {
+  keepCase: true, // field names as in the .proto (snake_case)
+  includeDirs: [protoRoot()],
+  longs: Number, // counts and generations fit in a double's 53 bits
+  enums: String,
+  defaults: true,
+  oneofs: true,
+});
+const v1 = grpc.loadPackageDefinition(definition).normd.v1;
+
+const DTYPES = {
+  FLOAT32: { array: Float32Array, bytes: 4 },
+  FLOAT64: { array: Float64Array, bytes: 8 },
+};
+
+/** A call normd (or gRPC) refused. */
+class NormdError extends Error {
+  constructor(code, details) {
+    const name = Object.keys(grpc.status).find((k) => grpc.status[k] === code);
+    super(`${name ?? code}: ${details}`);
+    this.name = "NormdError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+function dtypeOf(data, field) {
+  if (data instanceof Float32Array) return "FLOAT32";
+  if (data instanceof Float64Array) return "FLOAT64";
+  throw new TypeError(`${field}: expected a Float32Array or Float64Array`);
+}
+
+function toTensor(data, shape, field) {
+  const dtype = dtypeOf(data, field);
+  if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) {
+    throw new TypeError(`${field}: shape must be an array of non-negative integers`);
+  }
+  const count = shape.reduce((a, b) => a * b, 1);
+  if (count !== data.length) {
+    throw new RangeError(
+      `${field}: shape [${shape}] has ${count} elements but the array has ${data.length}`);
+  }
+  // Typed arrays are little-endian on every platform Node runs on in practice;
+  // the wire format is little-endian.
+  const tensor = { dtype, shape };
+  if (count > 0) tensor.data = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  return tensor;
+}
+
+function fromTensor(tensor) {
+  const { array, bytes } = DTYPES[tensor.dtype] ?? DTYPES.FLOAT32;
+  const shape = tensor.shape.map(Number);
+  if (tensor.values && tensor.values.length) {
+    return { data: array.from(tensor.values), shape };
+  }
+  const raw = tensor.data ?? Buffer.alloc(0);
+  // Copy into an aligned buffer of its own.
+  const data = new array(raw.length / bytes);
+  new Uint8Array(data.buffer).set(raw);
+  return { data, shape };
+}
+
+/** A model's configuration and statistics (see the .proto's ModelState). */
+function modelState(m) {
+  return {
+    name: m.name,
+    numFeatures: Number(m.num_features),
+    momentum: m.cumulative_average ? null : m.momentum,
+    eps: m.eps,
+    usePooledStatistics: m.use_pooled_statistics,
+    numBatchesTracked: Number(m.num_batches_tracked),
+    sampleCount: Number(m.sample_count),
+    runningMean: Float64Array.from(m.running_mean),
+    runningVar: Float64Array.from(m.running_var),
+    mean: Float64Array.from(m.mean),
+    var: Float64Array.from(m.var),
+    weight: Float64Array.from(m.weight),
+    bias: Float64Array.from(m.bias),
+    generation: Number(m.generation),
+  };
+}
+
+/**
+ * A connection to one normd server; safe to share between concurrent calls.
+ * options: credentials (grpc.credentials.createSsl(...) for TLS; default
+ * plaintext), token (bearer token for --auth_token_file), timeoutMs (per-call
+ * deadline; default none), channelOptions (extra grpc-js channel options).
+ */
+class Client {
+  constructor(target, options = {}) {
+    const limit = 64 << 20;
+    this._stub = new v1.Normalizer(
+      target, options.credentials ?? grpc.credentials.createInsecure(), {
+        "grpc.max_send_message_length": limit,
+        "grpc.max_receive_message_length": limit,
+        ...options.channelOptions,
+      });
+    this._token = options.token;
+    this._timeoutMs = options.timeoutMs;
+  }
+
+  close() {
+    this._stub.close();
+  }
+
+  _call(method, request, model) {
+    const metadata = new grpc.Metadata();
+    if (model) metadata.set("x-normd-model", model);
+    if (this._token !== undefined) metadata.set("authorization", `Bearer ${this._token}`);
+    const callOptions = {};
+    if (this._timeoutMs !== undefined) {
+      callOptions.deadline = new Date(Date.now() + this._timeoutMs);
+    }
+    return new Promise((resolve, reject) => {
+      this._stub[method](request, metadata, callOptions, (err, response) => {
+        if (err) reject(new NormdError(err.code, err.details ?? err.message));
+        else resolve(response);
+      });
+    });
+  }
+
+  static _affine(request, options) {
+    if (options.weight) request.weight = toTensor(options.weight, [options.weight.length], "weight");
+    if (options.bias) request.bias = toTensor(options.bias, [options.bias.length], "bias");
+    if (options.eps !== undefined) request.eps = options.eps;
+    return request;
+  }
+
+  /**
+   * LayerNorm over the last `normalizedNdim` dims (default 1). options:
+   * normalizedNdim, weight, bias (typed arrays over the normalized dims,
+   * flattened), eps. Resolves to { data, shape } of the input's type.
+   */
+  async layerNorm(data, shape, options = {}) {
+    const request = Client._affine({
+      mode: "LAYER_NORM",
+      input: toTensor(data, shape, "x"),
+      normalized_ndim: options.normalizedNdim ?? 1,
+    }, options);
+    if (options.weight) request.weight.shape = shape.slice(shape.length - (options.normalizedNdim ?? 1));
+    if (options.bias) request.bias.shape = shape.slice(shape.length - (options.normalizedNdim ?? 1));
+    return fromTensor((await this._call("Normalize", request)).output);
+  }
+
+  /**
+   * BatchNorm with model `model`'s statistics (training false, like eval()),
+   * or with the batch's own, updating the model (training true). options:
+   * training, channelAxis (default 1; -1 = channels-last), weight, bias, eps.
+   */
+  async batchNorm(model, data, shape, options = {}) {
+    const request = Client._affine({
+      mode: "BATCH_NORM",
+      model,
+      input: toTensor(data, shape, "x"),
+      training: Boolean(options.training),
+      channel_axis: options.channelAxis ?? 1,
+    }, options);
+    return fromTensor((await this._call("Normalize", request, model)).output);
+  }
+
+  /** Folds a batch into model `model` (created if new); the model after. */
+  async fit(model, data, shape, options = {}) {
+    const response = await this._call("Fit", {
+      model,
+      input: toTensor(data, shape, "x"),
+      channel_axis: options.channelAxis ?? 1,
+    }, model);
+    return modelState(response.model);
+  }
+
+  /**
+   * Creates a model. options: momentum (null = cumulative average; default
+   * 0.1), eps, runningMean, runningVar, weight, bias (arrays of numFeatures
+   * numbers), numBatchesTracked, usePooledStatistics.
+   */
+  async createModel(name, numFeatures, options = {}) {
+    const request = {
+      name,
+      num_features: numFeatures,
+      running_mean: Array.from(options.runningMean ?? []),
+      running_var: Array.from(options.runningVar ?? []),
+      weight: Array.from(options.weight ?? []),
+      bias: Array.from(options.bias ?? []),
+      num_batches_tracked: options.numBatchesTracked ?? 0,
+      use_pooled_statistics: Boolean(options.usePooledStatistics),
+    };
+    if (options.momentum === null) request.cumulative_average = true;
+    else if (options.momentum !== undefined) request.momentum = options.momentum;
+    if (options.eps !== undefined) request.eps = options.eps;
+    return modelState(await this._call("CreateModel", request, name));
+  }
+
+  async getModel(name) {
+    return modelState(await this._call("GetModel", { name }, name));
+  }
+
+  /** Every model, without the per-channel arrays. */
+  async listModels() {
+    return (await this._call("ListModels", {})).models.map(modelState);
+  }
+
+  async deleteModel(name) {
+    await this._call("DeleteModel", { name }, name);
+  }
+
+  async resetModel(name) {
+    return modelState(await this._call("ResetModel", { name }, name));
+  }
+}
+
+module.exports = { Client, NormdError, status: grpc.status, credentials: grpc.credentials };

@@ -1,0 +1,181 @@
+// The Node client against a real normd (NORMD_BINARY), checked against fp64
+// arithmetic done here; the x-normd-model header against a recording
+// grpc-js server. Run: NORMD_BINARY=build/normd node --test client/node/test/
+"use strict";
+
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const { spawn } = require("node:child_process");
+const grpc = require("@grpc/grpc-js");
+const { Client, NormdError, status } = require("..");
+
+function startNormd() {
+  const binary = process.env.NORMD_BINARY;
+  assert.ok(binary, "set NORMD_BINARY to the normd to test");
+  const proc = spawn(binary, ["--bind_address=127.0.0.1", "--port=0", "--metrics_port=0"],
+    { stdio: ["ignore", "ignore", "pipe"] });
+  return new Promise((resolve, reject) => {
+    let log = "";
+    proc.stderr.on("data", (chunk) => {
+      log += chunk;
+      const m = /serving gRPC on [^ ]*:(\d+)/.exec(log);
+      if (m) resolve({ proc, target: `127.0.0.1:${m[1]}` });
+    });
+    proc.on("exit", (code) => reject(new Error(`normd exited ${code}: ${log}`)));
+  });
+}
+
+// fp64 LayerNorm of each row of length n.
+function layerNormRef(x, n, eps = 1e-5) {
+  const y = new Float64Array(x.length);
+  for (let r = 0; r < x.length; r += n) {
+    let mean = 0;
+    for (let i = 0; i < n; i++) mean += x[r + i];
+    mean /= n;
+    let v = 0;
+    for (let i = 0; i < n; i++) v += (x[r + i] - mean) ** 2;
+    v /= n;
+    for (let i = 0; i < n; i++) y[r + i] = (x[r + i] - mean) / Math.sqrt(v + eps);
+  }
+  return y;
+}
+
+function maxError(got, want) {
+  let e = 0;
+  for (let i = 0; i < want.length; i++) e = Math.max(e, Math.abs(got[i] - want[i]));
+  return e;
+}
+
+test("normd Node client", async (t) => {
+  const { proc, target } = await startNormd();
+  const client = new Client(target, { timeoutMs: 30000 });
+  t.after(() => { client.close(); proc.kill("SIGTERM"); });
+
+  await t.test("layerNorm keeps the type and matches fp64", async () => {
+    const x = Float32Array.from({ length: 24 }, (_, i) => Math.sin(i) * 10 + 3);
+    const { data, shape } = await client.layerNorm(x, [4, 6]);
+    assert.ok(data instanceof Float32Array);
+    assert.deepEqual(shape, [4, 6]);
+    assert.ok(maxError(data, layerNormRef(Float64Array.from(x), 6)) < 2e-6);
+    const x64 = Float64Array.from(x);
+    const y64 = await client.layerNorm(x64, [4, 6]);
+    assert.ok(y64.data instanceof Float64Array);
+    assert.ok(maxError(y64.data, layerNormRef(x64, 6)) < 1e-12);
+  });
+
+  await t.test("layerNorm with weight and bias over two dims", async () => {
+    const x = Float64Array.from({ length: 12 }, (_, i) => i * i);
+    const w = Float64Array.from({ length: 6 }, (_, i) => 1 + i);
+    const b = Float64Array.from({ length: 6 }, (_, i) => -i);
+    const { data } = await client.layerNorm(x, [2, 2, 3],
+      { normalizedNdim: 2, weight: w, bias: b, eps: 1e-3 });
+    const ref = layerNormRef(x, 6, 1e-3).map((v, i) => v * w[i % 6] + b[i % 6]);
+    assert.ok(maxError(data, ref) < 1e-12);
+  });
+
+  await t.test("fit pools exactly, batchNorm uses the model", async () => {
+    // Two batches of [3 rows, 2 channels].
+    const batches = [[1, 10, 2, 20, 3, 30], [4, 40, 5, 50, 6, 60]];
+    let state;
+    for (const b of batches) state = await client.fit("node-model", Float64Array.from(b), [3, 2]);
+    assert.equal(state.numBatchesTracked, 2);
+    assert.equal(state.sampleCount, 6);
+    assert.ok(maxError(state.mean, [3.5, 35]) < 1e-12);
+    assert.ok(maxError(state.var, [35 / 12, 3500 / 12]) < 1e-9);
+    // Eval with the running statistics: PyTorch momentum 0.1 updates from
+    // mean 0 / var 1, unbiased batch variance (n = 3: var 1 and 100).
+    let rm = [0, 0], rv = [1, 1];
+    for (const b of batches) {
+      for (let c = 0; c < 2; c++) {
+        const v = [b[c], b[2 + c], b[4 + c]];
+        const mean = (v[0] + v[1] + v[2]) / 3;
+        const unbiased = v.reduce((s, x) => s + (x - mean) ** 2, 0) / 2;
+        rm[c] = 0.9 * rm[c] + 0.1 * mean;
+        rv[c] = 0.9 * rv[c] + 0.1 * unbiased;
+      }
+    }
+    const x = Float32Array.from([1, 2, 3, 4]);
+    const { data } = await client.batchNorm("node-model", x, [2, 2]);
+    const want = [0, 1, 2, 3].map((i) => (x[i] - rm[i % 2]) / Math.sqrt(rv[i % 2] + 1e-5));
+    assert.ok(data instanceof Float32Array);
+    assert.ok(maxError(data, want) < 1e-5);
+  });
+
+  await t.test("models: create, list, reset, delete", async () => {
+    const created = await client.createModel("node-created", 2,
+      { momentum: null, runningMean: [1, 2], runningVar: [3, 4] });
+    assert.equal(created.momentum, null);
+    assert.deepEqual(Array.from(created.runningVar), [3, 4]);
+    const names = (await client.listModels()).map((m) => m.name);
+    assert.ok(names.includes("node-created") && names.includes("node-model"));
+    const reset = await client.resetModel("node-model");
+    assert.equal(reset.numBatchesTracked, 0);
+    await client.deleteModel("node-model");
+    await assert.rejects(client.getModel("node-model"),
+      (e) => e instanceof NormdError && e.code === status.NOT_FOUND && /node-model/.test(e.details));
+  });
+
+  await t.test("errors carry the gRPC code and name the field", async () => {
+    await assert.rejects(
+      client.layerNorm(Float32Array.from([1, 2]), [2], { normalizedNdim: 3 }),
+      (e) => e.code === status.INVALID_ARGUMENT && /normalized_ndim/.test(e.details));
+    await assert.rejects(
+      client.createModel("node-created", 2),
+      (e) => e.code === status.ALREADY_EXISTS);
+    await assert.rejects(client.layerNorm([1, 2], [2]), TypeError);
+    await assert.rejects(client.layerNorm(new Float32Array(3), [2]), RangeError);
+  });
+});
+
+test("x-normd-model goes with every call that names a model", async (t) => {
+  const seen = [];
+  const server = new grpc.Server();
+  const record = (method, reply) => (call, callback) => {
+    seen.push([method, call.metadata.get("x-normd-model")[0] ?? null]);
+    callback(null, reply);
+  };
+  const proto = require("@grpc/proto-loader");
+  const path = require("node:path");
+  const def = proto.loadSync("normd/v1/normalizer.proto",
+    { keepCase: true, includeDirs: [path.join(__dirname, "..", "..", "..", "proto")] });
+  const v1 = grpc.loadPackageDefinition(def).normd.v1;
+  server.addService(v1.Normalizer.service, {
+    Normalize: record("Normalize", { output: { dtype: "FLOAT32", shape: [0] } }),
+    Fit: record("Fit", { model: {} }),
+    GetModel: record("GetModel", {}),
+    ListModels: record("ListModels", { models: [] }),
+  });
+  const port = await new Promise((resolve, reject) => server.bindAsync(
+    "127.0.0.1:0", grpc.ServerCredentials.createInsecure(),
+    (err, p) => (err ? reject(err) : resolve(p))));
+  t.after(() => server.forceShutdown());
+  const client = new Client(`127.0.0.1:${port}`);
+  await client.batchNorm("m1", new Float32Array(0), [0, 1]);
+  await client.fit("m2", new Float32Array(0), [0, 1]);
+  await client.getModel("m3");
+  await client.layerNorm(new Float32Array(0), [0]);
+  await client.listModels();
+  client.close();
+  assert.deepEqual(seen, [["Normalize", "m1"], ["Fit", "m2"], ["GetModel", "m3"],
+    ["Normalize", null], ["ListModels", null]]);
+});
+
+test("the README's Node block runs as written", async () => {
+  const fs = require("node:fs");
+  const path = require("node:path");
+  const { execFile } = require("node:child_process");
+  const readme = fs.readFileSync(path.join(__dirname, "..", "..", "..", "README.md"), "utf8");
+  const section = readme.slice(readme.indexOf("### Node"), readme.indexOf("### C++"));
+  const code = /```js\n([\s\S]*?)```/.exec(section)[1];
+  const { proc, target } = await startNormd();
+  try {
+    const program = code.replace("localhost:50051", target)
+      .replace('require("normd")', `require(${JSON.stringify(path.join(__dirname, ".."))})`);
+    const out = await new Promise((resolve, reject) => execFile(
+      process.execPath, ["-e", program], (err, stdout, stderr) =>
+        (err ? reject(new Error(stderr)) : resolve(stdout))));
+    assert.equal(out, "Float32Array [ 2, 3 ] 1 [ 3, 4 ]\ntrue\n");
+  } finally {
+    proc.kill("SIGTERM");
+  }
+});
