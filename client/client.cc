@@ -139,17 +139,49 @@ absl::StatusOr<std::vector<v1::NormalizeResponse>> NormdClient::NormalizeStream(
 
 absl::StatusOr<v1::FitResponse> NormdClient::FitStream(
     const std::vector<v1::FitRequest>& requests) {
+  size_t next_index = 0;
+  return FitStream(requests.empty() ? "" : requests[0].model(),
+                   options_.timeout, [&](v1::FitRequest& request) {
+                     if (next_index == requests.size()) return false;
+                     request = requests[next_index++];
+                     return true;
+                   });
+}
+
+absl::StatusOr<v1::FitResponse> NormdClient::FitStream(
+    absl::string_view model, absl::Duration deadline,
+    const std::function<absl::StatusOr<bool>(v1::FitRequest&)>& next) {
   grpc::ClientContext context;
-  Prepare(context, requests.empty() ? "" : requests[0].model());
+  Prepare(context, model);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::FitResponse response;
   auto stream = stub_->FitStream(&context, &response);
-  for (const v1::FitRequest& request : requests) {
-    if (!stream->Write(request)) break;
+  absl::Status produced;
+  v1::FitRequest request;
+  while (true) {
+    absl::StatusOr<bool> more = next(request);
+    if (!more.ok()) {
+      produced = more.status();
+      context.TryCancel();
+      break;
+    }
+    if (!*more || !stream->Write(request)) break;
   }
-  stream->WritesDone();
+  if (produced.ok()) stream->WritesDone();
   grpc::Status status = stream->Finish();
+  if (!produced.ok()) return produced;
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
+}
+
+absl::Status NormdClient::WaitForConnection(absl::Duration timeout) {
+  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "not connected after ", absl::FormatDuration(timeout), "; channel ",
+      channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE ? "failing"
+                                                                  : "idle"));
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>

@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,17 @@ class NormdClient {
   // Sends every request on one FitStream; the model after the last step.
   absl::StatusOr<v1::FitResponse> FitStream(
       const std::vector<v1::FitRequest>& requests);
+  // One FitStream for `model` whose steps `next` produces one at a time
+  // (for inputs larger than memory): `next` fills the request and returns
+  // true, false after the last step, or an error, which cancels the stream
+  // and is returned. `deadline` bounds the whole stream.
+  absl::StatusOr<v1::FitResponse> FitStream(
+      absl::string_view model, absl::Duration deadline,
+      const std::function<absl::StatusOr<bool>(v1::FitRequest&)>& next);
+
+  // Waits until the channel is connected: UNAVAILABLE if it is not within
+  // `timeout` (the server is down, unreachable, or refuses the handshake).
+  absl::Status WaitForConnection(absl::Duration timeout);
 
   // grpc.health.v1 Check: SERVING, NOT_SERVING, ... ("" = whole server).
   absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(

@@ -1,6 +1,8 @@
 // normctl: command-line client for normd. Run `normctl --help`.
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -9,6 +11,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
@@ -18,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/npy.h"
 #include "client/tensor_io.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "normd address host:port.");
@@ -29,7 +33,21 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the server's bearer token (its --auth_token_file).");
-ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
+          "How long to try to reach the server; past it normctl exits 3.");
+ABSL_FLAG(bool, json, false,
+          "Print the reply (and errors, on stderr) as JSON.");
+ABSL_FLAG(std::string, input, "",
+          "normalize, fit: the input tensor from a .npy file (float32, "
+          "float64 or float16, C order; shape and dtype from the file).");
+ABSL_FLAG(std::string, output, "",
+          "normalize: write the output tensor to this .npy file.");
+ABSL_FLAG(int64_t, chunk_bytes, 4 << 20,
+          "fit --input: bytes of input per FitStream message (whole rows "
+          "along the first dim); each message is one Fit step.");
+ABSL_FLAG(std::string, progress, "auto",
+          "fit --input: progress bar on stderr: auto (when stderr is a "
+          "terminal), always or never.");
 ABSL_FLAG(std::string, model, "",
           "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
           "reset).");
@@ -73,46 +91,141 @@ ABSL_FLAG(std::string, request_id, "", "Request id echoed by the server.");
 namespace normd::client {
 namespace {
 
-constexpr char kUsage[] =
-    "command-line client for the normd tensor normalization server.\n"
-    "\n"
-    "Usage: normctl [--server=host:port] COMMAND [flags]\n"
-    "\n"
-    "Commands:\n"
-    "  normalize  --shape=2,3 --values=1,2,3,4,5,6 [--mode=layer_norm|"
-    "batch_norm]\n"
-    "             [--model=NAME] [--training] [--channel_axis=N] "
-    "[--normalized_ndim=K]\n"
-    "             [--eps=E] [--weight=..] [--bias=..] [--input_file=F "
-    "--dtype=float32]\n"
-    "  fit        --model=NAME --shape=.. --values=..|--input_file=F "
-    "[--channel_axis=N]\n"
-    "  create     --model=NAME --num_features=C [--momentum=M | "
-    "--cumulative_average]\n"
-    "             [--eps=E] [--running_mean=..] [--running_var=..] "
-    "[--weight=..] [--bias=..]\n"
-    "             [--num_batches_tracked=N] [--use_pooled_statistics]\n"
-    "  get        --model=NAME\n"
-    "  list\n"
-    "  delete     --model=NAME\n"
-    "  reset      --model=NAME\n"
-    "  health     [--service=normd.v1.Normalizer]\n"
-    "\n"
-    "Exit status: 0 on success, 1 on a server error (its gRPC code and message "
-    "are printed), 2 on bad usage.";
+// Exit status: success, a server error (printed with its gRPC code), bad
+// usage (nothing was sent), the server could not be reached.
+constexpr int kExitOk = 0;
+constexpr int kExitServerError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitUnreachable = 3;
+
+// One subcommand: its synopsis, what it does, and the flags it reads.
+struct Command {
+  const char* name;
+  const char* synopsis;
+  const char* description;
+  std::vector<const char*> flags;
+};
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"normalize",
+       "--input=x.npy [--output=y.npy] | --shape=2,3 --values=1,2,3,4,5,6",
+       "LayerNorm (default) or BatchNorm of a tensor. With --output the "
+       "result goes to a .npy file, else it is printed.",
+       {"input", "output", "shape", "values", "input_file", "dtype",
+        "output_file", "mode", "model", "training", "channel_axis",
+        "normalized_ndim", "eps", "weight", "bias", "request_id"}},
+      {"fit",
+       "--model=NAME --input=big.npy | --shape=.. --values=..",
+       "Folds a batch into a BatchNorm model's statistics (creating it). "
+       "--input streams the file over one FitStream in --chunk_bytes "
+       "messages, each one Fit step, with a progress bar.",
+       {"model", "input", "chunk_bytes", "progress", "shape", "values",
+        "input_file", "dtype", "channel_axis", "request_id"}},
+      {"create",
+       "--model=NAME --num_features=C",
+       "Creates a model, optionally with PyTorch statistics.",
+       {"model", "num_features", "momentum", "cumulative_average", "eps",
+        "running_mean", "running_var", "weight", "bias", "num_batches_tracked",
+        "use_pooled_statistics"}},
+      {"get",
+       "--model=NAME",
+       "Prints a model's configuration and statistics.",
+       {"model"}},
+      {"list", "", "Lists every model as a table (no per-channel arrays).", {}},
+      {"delete", "--model=NAME", "Deletes a model.", {"model"}},
+      {"reset",
+       "--model=NAME",
+       "Resets a model's statistics and counts (configuration, weight and "
+       "bias kept).",
+       {"model"}},
+      {"health",
+       "[--service=normd.v1.Normalizer]",
+       "Asks grpc.health.v1; exits 0 only when SERVING.",
+       {"service"}},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(absl::string_view name) {
+  for (const Command& c : Commands()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+constexpr const char* kCommonFlags[] = {
+    "server", "timeout",  "connect_timeout", "json",
+    "tls_ca", "tls_cert", "tls_key",         "token_file"};
+
+std::string Usage() {
+  std::string out =
+      "command-line client for the normd tensor normalization server.\n\n"
+      "Usage: normctl [--server=host:port] COMMAND [flags]\n"
+      "       normctl COMMAND --help     (that command's flags)\n\n"
+      "Commands:\n";
+  for (const Command& c : Commands()) {
+    absl::StrAppendFormat(&out, "  %-10s %s\n", c.name, c.synopsis);
+  }
+  absl::StrAppend(&out,
+                  "\nExit status: 0 success, 1 server error (its gRPC code and "
+                  "message are printed), 2 bad usage, 3 server unreachable.");
+  return out;
+}
+
+void PrintFlagHelp(const char* name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return;
+  std::cout << absl::StrFormat(
+      "  --%s (default: %s)\n      %s\n", name,
+      flag->DefaultValue().empty() ? std::string("\"\"") : flag->DefaultValue(),
+      flag->Help());
+}
+
+void PrintCommandHelp(const Command& c) {
+  std::cout << "Usage: normctl " << c.name << " " << c.synopsis << "\n\n"
+            << c.description << "\n";
+  if (!c.flags.empty()) std::cout << "\nFlags:\n";
+  for (const char* flag : c.flags) PrintFlagHelp(flag);
+  std::cout << "\nCommon flags:\n";
+  for (const char* flag : kCommonFlags) PrintFlagHelp(flag);
+  std::cout << "\nExit status: 0 success, 1 server error, 2 bad usage, 3 "
+               "server unreachable.\n";
+}
 
 bool IsNormctlFlagFile(absl::string_view file) {
   return absl::StrContains(file, "client/normctl.cc");
 }
 
-// Usage errors exit 2; server errors exit 1.
-int Fail(const absl::Status& status, int code = 1) {
-  std::cerr << "normctl: " << absl::StatusCodeToString(status.code()) << ": "
-            << status.message() << "\n";
-  return code;
+bool Json() { return absl::GetFlag(FLAGS_json); }
+
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
-bool Json() { return absl::GetFlag(FLAGS_output) == "json"; }
+// Prints the error (as JSON with --json) and returns the exit status.
+int Fail(const absl::Status& status, int code = kExitServerError) {
+  if (Json()) {
+    std::cerr << "{\"code\": "
+              << JsonString(absl::StatusCodeToString(status.code()))
+              << ", \"message\": " << JsonString(status.message()) << "}\n";
+  } else {
+    std::cerr << "normctl: " << absl::StatusCodeToString(status.code()) << ": "
+              << status.message() << "\n";
+  }
+  return code;
+}
 
 void PrintJson(const google::protobuf::Message& message) {
   std::string json;
@@ -161,8 +274,25 @@ absl::StatusOr<double> ParseDouble(const std::string& text,
   return (*v)[0];
 }
 
-// The input tensor from --shape with --values or --input_file.
+// The input tensor from --input (.npy), or --shape with --values or
+// --input_file.
 absl::StatusOr<v1::Tensor> InputTensor() {
+  const std::string npy = absl::GetFlag(FLAGS_input);
+  const std::string file = absl::GetFlag(FLAGS_input_file);
+  const bool has_values = !absl::GetFlag(FLAGS_values).empty();
+  if (int given = !npy.empty() + !file.empty() + has_values; given != 1) {
+    return absl::InvalidArgumentError(
+        given == 0 ? "--input: required (a .npy file), or --shape with "
+                     "--values or --input_file"
+                   : "--input, --input_file and --values: give only one");
+  }
+  if (!npy.empty()) {
+    if (!absl::GetFlag(FLAGS_shape).empty()) {
+      return absl::InvalidArgumentError(
+          "--shape: not with --input (the .npy file has its shape)");
+    }
+    return ReadNpy(npy);
+  }
   absl::StatusOr<v1::DataType> dtype =
       ParseDataType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
@@ -172,7 +302,6 @@ absl::StatusOr<v1::Tensor> InputTensor() {
   absl::StatusOr<std::vector<int64_t>> shape =
       ParseShape(absl::GetFlag(FLAGS_shape), "--shape");
   if (!shape.ok()) return shape.status();
-  const std::string file = absl::GetFlag(FLAGS_input_file);
   if (!file.empty()) {
     absl::StatusOr<std::string> bytes = ReadFile(file);
     if (!bytes.ok()) return bytes.status();
@@ -216,32 +345,32 @@ int RunNormalize(NormdClient& client) {
   } else {
     return Fail(
         absl::InvalidArgumentError("--mode: expected layer_norm or batch_norm"),
-        2);
+        kExitUsage);
   }
   absl::StatusOr<v1::Tensor> input = InputTensor();
-  if (!input.ok()) return Fail(input.status(), 2);
+  if (!input.ok()) return Fail(input.status(), kExitUsage);
   *request.mutable_input() = *std::move(input);
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_training(absl::GetFlag(FLAGS_training));
   request.set_normalized_ndim(absl::GetFlag(FLAGS_normalized_ndim));
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
-  if (!axis.ok()) return Fail(axis.status(), 2);
+  if (!axis.ok()) return Fail(axis.status(), kExitUsage);
   if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
   auto eps = OptionalNumber(FLAGS_eps, "--eps");
-  if (!eps.ok()) return Fail(eps.status(), 2);
+  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
   if (eps->has_value()) request.set_eps(**eps);
   if (absl::Status s =
           AffineTensor(absl::GetFlag(FLAGS_weight), "--weight", request,
                        &v1::NormalizeRequest::mutable_weight);
       !s.ok()) {
-    return Fail(s, 2);
+    return Fail(s, kExitUsage);
   }
   if (absl::Status s =
           AffineTensor(absl::GetFlag(FLAGS_bias), "--bias", request,
                        &v1::NormalizeRequest::mutable_bias);
       !s.ok()) {
-    return Fail(s, 2);
+    return Fail(s, kExitUsage);
   }
 
   absl::StatusOr<v1::NormalizeResponse> response = client.Normalize(request);
@@ -253,9 +382,24 @@ int RunNormalize(NormdClient& client) {
       return Fail(s);
     }
   }
+  const std::string npy = absl::GetFlag(FLAGS_output);
+  if (!npy.empty()) {
+    if (absl::Status s = WriteNpy(npy, response->output()); !s.ok()) {
+      return Fail(s);
+    }
+    response->mutable_output()->clear_data();  // Not printed again.
+  }
   if (Json()) {
     PrintJson(*response);
-    return 0;
+    return kExitOk;
+  }
+  if (!npy.empty()) {
+    std::cout << absl::StrFormat(
+        "wrote %s: %s [%s]\n", npy,
+        v1::DataType_Name(response->output().dtype()),
+        absl::StrJoin(response->output().shape(), ","));
+    if (response->has_model()) PrintModel(response->model());
+    return kExitOk;
   }
   std::string shape = absl::StrJoin(response->output().shape(), ",");
   std::cout << absl::StrFormat(
@@ -265,19 +409,110 @@ int RunNormalize(NormdClient& client) {
                             : response->output().dtype()),
       shape, FormatTensor(response->output()));
   if (response->has_model()) PrintModel(response->model());
-  return 0;
+  return kExitOk;
 }
 
-int RunFit(NormdClient& client) {
+// A progress bar on stderr ("\r[#####-----]  50%  12.0/24.0 MiB  3 steps").
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total_bytes, bool enabled)
+      : total_(total_bytes), enabled_(enabled) {}
+  void Update(int64_t done_bytes, int64_t steps) {
+    if (!enabled_) return;
+    constexpr int kWidth = 30;
+    const double fraction =
+        total_ > 0 ? static_cast<double>(done_bytes) / total_ : 1.0;
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::cerr << absl::StrFormat(
+        "\r[%s%s] %3d%%  %.1f/%.1f MiB  %d steps", std::string(filled, '#'),
+        std::string(kWidth - filled, '-'), static_cast<int>(fraction * 100),
+        done_bytes / 1048576.0, total_ / 1048576.0, steps);
+    std::cerr.flush();
+  }
+  void Finish() {
+    if (enabled_) std::cerr << "\n";
+  }
+
+ private:
+  const int64_t total_;
+  const bool enabled_;
+};
+
+absl::StatusOr<bool> ProgressEnabled() {
+  const std::string mode = absl::GetFlag(FLAGS_progress);
+  if (mode == "always") return true;
+  if (mode == "never") return false;
+  if (mode == "auto") return isatty(STDERR_FILENO) == 1;
+  return absl::InvalidArgumentError(
+      "--progress: expected auto, always or never");
+}
+
+// fit --input big.npy: the file's rows in --chunk_bytes messages on one
+// FitStream, never all in memory.
+int RunFitStream(NormdClient& client, const v1::FitRequest& base,
+                 absl::Duration timeout) {
+  const std::string path = absl::GetFlag(FLAGS_input);
+  const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (chunk_bytes <= 0) {
+    return Fail(absl::InvalidArgumentError("--chunk_bytes: must be > 0"),
+                kExitUsage);
+  }
+  absl::StatusOr<bool> progress = ProgressEnabled();
+  if (!progress.ok()) return Fail(progress.status(), kExitUsage);
+  absl::StatusOr<std::unique_ptr<NpyReader>> reader = NpyReader::Open(path);
+  if (!reader.ok()) return Fail(reader.status(), kExitUsage);
+  NpyReader& npy = **reader;
+  const int64_t rows = npy.rows_left();
+  const int64_t rows_per_step =
+      std::max<int64_t>(1, chunk_bytes / std::max<int64_t>(1, npy.row_bytes()));
+  const int64_t steps =
+      std::max<int64_t>(1, (rows + rows_per_step - 1) / rows_per_step);
+  ProgressBar bar(rows * npy.row_bytes(), *progress);
+  int64_t sent = 0, steps_sent = 0;
+  absl::StatusOr<v1::FitResponse> response = client.FitStream(
+      base.model(), timeout * static_cast<double>(steps),
+      [&](v1::FitRequest& request) -> absl::StatusOr<bool> {
+        bar.Update(sent * npy.row_bytes(), steps_sent);
+        // An empty file still sends one (empty) step, which the server
+        // refuses with a message naming the input.
+        if (steps_sent > 0 && npy.rows_left() == 0) return false;
+        ++steps_sent;
+        request = base;
+        absl::StatusOr<v1::Tensor> chunk = npy.ReadRows(rows_per_step);
+        if (!chunk.ok()) return chunk.status();
+        sent += chunk->shape(0);
+        *request.mutable_input() = *std::move(chunk);
+        return true;
+      });
+  bar.Update(sent * npy.row_bytes(), steps_sent);
+  bar.Finish();
+  if (!response.ok()) return Fail(response.status());
+  if (Json()) {
+    PrintJson(*response);
+  } else {
+    std::cout << absl::StrFormat("fitted %s: %d rows in %d steps\n", path, rows,
+                                 steps);
+    PrintModel(response->model());
+  }
+  return kExitOk;
+}
+
+int RunFit(NormdClient& client, absl::Duration timeout) {
   v1::FitRequest request;
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
-  absl::StatusOr<v1::Tensor> input = InputTensor();
-  if (!input.ok()) return Fail(input.status(), 2);
-  *request.mutable_input() = *std::move(input);
   auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
-  if (!axis.ok()) return Fail(axis.status(), 2);
+  if (!axis.ok()) return Fail(axis.status(), kExitUsage);
   if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
+  if (!absl::GetFlag(FLAGS_input).empty() &&
+      absl::GetFlag(FLAGS_input_file).empty() &&
+      absl::GetFlag(FLAGS_values).empty() &&
+      absl::GetFlag(FLAGS_shape).empty()) {
+    return RunFitStream(client, request, timeout);
+  }
+  absl::StatusOr<v1::Tensor> input = InputTensor();
+  if (!input.ok()) return Fail(input.status(), kExitUsage);
+  *request.mutable_input() = *std::move(input);
   absl::StatusOr<v1::FitResponse> response = client.Fit(request);
   if (!response.ok()) return Fail(response.status());
   if (Json()) {
@@ -285,7 +520,7 @@ int RunFit(NormdClient& client) {
   } else {
     PrintModel(response->model());
   }
-  return 0;
+  return kExitOk;
 }
 
 int RunCreate(NormdClient& client) {
@@ -296,10 +531,10 @@ int RunCreate(NormdClient& client) {
   request.set_num_batches_tracked(absl::GetFlag(FLAGS_num_batches_tracked));
   request.set_use_pooled_statistics(absl::GetFlag(FLAGS_use_pooled_statistics));
   auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
-  if (!momentum.ok()) return Fail(momentum.status(), 2);
+  if (!momentum.ok()) return Fail(momentum.status(), kExitUsage);
   if (momentum->has_value()) request.set_momentum(**momentum);
   auto eps = OptionalNumber(FLAGS_eps, "--eps");
-  if (!eps.ok()) return Fail(eps.status(), 2);
+  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
   if (eps->has_value()) request.set_eps(**eps);
   for (auto [text, flag, field] :
        {std::tuple{absl::GetFlag(FLAGS_running_mean), "--running_mean",
@@ -311,13 +546,13 @@ int RunCreate(NormdClient& client) {
         std::tuple{absl::GetFlag(FLAGS_bias), "--bias",
                    request.mutable_bias()}}) {
     absl::StatusOr<std::vector<double>> values = OptionalValues(text, flag);
-    if (!values.ok()) return Fail(values.status(), 2);
+    if (!values.ok()) return Fail(values.status(), kExitUsage);
     field->Assign(values->begin(), values->end());
   }
   absl::StatusOr<v1::ModelState> model = client.CreateModel(request);
   if (!model.ok()) return Fail(model.status());
   Json() ? PrintJson(*model) : PrintModel(*model);
-  return 0;
+  return kExitOk;
 }
 
 int RunModelCommand(NormdClient& client, absl::string_view command) {
@@ -325,14 +560,18 @@ int RunModelCommand(NormdClient& client, absl::string_view command) {
   if (command == "delete") {
     absl::Status status = client.DeleteModel(name);
     if (!status.ok()) return Fail(status);
-    std::cout << "deleted " << name << "\n";
-    return 0;
+    if (Json()) {
+      std::cout << "{\"deleted\": " << JsonString(name) << "}\n";
+    } else {
+      std::cout << "deleted " << name << "\n";
+    }
+    return kExitOk;
   }
   absl::StatusOr<v1::ModelState> model =
       command == "get" ? client.GetModel(name) : client.ResetModel(name);
   if (!model.ok()) return Fail(model.status());
   Json() ? PrintJson(*model) : PrintModel(*model);
-  return 0;
+  return kExitOk;
 }
 
 int RunList(NormdClient& client) {
@@ -340,24 +579,47 @@ int RunList(NormdClient& client) {
   if (!list.ok()) return Fail(list.status());
   if (Json()) {
     PrintJson(*list);
-    return 0;
+    return kExitOk;
   }
-  std::cout << absl::StrFormat("%-32s %8s %12s %12s %10s\n", "NAME", "C",
-                               "BATCHES", "SAMPLES", "GENERATION");
+  // An aligned table: each column as wide as its widest cell.
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "C", "BATCHES", "SAMPLES", "MOMENTUM", "EPS", "GENERATION"}};
   for (const v1::ModelState& m : list->models()) {
-    std::cout << absl::StrFormat("%-32s %8d %12d %12d %10d\n", m.name(),
-                                 m.num_features(), m.num_batches_tracked(),
-                                 m.sample_count(), m.generation());
+    rows.push_back(
+        {m.name(), absl::StrCat(m.num_features()),
+         absl::StrCat(m.num_batches_tracked()), absl::StrCat(m.sample_count()),
+         m.cumulative_average() ? std::string("cumulative")
+                                : absl::StrFormat("%g", m.momentum()),
+         absl::StrFormat("%g", m.eps()), absl::StrCat(m.generation())});
   }
-  return 0;
+  std::vector<size_t> widths(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) {
+      widths[c] = std::max(widths[c], row[c].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(widths[c] - row[c].size(), ' ');
+      // The name left-aligned, numbers right-aligned.
+      line += c == 0 ? row[c] + pad : "  " + pad + row[c];
+    }
+    std::cout << absl::StripTrailingAsciiWhitespace(line) << "\n";
+  }
+  return kExitOk;
 }
 
 int RunHealth(NormdClient& client) {
   auto status = client.Health(absl::GetFlag(FLAGS_service));
   if (!status.ok()) return Fail(status.status());
-  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-                   *status)
-            << "\n";
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*status);
+  if (Json()) {
+    std::cout << "{\"status\": " << JsonString(name) << "}\n";
+  } else {
+    std::cout << name << "\n";
+  }
   return *status == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
@@ -394,36 +656,62 @@ absl::Status ApplySecurityFlags(ClientOptions& options) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
+  // `normctl COMMAND --help` (or `normctl help COMMAND`): that command only.
+  const Command* asked = nullptr;
+  bool help = false;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      help = true;
+    } else if (!absl::StartsWith(arg, "-") && asked == nullptr) {
+      asked = FindCommand(arg);
+      if (arg == "help" && i + 1 < argc) {
+        asked = FindCommand(argv[i + 1]);
+        help = asked != nullptr;
+      }
+    }
+  }
+  if (help && asked != nullptr) {
+    PrintCommandHelp(*asked);
+    return kExitOk;
+  }
+  const std::string usage = Usage();
+  absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = IsNormctlFlagFile;
   usage_config.contains_helpshort_flags = IsNormctlFlagFile;
   absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::cerr << kUsage << "\n";
-    return 2;
+    std::cerr << usage << "\n";
+    return kExitUsage;
   }
   const std::string command = args[1];
+  if (FindCommand(command) == nullptr) {
+    std::cerr << "normctl: unknown command '" << command << "'\n\n"
+              << usage << "\n";
+    return kExitUsage;
+  }
   ClientOptions options;
   options.timeout = absl::GetFlag(FLAGS_timeout);
   if (absl::Status s = ApplySecurityFlags(options); !s.ok()) {
-    std::cerr << "normctl: " << s.message() << "\n";
-    return 2;
+    return Fail(s, kExitUsage);
   }
-  std::unique_ptr<NormdClient> client =
-      NormdClient::Connect(absl::GetFlag(FLAGS_server), options);
+  const std::string server = absl::GetFlag(FLAGS_server);
+  std::unique_ptr<NormdClient> client = NormdClient::Connect(server, options);
+  if (absl::Status s =
+          client->WaitForConnection(absl::GetFlag(FLAGS_connect_timeout));
+      !s.ok()) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot reach ", server,
+                                                    " (", s.message(), ")")),
+                kExitUnreachable);
+  }
   if (command == "normalize") return RunNormalize(*client);
-  if (command == "fit") return RunFit(*client);
+  if (command == "fit") return RunFit(*client, options.timeout);
   if (command == "create") return RunCreate(*client);
-  if (command == "get" || command == "delete" || command == "reset") {
-    return RunModelCommand(*client, command);
-  }
   if (command == "list") return RunList(*client);
   if (command == "health") return RunHealth(*client);
-  std::cerr << "normctl: unknown command '" << command << "'\n\n"
-            << kUsage << "\n";
-  return 2;
+  return RunModelCommand(*client, command);
 }
 
 }  // namespace

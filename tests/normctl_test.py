@@ -1,0 +1,236 @@
+#!/usr/bin/python3
+"""normctl for real data, against a real normd, checked with numpy in fp64.
+
+.npy in and out (float32 and float64 kept), `fit --input` streaming a file in
+chunks over FitStream (progress bar; pooled statistics of the whole file
+exact; one Fit step per chunk), `list` as an aligned table, `--json` on every
+subcommand, `--help` on every subcommand, the exit codes (0 ok, 1 server
+error, 2 usage, 3 unreachable), and clear refusals of .npy files normd cannot
+take.
+
+Usage: normctl_test.py --normd BUILD/normd --stubs BUILD/python
+         --normctl BUILD/normctl
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+import normd_process
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--normd", required=True)
+parser.add_argument("--stubs", required=True)
+parser.add_argument("--normctl", required=True)
+args = parser.parse_args()
+
+COMMANDS = ["normalize", "fit", "create", "get", "list", "delete", "reset",
+            "health"]
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+
+
+class Normctl:
+    def __init__(self, target):
+        self.target = target
+
+    def __call__(self, *argv, server=None):
+        return subprocess.run(
+            [args.normctl, f"--server={server or self.target}", *argv],
+            capture_output=True, text=True, timeout=120)
+
+
+def layer_norm(x, eps=1e-5):
+    x = x.astype(np.float64)
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(
+        x.var(-1, keepdims=True) + eps)
+
+
+def test_npy(ctl, tmp):
+    rng = np.random.default_rng(0)
+    for dtype, tol in ((np.float32, 2e-6), (np.float64, 1e-12)):
+        x = (rng.standard_normal((5, 7)) * 3 + 100).astype(dtype)
+        src, dst = os.path.join(tmp, "x.npy"), os.path.join(tmp, "y.npy")
+        np.save(src, x)
+        run = ctl("normalize", f"--input={src}", f"--output={dst}")
+        check(run.returncode == 0, f"normalize .npy: {run.stderr}")
+        y = np.load(dst)
+        check(y.dtype == dtype and y.shape == x.shape,
+              f"output .npy is {y.dtype} {y.shape}")
+        err = np.abs(y - layer_norm(x)).max()
+        check(err < tol, f"{np.dtype(dtype).name} .npy LayerNorm error {err}")
+    # BatchNorm training on a 3-D .npy, channels at axis 1.
+    x = rng.standard_normal((4, 3, 5))
+    np.save(src, x)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=batch_norm", "--model=npy-bn", "--training")
+    y = np.load(dst)
+    mean, var = x.mean((0, 2), keepdims=True), x.var((0, 2), keepdims=True)
+    check(run.returncode == 0 and
+          np.abs(y - (x - mean) / np.sqrt(var + 1e-5)).max() < 1e-12,
+          f"batch_norm training .npy: {run.stderr}")
+
+
+def test_streaming_fit(ctl, tmp):
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((20000, 6)) * np.arange(1, 7) + 1e3
+    path = os.path.join(tmp, "big.npy")
+    np.save(path, big)
+    chunk_bytes = 64 * 1024  # 1365 rows of 48 bytes per step.
+    rows_per_step = chunk_bytes // (6 * 8)
+    steps = -(-len(big) // rows_per_step)
+    run = ctl("fit", "--model=stream", f"--input={path}",
+              f"--chunk_bytes={chunk_bytes}", "--progress=always", "--json")
+    check(run.returncode == 0, f"fit --input: {run.stderr}")
+    state = json.loads(run.stdout)["model"]
+    check(int(state["num_batches_tracked"]) == steps and
+          int(state["sample_count"]) == len(big),
+          f"fit --input counts {state['num_batches_tracked']} "
+          f"{state['sample_count']}, want {steps} steps of {len(big)} rows")
+    check(np.allclose(state["mean"], big.mean(0), rtol=1e-12, atol=0) and
+          np.allclose(state["var"], big.var(0), rtol=1e-11, atol=0),
+          "streamed pooled statistics differ from fp64 over the whole file")
+    check("100%" in run.stderr and f"{steps} steps" in run.stderr,
+          f"no finished progress bar on stderr: {run.stderr[-300:]!r}")
+    quiet = ctl("fit", "--model=stream2", f"--input={path}",
+                "--progress=never")
+    check(quiet.returncode == 0 and quiet.stderr == "" and
+          f"{len(big)} rows in" in quiet.stdout,
+          f"fit --progress=never: {quiet.stdout!r} {quiet.stderr!r}")
+
+
+def test_list_table(ctl):
+    ctl("create", "--model=a-much-longer-model-name", "--num_features=12")
+    run = ctl("list")
+    lines = run.stdout.rstrip("\n").split("\n")
+    check(run.returncode == 0 and lines[0].split()[:3] == ["NAME", "C",
+                                                            "BATCHES"],
+          f"list header: {lines[:1]}")
+    # Right-aligned numeric columns end at the same offset on every line.
+    ends = {line.index(line.split()[1]) + len(line.split()[1])
+            for line in lines}
+    check(len(ends) == 1, f"list's C column is not aligned:\n{run.stdout}")
+    check(any(l.startswith("a-much-longer-model-name ") for l in lines),
+          "list lacks the long name")
+
+
+def test_json_everywhere(ctl, tmp):
+    x = os.path.join(tmp, "j.npy")
+    np.save(x, np.ones((2, 3), np.float32))
+    runs = {
+        "normalize": ctl("normalize", f"--input={x}", "--json"),
+        "fit": ctl("fit", "--model=j", "--shape=2,2", "--values=1,2,3,4",
+                   "--json"),
+        "create": ctl("create", "--model=j2", "--num_features=2", "--json"),
+        "get": ctl("get", "--model=j", "--json"),
+        "list": ctl("list", "--json"),
+        "reset": ctl("reset", "--model=j", "--json"),
+        "delete": ctl("delete", "--model=j", "--json"),
+        "health": ctl("health", "--json"),
+    }
+    check(sorted(runs) == sorted(COMMANDS), "a command lacks a --json case")
+    for command, run in runs.items():
+        try:
+            json.loads(run.stdout)
+            check(run.returncode == 0, f"{command} --json: {run.stderr}")
+        except ValueError:
+            failures.append(f"{command} --json is not JSON: {run.stdout!r}")
+    err = ctl("get", "--model=j", "--json")  # Deleted above.
+    try:
+        check(json.loads(err.stderr)["code"] == "NOT_FOUND",
+              f"--json error: {err.stderr}")
+    except ValueError:
+        failures.append(f"--json error is not JSON: {err.stderr!r}")
+
+
+def test_help_everywhere(ctl):
+    for command in COMMANDS:
+        run = ctl(command, "--help")
+        check(run.returncode == 0 and
+              run.stdout.startswith(f"Usage: normctl {command}") and
+              "--json" in run.stdout and "Exit status" in run.stdout,
+              f"{command} --help: {run.returncode} {run.stdout[:200]!r}")
+    fit = ctl("fit", "--help").stdout
+    for flag in ("--input", "--chunk_bytes", "--progress", "--model"):
+        check(flag in fit, f"fit --help lacks {flag}")
+    check("--num_features" not in fit, "fit --help lists create's flags")
+
+
+def test_exit_codes(ctl, tmp):
+    with socket.socket() as s:  # A port nobody listens on.
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    cases = [
+        ("usage: unknown command", ctl("frobnicate"), 2),
+        ("usage: no input", ctl("normalize"), 2),
+        ("usage: bad --progress", ctl("fit", "--model=m", "--input=x.npy",
+                                      "--progress=sometimes"), 2),
+        ("usage: two inputs", ctl("normalize", "--input=a.npy",
+                                  "--values=1", "--shape=1"), 2),
+        ("server: unknown model", ctl("get", "--model=nobody"), 1),
+        ("server: invalid request", ctl("normalize", "--shape=2",
+                                        "--values=1,2",
+                                        "--normalized_ndim=4"), 1),
+        ("unreachable", ctl("list", "--connect_timeout=1s", server=closed), 3),
+    ]
+    for what, run, code in cases:
+        check(run.returncode == code,
+              f"{what}: exit {run.returncode}, want {code} ({run.stderr!r})")
+    check("cannot reach" in cases[-1][1].stderr, "unreachable message")
+    check("INVALID_ARGUMENT" in cases[5][1].stderr and
+          "normalized_ndim" in cases[5][1].stderr, "server error message")
+
+
+def test_bad_npy(ctl, tmp):
+    cases = {
+        "fortran": (np.asfortranarray(np.ones((3, 4))), "Fortran"),
+        "bigendian": (np.ones((3, 4), dtype=">f4"), ">f4"),
+        "int": (np.ones((3, 4), dtype=np.int32), "<i4"),
+    }
+    for name, (array, message) in cases.items():
+        path = os.path.join(tmp, name + ".npy")
+        np.save(path, array)
+        for command in (["normalize"], ["fit", "--model=bad"]):
+            run = ctl(*command, f"--input={path}")
+            check(run.returncode == 2 and message in run.stderr and
+                  path in run.stderr,
+                  f"{command[0]} {name}.npy: {run.returncode} {run.stderr!r}")
+    truncated = os.path.join(tmp, "truncated.npy")
+    np.save(truncated, np.ones((10, 4)))
+    with open(truncated, "r+b") as f:
+        f.truncate(os.path.getsize(truncated) - 8)
+    run = ctl("fit", "--model=bad", f"--input={truncated}")
+    check(run.returncode == 2 and "bytes" in run.stderr,
+          f"truncated .npy: {run.stderr!r}")
+
+
+def main():
+    proc, port, _ = normd_process.start_normd(args.normd)
+    try:
+        ctl = Normctl(f"127.0.0.1:{port}")
+        with tempfile.TemporaryDirectory() as tmp:
+            test_npy(ctl, tmp)
+            test_streaming_fit(ctl, tmp)
+            test_list_table(ctl)
+            test_json_everywhere(ctl, tmp)
+            test_help_everywhere(ctl)
+            test_exit_codes(ctl, tmp)
+            test_bad_npy(ctl, tmp)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return normd_process.report(failures, "normctl")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
