@@ -67,9 +67,9 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes,
   if (bytes.size() < 8 + length_bytes) return Bad(path, "truncated header");
   size_t header_length = 0;
   for (size_t i = 0; i < length_bytes; ++i) {
-    header_length |= static_cast<size_t>(static_cast<unsigned char>(
-                         bytes[8 + i]))
-                     << (8 * i);
+    header_length |=
+        static_cast<size_t>(static_cast<unsigned char>(bytes[8 + i]))
+        << (8 * i);
   }
   const size_t start = 8 + length_bytes;
   if (bytes.size() < start + header_length) {
@@ -107,16 +107,16 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes,
   }
   absl::StatusOr<absl::string_view> shape = DictValue(dict, "shape", path);
   if (!shape.ok()) return shape.status();
-  absl::string_view dims = absl::StripSuffix(absl::StripPrefix(*shape, "("),
-                                             ")");
+  absl::string_view dims =
+      absl::StripSuffix(absl::StripPrefix(*shape, "("), ")");
   for (absl::string_view dim :
        absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
     int64_t n;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &n) || n < 0) {
       return Bad(path, absl::StrCat("bad shape ", *shape));
     }
-    if (n > 0 && Product(header.shape) >
-                     std::numeric_limits<int64_t>::max() / 8 / n) {
+    if (n > 0 &&
+        Product(header.shape) > std::numeric_limits<int64_t>::max() / 8 / n) {
       return Bad(path, absl::StrCat("shape ", *shape, " is too large"));
     }
     header.shape.push_back(n);
@@ -133,8 +133,10 @@ absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
   const int64_t present =
       static_cast<int64_t>(bytes->size()) - header->data_offset;
   if (present != expected) {
-    return Bad(path, absl::StrCat("holds ", present, " bytes of elements, its "
-                                  "shape needs ", expected));
+    return Bad(path, absl::StrCat("holds ", present,
+                                  " bytes of elements, its "
+                                  "shape needs ",
+                                  expected));
   }
   v1::Tensor tensor;
   tensor.set_dtype(header->dtype);
@@ -144,9 +146,9 @@ absl::StatusOr<v1::Tensor> ReadNpy(const std::string& path) {
 }
 
 absl::StatusOr<std::string> EncodeNpy(const v1::Tensor& tensor) {
-  const v1::DataType dtype =
-      tensor.dtype() == v1::DATA_TYPE_UNSPECIFIED ? v1::FLOAT32
-                                                  : tensor.dtype();
+  const v1::DataType dtype = tensor.dtype() == v1::DATA_TYPE_UNSPECIFIED
+                                 ? v1::FLOAT32
+                                 : tensor.dtype();
   const char* descr = dtype == v1::FLOAT64   ? "<f8"
                       : dtype == v1::FLOAT32 ? "<f4"
                       : dtype == v1::FLOAT16 ? "<f2"
@@ -164,8 +166,8 @@ absl::StatusOr<std::string> EncodeNpy(const v1::Tensor& tensor) {
   std::string shape = absl::StrJoin(tensor.shape(), ", ");
   if (tensor.shape_size() == 1) shape += ",";
   std::string dict =
-      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (",
-                   shape, "), }");
+      absl::StrCat("{'descr': '", descr,
+                   "', 'fortran_order': False, 'shape': (", shape, "), }");
   // Pad with spaces so that the data starts at a multiple of 64; end in \n.
   const bool v2 = dict.size() + 1 + 10 > 65535;
   const size_t prefix = v2 ? 12 : 10;
@@ -233,9 +235,9 @@ absl::StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(
   const int64_t size = static_cast<int64_t>(in.tellg());
   const int64_t expected = Product(header->shape) * header->element_bytes;
   if (size - header->data_offset != expected) {
-    return Bad(path, absl::StrCat("holds ", size - header->data_offset,
-                                  " bytes of elements, its shape needs ",
-                                  expected));
+    return Bad(path,
+               absl::StrCat("holds ", size - header->data_offset,
+                            " bytes of elements, its shape needs ", expected));
   }
   in.seekg(header->data_offset);
   return std::unique_ptr<NpyReader>(

@@ -15,6 +15,7 @@ Usage: normctl_test.py --normd BUILD/normd --stubs BUILD/python
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -214,6 +215,35 @@ def test_bad_npy(ctl, tmp):
           f"truncated .npy: {run.stderr!r}")
 
 
+def test_readme_commands(ctl, tmp):
+    """The README's .npy commands, run as written (with --server added) in a
+    directory holding the files they name."""
+    readme_path = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "README.md")
+    with open(readme_path) as f:
+        readme = f.read()
+    section = readme[readme.index("Real data comes in"):]
+    block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
+    work = os.path.join(tmp, "readme")
+    os.makedirs(work)
+    rng = np.random.default_rng(2)
+    np.save(os.path.join(work, "x.npy"), rng.standard_normal((3, 5)))
+    np.save(os.path.join(work, "activations.npy"),
+            rng.standard_normal((1000, 2)).astype(np.float32))
+    commands = [shlex.split(line.split("#")[0]) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 2, f"README .npy block: {block!r}")
+    for argv in commands:
+        run = subprocess.run([os.path.abspath(args.normctl),
+                              f"--server={ctl.target}",
+                              *argv[1:]], capture_output=True, text=True,
+                             cwd=work, timeout=120)
+        check(run.returncode == 0, f"README: {' '.join(argv)}: {run.stderr}")
+    y = np.load(os.path.join(work, "y.npy"))
+    check(y.dtype == np.float64 and y.shape == (3, 5),
+          f"README's y.npy is {y.dtype} {y.shape}")
+
+
 def main():
     proc, port, _ = normd_process.start_normd(args.normd)
     try:
@@ -226,6 +256,7 @@ def main():
             test_help_everywhere(ctl)
             test_exit_codes(ctl, tmp)
             test_bad_npy(ctl, tmp)
+            test_readme_commands(ctl, tmp)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
