@@ -45,5 +45,6 @@ WORKDIR /var/lib/normd
 VOLUME ["/var/lib/normd"]
 EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-  CMD ["/usr/local/bin/normctl", "--server=127.0.0.1:50051", "health"]
+  CMD ["/usr/local/bin/normctl", "--server=127.0.0.1:50051", \
+       "--connect_timeout=2s", "--timeout=2s", "health"]
 ENTRYPOINT ["/usr/local/bin/normd", "--port=50051", "--metrics_port=9464"]
