@@ -69,7 +69,11 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return json.loads(e.read())
+            body = e.read()
+            try:
+                return json.loads(body)
+            except ValueError:  # E.g. 503 "Service Unavailable" at start-up.
+                return {"status": "error", "error": f"HTTP {e.code}: {body!r}"}
 
     def query(self, expr):
         """(ok, [values]) of an instant query."""
