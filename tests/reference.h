@@ -111,6 +111,81 @@ std::vector<double> ReferenceLayerNorm(const std::vector<T>& x, int64_t n,
   return y;
 }
 
+// GroupNorm (InstanceNorm: groups = C) of x with shape `shape`, channel axis
+// `axis` (>= 1), straight from the definition: element k of sample n and
+// channel c belongs to set (n, c / (C / groups)); two passes in long double
+// per set. `mean` / `var` (biased) receive the per-set statistics. Empty w /
+// b = none.
+template <typename T>
+std::vector<double> ReferenceGroupNorm(const std::vector<T>& x,
+                                       const std::vector<int64_t>& shape,
+                                       int axis, int64_t groups, double eps,
+                                       const std::vector<double>& w,
+                                       const std::vector<double>& b,
+                                       std::vector<double>* mean = nullptr,
+                                       std::vector<double>* var = nullptr) {
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t channels = shape[axis];
+  const int64_t samples = shape[0];
+  const int64_t sample_size = static_cast<int64_t>(x.size()) / samples;
+  const int64_t per_group = channels / groups;
+  auto set_of = [&](int64_t k) {
+    const int64_t c = (k / inner) % channels;
+    return (k / sample_size) * groups + c / per_group;
+  };
+  std::vector<long double> sum(samples * groups, 0), m2(samples * groups, 0);
+  std::vector<int64_t> count(samples * groups, 0);
+  for (size_t k = 0; k < x.size(); ++k) {
+    sum[set_of(k)] += x[k];
+    count[set_of(k)] += 1;
+  }
+  std::vector<long double> mu(sum.size());
+  for (size_t g = 0; g < sum.size(); ++g) mu[g] = sum[g] / count[g];
+  for (size_t k = 0; k < x.size(); ++k) {
+    const long double d = x[k] - mu[set_of(k)];
+    m2[set_of(k)] += d * d;
+  }
+  if (mean != nullptr) mean->assign(mu.begin(), mu.end());
+  if (var != nullptr) {
+    var->resize(sum.size());
+    for (size_t g = 0; g < sum.size(); ++g) (*var)[g] = m2[g] / count[g];
+  }
+  std::vector<double> y(x.size());
+  for (size_t k = 0; k < x.size(); ++k) {
+    const int64_t g = set_of(k);
+    const int64_t c = (k / inner) % channels;
+    long double v = (x[k] - mu[g]) / std::sqrt(m2[g] / count[g] + eps);
+    if (!w.empty()) v *= w[c];
+    if (!b.empty()) v += b[c];
+    y[k] = static_cast<double>(v);
+  }
+  return y;
+}
+
+// RMSNorm over rows of n: y = x / sqrt(mean(x^2) + eps) * w + b, in long
+// double. Empty w / b = none.
+template <typename T>
+std::vector<double> ReferenceRmsNorm(const std::vector<T>& x, int64_t n,
+                                     double eps, const std::vector<double>& w,
+                                     const std::vector<double>& b) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / n; ++r) {
+    long double squares = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      squares += static_cast<long double>(x[r * n + j]) * x[r * n + j];
+    }
+    const long double rms = std::sqrt(squares / n + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      long double v = x[r * n + j] / rms;
+      if (!w.empty()) v *= w[j];
+      if (!b.empty()) v += b[j];
+      y[r * n + j] = static_cast<double>(v);
+    }
+  }
+  return y;
+}
+
 template <typename T>
 std::vector<T> RandomValues(int64_t n, uint32_t seed, double offset = 0.0,
                             double scale = 1.0) {

@@ -71,7 +71,8 @@ void ExpectSameModels(const std::vector<BatchNormModel>& a,
   }
 }
 
-// Applies `steps` random changes (create, train, reset, delete) to `store`.
+// Applies `steps` random changes (create, train, InstanceNorm train, reset,
+// delete) to `store`.
 void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
   std::mt19937_64 rng(seed);
   for (int i = 0; i < steps; ++i) {
@@ -94,6 +95,14 @@ void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
       case 2:
         (void)store.Delete(name);
         break;
+      case 3: {
+        std::vector<double> targets(2 * channels);
+        for (double& t : targets) t = static_cast<double>(rng() % 1000) / 7;
+        ASSERT_TRUE(
+            store.TrainInstance(name, RandomBatch(rng, channels), targets)
+                .ok());
+        break;
+      }
       default:
         ASSERT_TRUE(store.Train(name, RandomBatch(rng, channels)).ok());
     }

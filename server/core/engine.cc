@@ -1,21 +1,53 @@
 #include "server/core/engine.h"
 
 #include <cmath>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/half.h"
+#include "server/core/parallel.h"
 
 namespace normd {
 namespace {
 
 constexpr double kBertDefaultEps = 1e-6;
 
-// Calls f with a null pointer of the element type of `dtype`.
+// Calls f with a null pointer of the element type of `dtype` (fp32 or fp64:
+// 16-bit inputs are widened before they reach a kernel).
 template <typename F>
 decltype(auto) VisitDType(DType dtype, F&& f) {
   if (dtype == DType::kFloat32) return f(static_cast<float*>(nullptr));
   return f(static_cast<double*>(nullptr));
+}
+
+// Elements converted per task when widening / narrowing 16-bit tensors.
+constexpr int64_t kConvertChunk = 64 * 1024;
+
+// The 16-bit tensor `input` (contiguous) widened to fp32 into `storage`.
+InputTensor Widened(const InputTensor& input,
+                    std::unique_ptr<float[]>& storage) {
+  storage = std::make_unique_for_overwrite<float[]>(input.size);
+  const auto* src = static_cast<const uint16_t*>(input.data);
+  ParallelFor(tbb::blocked_range<int64_t>(0, input.size, kConvertChunk),
+              input.size, [&](const tbb::blocked_range<int64_t>& r) {
+                WidenHalf(input.dtype, src + r.begin(),
+                          storage.get() + r.begin(), r.size());
+              });
+  InputTensor out = input;
+  out.dtype = DType::kFloat32;
+  out.data = storage.get();
+  return out;
+}
+
+// n fp32 values narrowed to the 16-bit `dtype` at dst.
+void Narrow(DType dtype, const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<uint16_t*>(dst);
+  ParallelFor(tbb::blocked_range<int64_t>(0, n, kConvertChunk), n,
+              [&](const tbb::blocked_range<int64_t>& r) {
+                NarrowToHalf(dtype, src + r.begin(), out + r.begin(), r.size());
+              });
 }
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
@@ -64,6 +96,74 @@ InputSource<T> SourceOf(const InputTensor& input) {
   return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
 }
 
+// GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
+// [sample_outer, channels, inner] around the channel axis; statistics per
+// (sample, group of channels_per_group adjacent channels).
+struct GroupGeometry {
+  ChannelLayout layout;  // The whole tensor.
+  int64_t samples = 0;
+  int64_t groups = 0;
+  int64_t sample_outer = 0;
+
+  int64_t ChannelsPerGroup() const { return layout.channels / groups; }
+  // Values per (sample, group).
+  int64_t PerGroup() const {
+    return sample_outer * ChannelsPerGroup() * layout.inner;
+  }
+  int64_t SampleSize() const {
+    return sample_outer * layout.channels * layout.inner;
+  }
+};
+
+// Moments per (sample, group), sample-major. Within a sample the channels of
+// a group are adjacent, so the sample is [sample_outer, groups, values of
+// one group per outer index]: per-"channel" moments of that layout.
+template <typename T>
+std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
+  const int64_t group_inner = g.ChannelsPerGroup() * g.layout.inner;
+  if (g.sample_outer == 1) {  // Every group is one contiguous run.
+    return ChannelMoments(x,
+                          ChannelLayout{1, g.samples * g.groups, group_inner});
+  }
+  std::vector<Moments> out(g.samples * g.groups);
+  const ChannelLayout sample{g.sample_outer, g.groups, group_inner};
+  ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
+              g.layout.NumElements(),
+              [&](const tbb::blocked_range<int64_t>& range) {
+                for (int64_t n = range.begin(); n < range.end(); ++n) {
+                  const std::vector<Moments> m =
+                      ChannelMoments(x + n * g.SampleSize(), sample);
+                  std::copy(m.begin(), m.end(), out.begin() + n * g.groups);
+                }
+              });
+  return out;
+}
+
+// y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
+// channel c); the arrays are sample-major with `channels` entries a sample.
+template <typename T>
+void SampleChannelAffine(const T* x, T* y, const GroupGeometry& g,
+                         const double* mean, const double* scale,
+                         const double* shift) {
+  const int64_t channels = g.layout.channels;
+  if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
+    ChannelAffineKernel(x, y,
+                        ChannelLayout{1, g.samples * channels, g.layout.inner},
+                        mean, scale, shift);
+    return;
+  }
+  const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, g.samples, 1), g.layout.NumElements(),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        for (int64_t n = range.begin(); n < range.end(); ++n) {
+          const int64_t at = n * g.SampleSize();
+          ChannelAffineKernel(x + at, y + at, sample, mean + n * channels,
+                              scale + n * channels, shift + n * channels);
+        }
+      });
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
@@ -100,7 +200,11 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
 Engine::Engine(ModelStoreOptions options) : store_(options) {}
 
 bool Engine::ReadsScatteredInPlace(const NormalizeSpec& spec) {
+  if (IsHalf(spec.input.dtype)) return false;
   if (spec.mode == NormMode::kBatchNorm) return !spec.training;
+  if (spec.mode != NormMode::kLayerNorm && spec.mode != NormMode::kRmsNorm) {
+    return false;
+  }
   absl::StatusOr<RowLayout> rows =
       ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
   return !rows.ok() || rows->row_size < kLongLayerNormRow;
@@ -114,9 +218,44 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
     gathered.input = Contiguous(spec.input, storage);
     return Normalize(gathered, output);
   }
-  if (spec.mode == NormMode::kLayerNorm) {
-    if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
-    return std::nullopt;
+  if (spec.num_groups != 0 && spec.mode != NormMode::kGroupNorm) {
+    return absl::InvalidArgumentError(
+        "num_groups: only GROUP_NORM takes num_groups; leave it 0");
+  }
+  if (spec.layer_norm_style != LayerNormStyle::kPyTorch &&
+      spec.mode != NormMode::kLayerNorm) {
+    return absl::InvalidArgumentError(
+        "layer_norm_style: only LAYER_NORM takes a style");
+  }
+  if (IsHalf(spec.input.dtype)) return NormalizeHalf(spec, output);
+  return NormalizeWide(spec, output);
+}
+
+absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeHalf(
+    const NormalizeSpec& spec, void* output) {
+  // Computed in fp32 in place in one widened copy, rounded once at the end.
+  std::unique_ptr<float[]> wide;
+  NormalizeSpec widened = spec;
+  widened.input = Widened(spec.input, wide);
+  absl::StatusOr<std::optional<BatchNormModel>> result =
+      NormalizeWide(widened, wide.get());
+  if (result.ok())
+    Narrow(spec.input.dtype, wide.get(), output, spec.input.size);
+  return result;
+}
+
+absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWide(
+    const NormalizeSpec& spec, void* output) {
+  switch (spec.mode) {
+    case NormMode::kLayerNorm:
+    case NormMode::kRmsNorm:
+      if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
+      return std::nullopt;
+    case NormMode::kGroupNorm:
+    case NormMode::kInstanceNorm:
+      return NormalizeGroups(spec, output);
+    case NormMode::kBatchNorm:
+      break;
   }
   absl::StatusOr<BatchNormModel> model = NormalizeBatch(spec, output);
   if (!model.ok()) return model.status();
@@ -132,6 +271,9 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
   absl::StatusOr<double> eps =
       ResolveEps(spec.eps, bert ? kBertDefaultEps : kDefaultEps);
   if (!eps.ok()) return eps.status();
+  const LayerNormStyle style = spec.mode == NormMode::kRmsNorm
+                                   ? LayerNormStyle::kRms
+                                   : spec.layer_norm_style;
   const int32_t k = spec.normalized_ndim == 0 ? 1 : spec.normalized_ndim;
   const auto normalized_dims =
       absl::Span<const int64_t>(in.shape).subspan(in.shape.size() - k);
@@ -146,8 +288,7 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
   VisitDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     LayerNormKernel(SourceOf<T>(in), static_cast<T*>(output), *rows, *eps,
-                    spec.layer_norm_style, ValuesOrNull(spec.weight),
-                    ValuesOrNull(spec.bias));
+                    style, ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
   });
   return absl::OkStatus();
 }
@@ -222,12 +363,178 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   return model;
 }
 
+namespace {
+
+// From per-(sample, channel) moments of an InstanceNorm training batch: each
+// channel's moments over the batch, and the targets of the running
+// statistics (ModelStore::TrainInstance). INVALID_ARGUMENT for non-finite
+// input.
+absl::Status InstanceStep(absl::Span<const Moments> moments,
+                          const GroupGeometry& g, std::vector<Moments>& pooled,
+                          std::vector<double>& targets) {
+  const int64_t channels = g.layout.channels;
+  pooled.assign(channels, Moments{});
+  targets.assign(2 * channels, 0.0);
+  for (int64_t n = 0; n < g.samples; ++n) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const Moments& m = moments[n * channels + c];
+      if (!m.IsFinite()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "input: sample ", n, " channel ", c,
+            " contains NaN or Inf (or overflows); training needs finite "
+            "values"));
+      }
+      MergeMoments(pooled[c], m);
+      targets[c] += m.mean;
+      targets[channels + c] += m.UnbiasedVariance();
+    }
+  }
+  for (double& t : targets) t /= static_cast<double>(g.samples);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
+    const NormalizeSpec& spec, void* output) {
+  const InputTensor& in = spec.input;
+  const bool instance = spec.mode == NormMode::kInstanceNorm;
+  const bool with_model = instance && !spec.model.empty();
+  if (with_model) {
+    if (absl::Status s = ValidateModelName(spec.model, "model"); !s.ok()) {
+      return s;
+    }
+  } else if (!spec.model.empty()) {
+    return absl::InvalidArgumentError(
+        "model: GROUP_NORM is stateless; leave model empty");
+  }
+  absl::StatusOr<ChannelLayout> layout =
+      ResolveChannelAxis(in.shape, spec.channel_axis);
+  if (!layout.ok()) return layout.status();
+  const int64_t channels = layout->channels;
+  int64_t groups = channels;
+  if (!instance) {
+    if (spec.num_groups < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_groups: must be at least 1 for GROUP_NORM, got ",
+                       spec.num_groups));
+    }
+    if (channels % spec.num_groups != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_groups: ", spec.num_groups, " does not divide the ", channels,
+          " channels of input.shape ", ShapeString(in.shape)));
+    }
+    groups = spec.num_groups;
+  }
+  if (spec.eps.has_value()) {
+    if (absl::Status s = ValidateEps(*spec.eps, "eps"); !s.ok()) return s;
+  }
+  for (const auto& [param, field] :
+       {std::pair{&spec.weight, "weight"}, std::pair{&spec.bias, "bias"}}) {
+    if (absl::Status s = CheckAffineShape(*param, {channels}, field); !s.ok()) {
+      return s;
+    }
+  }
+  if (with_model && !spec.training) {  // Eval: the model's running stats.
+    absl::StatusOr<BatchNormModel> model = NormalizeBatch(spec, output);
+    if (!model.ok()) return model.status();
+    return std::optional<BatchNormModel>(*std::move(model));
+  }
+
+  // Statistics of the input itself. Sizes from the shape, which may be empty.
+  GroupGeometry g{*layout, in.shape[0], groups, 0};
+  g.sample_outer = 1;
+  const int32_t axis =
+      !spec.channel_axis.has_value() ? 1
+      : *spec.channel_axis < 0
+          ? static_cast<int32_t>(in.shape.size()) + *spec.channel_axis
+          : *spec.channel_axis;
+  for (int32_t d = 1; d < axis; ++d) g.sample_outer *= in.shape[d];
+  const int64_t spatial = g.sample_outer * layout->inner;
+  if (instance && spatial == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input.shape: ", ShapeString(in.shape),
+        " has 1 spatial value per (sample, channel); InstanceNorm needs more "
+        "than 1 (as PyTorch)"));
+  }
+  if (!instance && g.samples * g.ChannelsPerGroup() * spatial == 1) {
+    // PyTorch 1.13's own rule: it refuses only this case and gives bias for
+    // other groups of one value (N > 1), as normd does.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input.shape: ", ShapeString(in.shape),
+        " is one sample with 1 value per group; GroupNorm needs more than 1 "
+        "value (as PyTorch)"));
+  }
+  if (in.size == 0) {
+    if (with_model) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input.shape: ", ShapeString(in.shape),
+                       " has no values; training needs at least one value "
+                       "per channel"));
+    }
+    return std::optional<BatchNormModel>();
+  }
+  const std::vector<Moments> moments = VisitDType(in.dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    return GroupMoments(static_cast<const T*>(in.data), g);
+  });
+
+  std::optional<BatchNormModel> model;
+  if (with_model) {
+    std::vector<Moments> pooled;
+    std::vector<double> targets;
+    if (absl::Status s = InstanceStep(moments, g, pooled, targets); !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<BatchNormModel> trained =
+        store_.TrainInstance(spec.model, pooled, targets);
+    if (!trained.ok()) return trained.status();
+    model = *std::move(trained);
+  }
+  const double eps =
+      spec.eps.value_or(model.has_value() ? model->eps : kDefaultEps);
+  const std::vector<double> no_weight(channels, 1.0);
+  const std::vector<double> no_bias(channels, 0.0);
+  const std::vector<double>& weight = spec.weight.has_value()
+                                          ? spec.weight->values
+                                      : model.has_value() ? model->weight
+                                                          : no_weight;
+  const std::vector<double>& bias = spec.bias.has_value() ? spec.bias->values
+                                    : model.has_value()   ? model->bias
+                                                          : no_bias;
+  const int64_t per_group = g.ChannelsPerGroup();
+  std::vector<double> mean(g.samples * channels);
+  std::vector<double> scale(mean.size());
+  std::vector<double> shift(mean.size());
+  for (int64_t n = 0; n < g.samples; ++n) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const Moments& m = moments[n * groups + c / per_group];
+      const int64_t i = n * channels + c;
+      mean[i] = m.mean;
+      scale[i] = weight[c] / std::sqrt(m.BiasedVariance() + eps);
+      shift[i] = bias[c];
+    }
+  }
+  VisitDType(in.dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    SampleChannelAffine(static_cast<const T*>(in.data), static_cast<T*>(output),
+                        g, mean.data(), scale.data(), shift.data());
+  });
+  return model;
+}
+
 absl::StatusOr<BatchNormModel> Engine::Fit(const FitSpec& spec) {
   if (spec.input.scattered != nullptr) {
     std::vector<char> storage;
     FitSpec gathered = spec;
     gathered.input = Contiguous(spec.input, storage);
     return Fit(gathered);
+  }
+  if (IsHalf(spec.input.dtype)) {
+    std::unique_ptr<float[]> wide;
+    FitSpec widened = spec;
+    widened.input = Widened(spec.input, wide);
+    return Fit(widened);
   }
   if (absl::Status s = ValidateModelName(spec.model, "model"); !s.ok()) {
     return s;

@@ -23,7 +23,8 @@
 
 namespace normd {
 
-// A read-only tensor of either dtype; `data` holds `size` elements.
+// A read-only tensor of any DType; `data` holds `size` elements (16-bit
+// dtypes as uint16_t bits).
 struct InputTensor {
   DType dtype = DType::kFloat32;
   Shape shape;
@@ -40,16 +41,23 @@ struct AffineParam {
   std::vector<double> values;
 };
 
-enum class NormMode { kLayerNorm, kBatchNorm };
+enum class NormMode {
+  kLayerNorm,
+  kBatchNorm,
+  kGroupNorm,     // Statistics per (sample, group of channels).
+  kInstanceNorm,  // Per (sample, channel); a named model's when `model` set.
+  kRmsNorm,       // Rows as LayerNorm, scaled by the root mean square.
+};
 
 // The core form of NormalizeRequest.
 struct NormalizeSpec {
   NormMode mode = NormMode::kLayerNorm;
-  std::string model;  // BatchNorm only.
+  std::string model;  // BatchNorm; InstanceNorm with running statistics.
   InputTensor input;
   bool training = false;
   std::optional<int32_t> channel_axis;
   int32_t normalized_ndim = 0;
+  int64_t num_groups = 0;  // GroupNorm only.
   std::optional<double> eps;
   LayerNormStyle layer_norm_style = LayerNormStyle::kPyTorch;
   std::optional<AffineParam> weight;
@@ -68,9 +76,10 @@ class Engine {
   explicit Engine(ModelStoreOptions options = {});
 
   // Normalizes spec.input into `output` (input.size elements of input.dtype;
-  // may alias the input). Returns the model after the call for BatchNorm,
-  // nullopt for LayerNorm. Every INVALID_ARGUMENT is found before the store
-  // is consulted; a failed call changes nothing.
+  // may alias the input). Returns the model after the call for BatchNorm and
+  // InstanceNorm with a model, else nullopt. Every INVALID_ARGUMENT is found
+  // before the store is consulted; a failed call changes nothing. 16-bit
+  // inputs are computed in fp32 and rounded once at the end.
   absl::StatusOr<std::optional<BatchNormModel>> Normalize(
       const NormalizeSpec& spec, void* output);
 
@@ -78,24 +87,32 @@ class Engine {
   absl::StatusOr<BatchNormModel> Fit(const FitSpec& spec);
 
   // True when Normalize reads scattered input (InputTensor::scattered) piece
-  // by piece: LayerNorm with rows shorter than kLongLayerNormRow, and
-  // BatchNorm eval. Other calls gather scattered input into one temporary
-  // buffer first; callers with a buffer pool may prefer to gather it there.
+  // by piece: fp32/fp64 LayerNorm and RMSNorm with rows shorter than
+  // kLongLayerNormRow, and BatchNorm eval. Other calls gather scattered input
+  // into one temporary buffer first; callers with a buffer pool may prefer to
+  // gather it there.
   static bool ReadsScatteredInPlace(const NormalizeSpec& spec);
 
   ModelStore& store() { return store_; }
   const ModelStore& store() const { return store_; }
 
  private:
+  absl::StatusOr<std::optional<BatchNormModel>> NormalizeWide(
+      const NormalizeSpec& spec, void* output);
+  absl::StatusOr<std::optional<BatchNormModel>> NormalizeHalf(
+      const NormalizeSpec& spec, void* output);
   absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
   absl::StatusOr<BatchNormModel> NormalizeBatch(const NormalizeSpec& spec,
                                                 void* output);
+  absl::StatusOr<std::optional<BatchNormModel>> NormalizeGroups(
+      const NormalizeSpec& spec, void* output);
 
   ModelStore store_;
 };
 
 // Per-channel moments of a batch for a training step: INVALID_ARGUMENT unless
 // every channel has at least `min_per_channel` values and all are finite.
+// `input` is contiguous fp32 or fp64.
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
     const InputTensor& input, const ChannelLayout& layout,
     int64_t min_per_channel);

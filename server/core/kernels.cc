@@ -353,10 +353,22 @@ bool StreamOutput(int64_t elements, size_t element_size) {
 }
 
 double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
-  if (style == LayerNormStyle::kBertUnbiasedStd) {
-    return 1.0 / (std::sqrt(moments.UnbiasedVariance()) + eps);
+  switch (style) {
+    case LayerNormStyle::kBertUnbiasedStd:
+      return 1.0 / (std::sqrt(moments.UnbiasedVariance()) + eps);
+    case LayerNormStyle::kRms:
+      // mean(x^2) = M2 / n + mean^2, both exact in fp64.
+      return 1.0 / std::sqrt(moments.BiasedVariance() +
+                             moments.mean * moments.mean + eps);
+    case LayerNormStyle::kPyTorch:
+      break;
   }
   return 1.0 / std::sqrt(moments.BiasedVariance() + eps);
+}
+
+// What a row kernel subtracts before scaling: the mean, or 0 for RMSNorm.
+double RowCenter(const Moments& moments, LayerNormStyle style) {
+  return style == LayerNormStyle::kRms ? 0.0 : moments.mean;
 }
 
 }  // namespace
@@ -367,7 +379,7 @@ bool StreamRows(const float* x, float* y, int64_t count, int64_t n, double eps,
                 LayerNormStyle style, const AffineParams<float>& affine) {
   for (int64_t r = 0; r < count; ++r) {
     const Moments moments = ContiguousMoments(x + r * n, n);
-    const SplitMean mean(moments.mean);
+    const SplitMean mean(RowCenter(moments, style));
     const StreamAffine run{mean.hi,
                            mean.lo,
                            static_cast<float>(RowScale(moments, eps, style)),
@@ -405,7 +417,7 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
                  j += kStagingElements) {
               const int64_t len = std::min(range.end() - j, kStagingElements);
               T* out = stream ? Staging<T>(kStagingElements) : yr + j;
-              AffineRow(xr + j, out, len, moments.mean, scale,
+              AffineRow(xr + j, out, len, RowCenter(moments, style), scale,
                         offset(affine.weight, j), offset(affine.bias, j));
               if (stream) StreamCopy(yr + j, out, len * sizeof(T));
             }
@@ -418,37 +430,37 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   // computed there first unless it can be streamed directly).
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
   const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
-  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
-              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
-                T* in = source.data != nullptr
-                            ? nullptr
-                            : Staging<T, kInputSlot>(rows_per_piece * n);
-                bool fence = false;
-                for (int64_t r0 = range.begin(); r0 < range.end();
-                     r0 += rows_per_piece) {
-                  const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
-                  const T* x = source.Read(r0 * n, (r1 - r0) * n, in);
-                  if constexpr (std::is_same_v<T, float>) {
-                    // One fence per work item: fencing every few rows stalls on
-                    // the write-combining buffers.
-                    if (stream && StreamRows(x, y + r0 * n, r1 - r0, n, eps,
-                                             style, affine)) {
-                      fence = true;
-                      continue;
-                    }
-                  }
-                  T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
-                  for (int64_t r = 0; r < r1 - r0; ++r) {
-                    const Moments moments = ContiguousMoments(x + r * n, n);
-                    AffineRow(x + r * n, out + r * n, n, moments.mean,
-                              RowScale(moments, eps, style), affine.weight,
-                              affine.bias);
-                  }
-                  if (stream)
-                    StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
-                }
-                if (fence) StreamFence();
-              });
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        T* in = source.data != nullptr
+                    ? nullptr
+                    : Staging<T, kInputSlot>(rows_per_piece * n);
+        bool fence = false;
+        for (int64_t r0 = range.begin(); r0 < range.end();
+             r0 += rows_per_piece) {
+          const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+          const T* x = source.Read(r0 * n, (r1 - r0) * n, in);
+          if constexpr (std::is_same_v<T, float>) {
+            // One fence per work item: fencing every few rows stalls on
+            // the write-combining buffers.
+            if (stream &&
+                StreamRows(x, y + r0 * n, r1 - r0, n, eps, style, affine)) {
+              fence = true;
+              continue;
+            }
+          }
+          T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
+          for (int64_t r = 0; r < r1 - r0; ++r) {
+            const Moments moments = ContiguousMoments(x + r * n, n);
+            AffineRow(x + r * n, out + r * n, n, RowCenter(moments, style),
+                      RowScale(moments, eps, style), affine.weight,
+                      affine.bias);
+          }
+          if (stream) StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
+        }
+        if (fence) StreamFence();
+      });
 }
 
 // Channel affine of fp32 elements [begin, end), read from x[0..end - begin)

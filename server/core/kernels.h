@@ -12,10 +12,11 @@
 
 namespace normd {
 
-// How LayerNorm turns a row's moments into a scale.
+// How a row kernel turns a row's moments into a center and a scale.
 enum class LayerNormStyle {
-  kPyTorch,          // 1 / sqrt(biased_var + eps)
-  kBertUnbiasedStd,  // 1 / (sqrt(unbiased_var) + eps)
+  kPyTorch,          // x - mean, times 1 / sqrt(biased_var + eps)
+  kBertUnbiasedStd,  // x - mean, times 1 / (sqrt(unbiased_var) + eps)
+  kRms,  // RMSNorm: x (no centering), times 1 / sqrt(mean(x^2) + eps)
 };
 
 // Where a kernel reads its input: contiguous memory, or a ScatteredBytes
@@ -35,8 +36,9 @@ struct InputSource {
   }
 };
 
-// LayerNorm of x into y (x == y allowed for contiguous x): per row of
-// `rows.row_size` values, y = (x - mean) * scale(row) * weight[j] + bias[j].
+// LayerNorm (or RMSNorm, by `style`) of x into y (x == y allowed for
+// contiguous x): per row of `rows.row_size` values,
+// y = (x - center(row)) * scale(row) * weight[j] + bias[j].
 // weight/bias have row_size entries or are null (= 1 / 0). The moments are
 // exact (see moments.h). Scattered input is read a few rows at a time and
 // needs rows shorter than kLongLayerNormRow (Engine gathers longer ones; see

@@ -149,8 +149,10 @@ BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features) {
   return model;
 }
 
-void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
-  const int64_t per_channel = batch.empty() ? 0 : batch[0].count;
+namespace {
+
+// Merges per-channel batch moments into the pooled statistics.
+void MergePooled(BatchNormModel& model, absl::Span<const Moments> batch) {
   if (model.pooled.empty()) {
     model.pooled.assign(batch.begin(), batch.end());
   } else {
@@ -158,20 +160,48 @@ void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
       MergeMoments(model.pooled[c], batch[c]);
     }
   }
-  model.sample_count += per_channel;
+  model.sample_count += batch.empty() ? 0 : batch[0].count;
+}
+
+// running <- (1 - factor) running + factor target, per channel.
+void MoveTowards(std::vector<double>& running, double factor,
+                 absl::Span<const double> target) {
+  for (size_t c = 0; c < running.size(); ++c) {
+    running[c] = (1.0 - factor) * running[c] + factor * target[c];
+  }
+}
+
+}  // namespace
+
+void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
+  const int64_t per_channel = batch.empty() ? 0 : batch[0].count;
+  MergePooled(model, batch);
   if (per_channel > 1) {
     model.num_batches_tracked += 1;
     const double factor =
         model.cumulative_average
             ? 1.0 / static_cast<double>(model.num_batches_tracked)
             : model.momentum;
+    std::vector<double> mean(batch.size());
+    std::vector<double> var(batch.size());
     for (size_t c = 0; c < batch.size(); ++c) {
-      model.running_mean[c] =
-          (1.0 - factor) * model.running_mean[c] + factor * batch[c].mean;
-      model.running_var[c] = (1.0 - factor) * model.running_var[c] +
-                             factor * batch[c].UnbiasedVariance();
+      mean[c] = batch[c].mean;
+      var[c] = batch[c].UnbiasedVariance();
     }
+    MoveTowards(model.running_mean, factor, mean);
+    MoveTowards(model.running_var, factor, var);
   }
+  model.generation += 1;
+}
+
+void ApplyInstanceStep(BatchNormModel& model, absl::Span<const Moments> pooled,
+                       absl::Span<const double> running_targets) {
+  const size_t channels = pooled.size();
+  MergePooled(model, pooled);
+  MoveTowards(model.running_mean, model.momentum,
+              running_targets.subspan(0, channels));
+  MoveTowards(model.running_var, model.momentum,
+              running_targets.subspan(channels, channels));
   model.generation += 1;
 }
 

@@ -82,6 +82,17 @@ BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features);
 // The caller has checked batch.size() == num_features.
 void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch);
 
+// One InstanceNorm training step (PyTorch's InstanceNorm with
+// track_running_stats): `pooled` holds each channel's moments over the whole
+// batch (merged into the pooled statistics, sample_count += their count);
+// `running_targets` holds C per-channel means of the instance means, then C
+// means of the instance unbiased variances, which the running statistics
+// move towards by `momentum`. num_batches_tracked is left alone, as PyTorch
+// does. generation += 1. The caller has checked the channel count and that
+// the model does not use cumulative_average.
+void ApplyInstanceStep(BatchNormModel& model, absl::Span<const Moments> pooled,
+                       absl::Span<const double> running_targets);
+
 // Running stats back to 0 / 1, counts 0, pooled statistics cleared; config,
 // weight and bias kept; generation += 1.
 void ResetStatistics(BatchNormModel& model);

@@ -237,7 +237,40 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
 
 absl::StatusOr<BatchNormModel> ModelStore::Train(
     absl::string_view name, absl::Span<const Moments> batch) {
-  const auto channels = static_cast<int64_t>(batch.size());
+  return Update(name, static_cast<int64_t>(batch.size()),
+                [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
+                  ApplyTrainingStep(model, batch);
+                  return Record({.kind = Mutation::Kind::kTrain,
+                                 .name = name,
+                                 .model = nullptr,
+                                 .batch = batch});
+                });
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::TrainInstance(
+    absl::string_view name, absl::Span<const Moments> pooled,
+    absl::Span<const double> running_targets) {
+  return Update(
+      name, static_cast<int64_t>(pooled.size()),
+      [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
+        if (model.cumulative_average) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "model '", name,
+              "' uses cumulative_average (PyTorch momentum=None), which "
+              "InstanceNorm's running statistics do not support"));
+        }
+        ApplyInstanceStep(model, pooled, running_targets);
+        return Record({.kind = Mutation::Kind::kTrainInstance,
+                       .name = name,
+                       .model = nullptr,
+                       .batch = pooled,
+                       .running_targets = running_targets});
+      });
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Update(
+    absl::string_view name, int64_t channels,
+    absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply) {
   uint64_t sequence = 0;
   BatchNormModel after;
   {
@@ -251,11 +284,9 @@ absl::StatusOr<BatchNormModel> ModelStore::Train(
       if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
       BatchNormModel& model = (*entry)->model;
       if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
-      ApplyTrainingStep(model, batch);
-      sequence = Record({.kind = Mutation::Kind::kTrain,
-                         .name = name,
-                         .model = nullptr,
-                         .batch = batch});
+      absl::StatusOr<uint64_t> recorded = apply(model);
+      if (!recorded.ok()) return recorded.status();
+      sequence = *recorded;
       after = model;
       break;
     }

@@ -69,6 +69,14 @@ class ModelStore {
   absl::StatusOr<BatchNormModel> Train(absl::string_view name,
                                        absl::Span<const Moments> batch);
 
+  // Applies one InstanceNorm training step (see ApplyInstanceStep), creating
+  // the model with defaults if absent. FAILED_PRECONDITION (model untouched)
+  // for a different channel count or a cumulative_average model (PyTorch's
+  // InstanceNorm needs a momentum); RESOURCE_EXHAUSTED as Train.
+  absl::StatusOr<BatchNormModel> TrainInstance(
+      absl::string_view name, absl::Span<const Moments> pooled,
+      absl::Span<const double> running_targets);
+
   // The model for an eval step on `channels` channels: NOT_FOUND if absent,
   // FAILED_PRECONDITION if its channel count differs.
   absl::StatusOr<BatchNormModel> GetForEval(absl::string_view name,
@@ -106,6 +114,13 @@ class ModelStore {
   };
 
   std::shared_ptr<Entry> Find(absl::string_view name) const;
+  // The common part of the training steps: finds or creates the model,
+  // checks its channel count and, under its lock, calls `apply`, which
+  // changes it (or refuses with an error, changing nothing) and returns the
+  // sequence number of its log record; then waits for durability.
+  absl::StatusOr<BatchNormModel> Update(
+      absl::string_view name, int64_t channels,
+      absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply);
   // The entry of `name`, created (and its creation logged) with defaults and
   // `channels` channels if absent. Requires pause_mu_ held shared.
   absl::StatusOr<std::shared_ptr<Entry>> FindOrCreate(absl::string_view name,

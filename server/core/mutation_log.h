@@ -22,7 +22,8 @@ struct Mutation {
     kCreate = 1,
     kTrain = 2,
     kDelete = 3,
-    kReset = 4
+    kReset = 4,
+    kTrainInstance = 5
   };
   Kind kind = Kind::kCreate;
   absl::string_view name;
@@ -32,6 +33,9 @@ struct Mutation {
   // them reproduces the step bit for bit (the model is created with defaults
   // when absent).
   absl::Span<const Moments> batch;
+  // kTrainInstance: `batch` holds the pooled per-channel moments and
+  // running_targets the 2C targets of ModelStore::TrainInstance.
+  absl::Span<const double> running_targets;
 };
 
 // Receives every change of a ModelStore in the order the store applied it.

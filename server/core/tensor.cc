@@ -10,7 +10,17 @@
 namespace normd {
 
 absl::string_view DTypeName(DType dtype) {
-  return dtype == DType::kFloat32 ? "float32" : "float64";
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,

@@ -19,15 +19,23 @@ static_assert(std::endian::native == std::endian::little,
               "normd reads tensor bytes in place and assumes a little-endian "
               "host, as the wire format is little-endian");
 
-// Element types the core computes in.
-enum class DType { kFloat32, kFloat64 };
+// Element types of tensors. The core computes in fp32 and fp64; the 16-bit
+// formats are stored as uint16_t bits and computed in fp32 (see half.h).
+enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 
 // Bytes per element of `dtype`.
 constexpr int64_t ElementSize(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 8;
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    default:
+      return 2;
+  }
 }
 
-// "float32" / "float64", for messages.
+// "float32" / "float64" / "bfloat16" / "float16", for messages.
 absl::string_view DTypeName(DType dtype);
 
 using Shape = std::vector<int64_t>;

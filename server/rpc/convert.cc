@@ -7,6 +7,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/half.h"
 
 namespace normd {
 namespace {
@@ -19,10 +20,9 @@ absl::StatusOr<DType> ParseDType(v1::DataType dtype, absl::string_view field) {
     case v1::FLOAT64:
       return DType::kFloat64;
     case v1::BFLOAT16:
+      return DType::kBFloat16;
     case v1::FLOAT16:
-      return absl::UnimplementedError(
-          absl::StrCat(field, ".dtype: ", v1::DataType_Name(dtype),
-                       " is not supported yet; send FLOAT32 or FLOAT64"));
+      return DType::kFloat16;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".dtype: unknown DataType value ", static_cast<int>(dtype)));
@@ -41,9 +41,15 @@ absl::Status ParseAffine(const v1::Tensor& tensor, absl::string_view field,
   AffineParam param;
   param.shape = parsed.view.shape;
   param.values.resize(parsed.view.size);
-  if (parsed.view.dtype == DType::kFloat32) {
+  const DType dtype = parsed.view.dtype;
+  if (dtype == DType::kFloat32) {
     const auto* src = static_cast<const float*>(parsed.view.data);
     for (int64_t i = 0; i < parsed.view.size; ++i) param.values[i] = src[i];
+  } else if (IsHalf(dtype)) {
+    const auto* src = static_cast<const uint16_t*>(parsed.view.data);
+    for (int64_t i = 0; i < parsed.view.size; ++i) {
+      param.values[i] = HalfToFloat(dtype, src[i]);
+    }
   } else if (parsed.view.size > 0) {
     std::memcpy(param.values.data(), parsed.view.data,
                 parsed.view.size * sizeof(double));
@@ -58,14 +64,16 @@ absl::StatusOr<NormMode> ParseMode(v1::Mode mode) {
       return NormMode::kLayerNorm;
     case v1::BATCH_NORM:
       return NormMode::kBatchNorm;
+    case v1::GROUP_NORM:
+      return NormMode::kGroupNorm;
+    case v1::INSTANCE_NORM:
+      return NormMode::kInstanceNorm;
+    case v1::RMS_NORM:
+      return NormMode::kRmsNorm;
     case v1::MODE_UNSPECIFIED:
       return absl::InvalidArgumentError(
-          "mode: must be set (LAYER_NORM or BATCH_NORM)");
-    case v1::GROUP_NORM:
-    case v1::INSTANCE_NORM:
-    case v1::RMS_NORM:
-      return absl::UnimplementedError(absl::StrCat(
-          "mode: ", v1::Mode_Name(mode), " is not implemented yet"));
+          "mode: must be set (LAYER_NORM, BATCH_NORM, GROUP_NORM, "
+          "INSTANCE_NORM or RMS_NORM)");
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("mode: unknown Mode value ", static_cast<int>(mode)));
@@ -131,6 +139,12 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
     if (*dtype == DType::kFloat32) {
       out.storage_f32.assign(tensor.values().begin(), tensor.values().end());
       out.view.data = out.storage_f32.data();
+    } else if (IsHalf(*dtype)) {
+      out.storage_u16.resize(*count);
+      for (int64_t i = 0; i < *count; ++i) {
+        out.storage_u16[i] = DoubleToHalf(*dtype, tensor.values(i));
+      }
+      out.view.data = out.storage_u16.data();
     } else {
       out.storage.assign(tensor.values().begin(), tensor.values().end());
       out.view.data = out.storage.data();
@@ -178,6 +192,7 @@ absl::Status ParseNormalizeRequest(const v1::NormalizeRequest& request,
   spec.training = request.training();
   if (request.has_channel_axis()) spec.channel_axis = request.channel_axis();
   spec.normalized_ndim = request.normalized_ndim();
+  spec.num_groups = request.num_groups();
   if (request.has_eps()) spec.eps = request.eps();
   if (request.has_weight()) {
     if (absl::Status s = ParseAffine(request.weight(), "weight", spec.weight);
@@ -275,8 +290,16 @@ void CopyValuesOutput(const ParsedTensor& input,
     values->Assign(scratch.begin(), scratch.end());
     return;
   }
-  const auto* floats = reinterpret_cast<const float*>(scratch.data());
   values->Reserve(static_cast<int>(input.view.size));
+  const DType dtype = input.view.dtype;
+  if (IsHalf(dtype)) {
+    const auto* halves = reinterpret_cast<const uint16_t*>(scratch.data());
+    for (int64_t i = 0; i < input.view.size; ++i) {
+      values->Add(HalfToFloat(dtype, halves[i]));
+    }
+    return;
+  }
+  const auto* floats = reinterpret_cast<const float*>(scratch.data());
   for (int64_t i = 0; i < input.view.size; ++i) values->Add(floats[i]);
 }
 

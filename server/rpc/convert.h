@@ -29,16 +29,17 @@ struct ParsedTensor {
   bool values_form = false;  // The request used `values`.
   std::vector<double> storage;
   std::vector<float> storage_f32;
+  std::vector<uint16_t> storage_u16;  // BFLOAT16 / FLOAT16 values.
   PooledBuffer aligned{nullptr, &BufferPool::Release};  // Copy of `data`.
 };
 
 // Parses `tensor`; `field` names it in errors (e.g. "input").
 // INVALID_ARGUMENT for unknown dtypes, bad dims, both or neither of
-// data/values, or a length that does not match the shape; UNIMPLEMENTED for
-// BFLOAT16/FLOAT16. `data`, if given, replaces tensor.data() (the raw path
-// keeps the bytes outside the message), and `scattered`, if given, replaces
-// both (the view then reads the chunks, which must outlive it). `out` must not
-// move while its view is in use.
+// data/values, or a length that does not match the shape. `values` of a
+// 16-bit dtype are rounded to it (nearest even). `data`, if given, replaces
+// tensor.data() (the raw path keeps the bytes outside the message), and
+// `scattered`, if given, replaces both (the view then reads the chunks, which
+// must outlive it). `out` must not move while its view is in use.
 absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
                          ParsedTensor& out,
                          std::optional<absl::string_view> data = std::nullopt,

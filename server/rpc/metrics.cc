@@ -41,7 +41,8 @@ constexpr const char* kCodeNames[] = {
 };
 
 constexpr const char* kElementModes[kNumElementsModes] = {
-    "layer_norm", "batch_norm_train", "batch_norm_eval", "fit"};
+    "layer_norm", "batch_norm_train", "batch_norm_eval", "fit",
+    "group_norm", "instance_norm",    "rms_norm"};
 
 }  // namespace
 

@@ -34,8 +34,16 @@ enum class RpcMethod {
 inline constexpr int kNumRpcMethods = 9;
 
 // What normd_elements_total counts, as its `mode` label.
-enum class ElementsMode { kLayerNorm, kBatchNormTrain, kBatchNormEval, kFit };
-inline constexpr int kNumElementsModes = 4;
+enum class ElementsMode {
+  kLayerNorm,
+  kBatchNormTrain,
+  kBatchNormEval,
+  kFit,
+  kGroupNorm,
+  kInstanceNorm,  // Stateless or with a model, training or eval.
+  kRmsNorm,
+};
+inline constexpr int kNumElementsModes = 7;
 
 class ServerMetrics {
  public:

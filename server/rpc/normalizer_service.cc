@@ -353,6 +353,28 @@ absl::Status NormalizerService::Authenticate(
       "<token>\" with its token (--auth_token_file); it was missing or wrong");
 }
 
+namespace {
+
+// The normd_elements_total label of a Normalize call.
+ElementsMode ElementsModeOf(const NormalizeSpec& spec) {
+  switch (spec.mode) {
+    case NormMode::kBatchNorm:
+      return spec.training ? ElementsMode::kBatchNormTrain
+                           : ElementsMode::kBatchNormEval;
+    case NormMode::kGroupNorm:
+      return ElementsMode::kGroupNorm;
+    case NormMode::kInstanceNorm:
+      return ElementsMode::kInstanceNorm;
+    case NormMode::kRmsNorm:
+      return ElementsMode::kRmsNorm;
+    case NormMode::kLayerNorm:
+      break;
+  }
+  return ElementsMode::kLayerNorm;
+}
+
+}  // namespace
+
 absl::Status NormalizerService::RunNormalize(
     const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
     void* out, v1::NormalizeResponse& response) {
@@ -360,14 +382,11 @@ absl::Status NormalizerService::RunNormalize(
       engine_.Normalize(parsed.spec, out);
   if (!model.ok()) return model.status();
   response.set_request_id(request.request_id());
-  ElementsMode mode = ElementsMode::kLayerNorm;
   if (model->has_value()) {
     ToModelState(**model, /*with_arrays=*/true, *response.mutable_model());
-    mode = parsed.spec.training ? ElementsMode::kBatchNormTrain
-                                : ElementsMode::kBatchNormEval;
     if (parsed.spec.training) metrics_.SetModels(engine_.store().size());
   }
-  metrics_.AddElements(mode, parsed.input.view.size);
+  metrics_.AddElements(ElementsModeOf(parsed.spec), parsed.input.view.size);
   return absl::OkStatus();
 }
 

@@ -48,7 +48,7 @@ void ByteWriter::PutString(absl::string_view s) {
   out_.append(s.data(), s.size());
 }
 
-void ByteWriter::PutDoubles(const std::vector<double>& values) {
+void ByteWriter::PutDoubles(absl::Span<const double> values) {
   PutU64(values.size());
   Reserve(sizeof(double) * values.size());
   for (double v : values) PutDouble(v);
@@ -180,6 +180,7 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
       EncodeModel(*mutation.model, out);
       break;
     case Mutation::Kind::kTrain:
+    case Mutation::Kind::kTrainInstance:
       out.Reserve(sizeof(uint64_t) +
                   3 * sizeof(uint64_t) * mutation.batch.size());
       out.PutU64(mutation.batch.size());
@@ -187,6 +188,9 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
         out.PutI64(m.count);
         out.PutDouble(m.mean);
         out.PutDouble(m.m2);
+      }
+      if (mutation.kind == Mutation::Kind::kTrainInstance) {
+        out.PutDoubles(mutation.running_targets);
       }
       break;
     case Mutation::Kind::kDelete:
@@ -209,7 +213,8 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
         return false;
       }
       break;
-    case Mutation::Kind::kTrain: {
+    case Mutation::Kind::kTrain:
+    case Mutation::Kind::kTrainInstance: {
       uint64_t channels;
       if (!in.GetU64(&channels) || channels == 0 ||
           channels > in.remaining() / 24) {
@@ -218,6 +223,11 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
       record->batch.resize(channels);
       for (Moments& m : record->batch) {
         if (!DecodeMoments(in, &m)) return false;
+      }
+      if (static_cast<Mutation::Kind>(kind) == Mutation::Kind::kTrainInstance &&
+          (!in.GetDoubles(&record->running_targets) ||
+           record->running_targets.size() != 2 * channels)) {
+        return false;
       }
       break;
     }

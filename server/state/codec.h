@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "server/core/model.h"
 #include "server/core/mutation_log.h"
 
@@ -29,7 +30,7 @@ class ByteWriter {
   void PutI64(int64_t v) { PutU64(static_cast<uint64_t>(v)); }
   void PutDouble(double v);
   void PutString(absl::string_view s);
-  void PutDoubles(const std::vector<double>& values);
+  void PutDoubles(absl::Span<const double> values);
 
  private:
   std::string& out_;
@@ -65,8 +66,9 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out);
 struct MutationRecord {
   Mutation::Kind kind = Mutation::Kind::kCreate;
   std::string name;
-  BatchNormModel model;        // kCreate.
-  std::vector<Moments> batch;  // kTrain.
+  BatchNormModel model;                 // kCreate.
+  std::vector<Moments> batch;           // kTrain, kTrainInstance.
+  std::vector<double> running_targets;  // kTrainInstance.
 };
 // False if the bytes are not exactly one well-formed mutation.
 bool DecodeMutation(absl::string_view bytes, MutationRecord* record);

@@ -158,11 +158,17 @@ absl::Status ApplyRecord(ModelStore& store, const MutationRecord& record) {
       store.Restore(record.model);
       return absl::OkStatus();
     case Mutation::Kind::kTrain:
-      // Created with defaults when absent, as the live Train did (here
+    case Mutation::Kind::kTrainInstance:
+      // Created with defaults when absent, as the live step did (here
       // without the model-count limit, which applied when it was logged).
       if (!store.Get(record.name).ok()) {
         store.Restore(MakeDefaultModel(
             record.name, static_cast<int64_t>(record.batch.size())));
+      }
+      if (record.kind == Mutation::Kind::kTrainInstance) {
+        return store
+            .TrainInstance(record.name, record.batch, record.running_targets)
+            .status();
       }
       return store.Train(record.name, record.batch).status();
     case Mutation::Kind::kDelete:
