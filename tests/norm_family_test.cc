@@ -166,14 +166,14 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
     // Every exact midpoint between neighbours, and the floats either side.
     const uint16_t infinity = dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
     for (uint16_t h = 0; h < infinity; ++h) {
-      const float mid = static_cast<float>(
-          (HalfValue(dtype, h) +
-           (h + 1 == infinity ? 2 * HalfValue(dtype, h) -
-                                    HalfValue(dtype, h - 1)
-                              : HalfValue(dtype, h + 1))) /
-          2);
-      for (float f : {mid, std::nextafter(mid, 0.0f),
-                      std::nextafter(mid, 1e30f)}) {
+      const float mid =
+          static_cast<float>((HalfValue(dtype, h) +
+                              (h + 1 == infinity ? 2 * HalfValue(dtype, h) -
+                                                       HalfValue(dtype, h - 1)
+                                                 : HalfValue(dtype, h + 1))) /
+                             2);
+      for (float f :
+           {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)}) {
         probes.push_back(f);
         probes.push_back(-f);
       }
@@ -195,8 +195,8 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
 TEST(HalfTest, DoublesAreRoundedOnceNotTwice) {
   // 1 + 2^-11 + 2^-30 lies just above the float16 midpoint between 1 and
   // 1 + 2^-10; via float it would become the midpoint and round to 1.
-  EXPECT_EQ(DoubleToHalf(DType::kFloat16, 1 + std::ldexp(1, -11) +
-                                              std::ldexp(1, -30)),
+  EXPECT_EQ(DoubleToHalf(DType::kFloat16,
+                         1 + std::ldexp(1, -11) + std::ldexp(1, -30)),
             0x3c01);
   EXPECT_EQ(DoubleToHalf(DType::kBFloat16,
                          1 + std::ldexp(1, -8) + std::ldexp(1, -40)),
@@ -233,10 +233,9 @@ int64_t NumElementsOf(const Shape& shape) {
 template <typename T>
 void CheckGroupNorm(NormMode mode, double tolerance) {
   const GroupCase cases[] = {
-      {{3, 6, 5, 7}, 1, 3},       {{2, 5, 6, 4}, -1, 2},
-      {{2, 3, 8, 5}, 2, 4},       {{4, 8, 3000}, 1, 2},
-      {{2, 64, 64, 32}, -1, 8},   {{5, 12}, 1, 3},
-      {{1, 4, 3, 3, 3}, 1, 4},    {{2, 6, 2}, 1, 1},
+      {{3, 6, 5, 7}, 1, 3},    {{2, 5, 6, 4}, -1, 2},    {{2, 3, 8, 5}, 2, 4},
+      {{4, 8, 3000}, 1, 2},    {{2, 64, 64, 32}, -1, 8}, {{5, 12}, 1, 3},
+      {{1, 4, 3, 3, 3}, 1, 4}, {{2, 6, 2}, 1, 1},
   };
   Engine engine;
   for (const GroupCase& c : cases) {
@@ -307,8 +306,8 @@ TEST(GroupNormTest, HandWorkedExample) {
   Engine engine;
   ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
   const double s = 1 / std::sqrt(5.0 + 1e-12);
-  const std::vector<double> expected = {2 * -3 * s, 2 * -1 * s, 10 + s,
-                                        10 + 3 * s, 20, 20, 30, 30};
+  const std::vector<double> expected = {
+      2 * -3 * s, 2 * -1 * s, 10 + s, 10 + 3 * s, 20, 20, 30, 30};
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(y[i], expected[i], 1e-12) << i;
 }
 
@@ -324,8 +323,7 @@ TEST(GroupNormTest, OneValuePerGroupFollowsPyTorch) {
   std::vector<double> y(8);
   auto refused = engine.Normalize(spec, y.data());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("input.shape"),
-            std::string::npos);
+  EXPECT_NE(refused.status().message().find("input.shape"), std::string::npos);
   const std::vector<double> two = {1, 2, 3, 4, 5, 6, 7, 8};
   spec.input = View(two, {2, 4, 1, 1});
   spec.bias = Param({0.5, 1.5, 2.5, 3.5});
@@ -423,7 +421,8 @@ TEST(InstanceNormTest, TrainingMovesRunningStatisticsAsPyTorch) {
   ASSERT_TRUE(result->has_value());
   const BatchNormModel& model = **result;
   std::vector<double> mean, var;
-  const auto ref = ReferenceGroupNorm(x, shape, 1, 2, 1e-5, {}, {}, &mean, &var);
+  const auto ref =
+      ReferenceGroupNorm(x, shape, 1, 2, 1e-5, {}, {}, &mean, &var);
   EXPECT_LE(MaxAbsDiff(y, ref), 1e-12);
   for (int c = 0; c < 2; ++c) {
     double mean_avg = 0, var_avg = 0;
@@ -445,8 +444,8 @@ TEST(InstanceNormTest, TrainingMovesRunningStatisticsAsPyTorch) {
   spec.training = false;
   ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
   EXPECT_LE(MaxAbsDiff(y, ReferenceChannelNormalize(
-                              x, 3, 2, 5, model.running_mean,
-                              model.running_var, 1e-5, {1, 1}, {0, 0})),
+                              x, 3, 2, 5, model.running_mean, model.running_var,
+                              1e-5, {1, 1}, {0, 0})),
             1e-12);
 }
 
@@ -568,8 +567,7 @@ void ExpectWithinRounding(DType dtype, const std::vector<uint16_t>& y,
         u * std::abs(ref[i]) + std::ldexp(magnitude, -20) + tiny / 2;
     if (!(std::abs(got - ref[i]) <= bound) && ++bad < 5) {
       ADD_FAILURE() << DTypeName(dtype) << " element " << i << ": " << got
-                    << " vs reference " << ref[i] << " (bound " << bound
-                    << ")";
+                    << " vs reference " << ref[i] << " (bound " << bound << ")";
     }
   }
   EXPECT_EQ(bad, 0);
@@ -612,8 +610,8 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
       NormalizeSpec spec;
       spec.mode = m.mode;
       spec.input = View(x, shape, dtype);
-      const bool rows = m.mode == NormMode::kLayerNorm ||
-                        m.mode == NormMode::kRmsNorm;
+      const bool rows =
+          m.mode == NormMode::kLayerNorm || m.mode == NormMode::kRmsNorm;
       if (rows) {
         spec.normalized_ndim = 2;
         AffineParam w = Param(w90), b = Param(b90);
@@ -655,10 +653,9 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
     ASSERT_TRUE(engine.Normalize(train, y.data()).ok());
     ExpectWithinRounding(
         dtype, y,
-        ReferenceChannelNormalize(xv, 4, 6, 90, (*model)->running_mean,
-                                  (*model)->running_var, 1e-5,
-                                  std::vector<double>(6, 1),
-                                  std::vector<double>(6, 0)),
+        ReferenceChannelNormalize(
+            xv, 4, 6, 90, (*model)->running_mean, (*model)->running_var, 1e-5,
+            std::vector<double>(6, 1), std::vector<double>(6, 0)),
         4 * 4);
     FitSpec fit;
     fit.model = train.model;
@@ -679,8 +676,7 @@ TEST(HalfTensorTest, SpecialValuesPassThroughLayerNorm) {
   Engine engine;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     const uint16_t inf = dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
-    std::vector<uint16_t> x = {inf,
-                               FloatToHalf(dtype, 1.0f),
+    std::vector<uint16_t> x = {inf, FloatToHalf(dtype, 1.0f),
                                FloatToHalf(dtype, 1.0f),
                                FloatToHalf(dtype, 3.0f)};
     NormalizeSpec spec;
