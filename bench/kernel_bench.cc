@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/core/engine.h"
+#include "server/core/half.h"
 #include "server/core/simd.h"
 
 namespace normd {
@@ -136,6 +137,84 @@ void BM_LayerNorm(benchmark::State& state) {
   SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
 }
 BENCHMARK(BM_LayerNorm)->Arg(768)->Arg(4096)->UseRealTime();
+
+// RMSNorm over D of [1, T, D], as BM_LayerNorm.
+void BM_RmsNorm(benchmark::State& state) {
+  const int64_t d = state.range(0);
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kRmsNorm;
+  const int64_t rows = kElements / d;
+  spec.input = View({1, rows, d});
+  spec.input.size = rows * d;
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
+}
+BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseRealTime();
+
+// 16-bit LayerNorm / RMSNorm over D = 4096 of [1, T, 4096]: 32 Mi elements
+// (64 MiB of bf16 / fp16, so the bytes moved match BM_Copy's). Arg 0 =
+// bfloat16, 1 = float16; `rms` picks RMSNorm.
+void BM_HalfRows(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kBFloat16 : DType::kFloat16;
+  const bool rms = state.range(1) != 0;
+  static const std::vector<uint16_t>* halves = [] {
+    auto* v = new std::vector<uint16_t>(2 * kElements);
+    const std::vector<float>& src = Input();
+    for (int64_t i = 0; i < 2 * kElements; ++i) {
+      (*v)[i] = FloatToBFloat16(src[i % kElements]);
+    }
+    return v;
+  }();
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = rms ? NormMode::kRmsNorm : NormMode::kLayerNorm;
+  spec.input = InputTensor{
+      dtype, {1, 2 * kElements / 4096, 4096}, halves->data(), 2 * kElements};
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfRows)
+    ->ArgNames({"float16", "rms"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
+    ->UseRealTime();
+
+// GroupNorm (32 groups) / InstanceNorm of [16, 64, 128, 128] or channels-last
+// [16, 128, 128, 64].
+void BM_GroupNorm(benchmark::State& state) {
+  const bool instance = state.range(0) != 0;
+  const bool channels_last = state.range(1) != 0;
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = instance ? NormMode::kInstanceNorm : NormMode::kGroupNorm;
+  spec.num_groups = instance ? 0 : 32;
+  spec.channel_axis = channels_last ? -1 : 1;
+  spec.input =
+      View(channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128});
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_GroupNorm)
+    ->ArgNames({"instance", "channels_last"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->UseRealTime();
 
 // BatchNorm NCHW [16, 64, 128, 128] or channels-last [16, 128, 128, 64].
 Shape BatchNormShape(bool channels_last) {

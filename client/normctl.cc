@@ -52,10 +52,16 @@ ABSL_FLAG(std::string, model, "",
           "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
           "reset).");
 ABSL_FLAG(std::string, mode, "layer_norm",
-          "normalize: layer_norm or batch_norm.");
+          "normalize: layer_norm, batch_norm, group_norm, instance_norm or "
+          "rms_norm.");
 ABSL_FLAG(bool, training, false,
-          "normalize --mode=batch_norm: use the batch's statistics and update "
-          "the model (PyTorch train()).");
+          "normalize --mode=batch_norm, or instance_norm with --model: use the "
+          "batch's statistics and update the model (PyTorch train()).");
+ABSL_FLAG(int64_t, num_groups, 0,
+          "normalize --mode=group_norm: number of groups (divides C).");
+ABSL_FLAG(std::string, layer_norm_style, "pytorch",
+          "normalize --mode=layer_norm: pytorch, or bert (unbiased std + eps "
+          "outside the root, eps default 1e-6).");
 ABSL_FLAG(std::string, shape, "", "Input shape, e.g. 2,3.");
 ABSL_FLAG(std::string, values, "",
           "Input values, row-major, e.g. 1,2,3,4,5,6.");
@@ -64,11 +70,14 @@ ABSL_FLAG(std::string, input_file, "",
           "--values).");
 ABSL_FLAG(std::string, output_file, "",
           "normalize: also write the output's raw little-endian bytes here.");
-ABSL_FLAG(std::string, dtype, "float32", "Element type: float32 or float64.");
+ABSL_FLAG(std::string, dtype, "float32",
+          "Element type of --values / --input_file: float32, float64, "
+          "bfloat16 or float16.");
 ABSL_FLAG(std::string, channel_axis, "",
-          "BatchNorm channel axis (default 1; -1 = channels-last).");
+          "BatchNorm / GroupNorm / InstanceNorm channel axis (default 1; -1 = "
+          "channels-last).");
 ABSL_FLAG(int, normalized_ndim, 1,
-          "LayerNorm: number of trailing dims normalized together.");
+          "LayerNorm / RMSNorm: number of trailing dims normalized together.");
 ABSL_FLAG(std::string, eps, "", "eps (default: model's / 1e-5).");
 ABSL_FLAG(std::string, weight, "",
           "normalize: affine weight values; create: initial weight.");
@@ -110,11 +119,13 @@ const std::vector<Command>& Commands() {
   static const auto* commands = new std::vector<Command>{
       {"normalize",
        "--input=x.npy [--output=y.npy] | --shape=2,3 --values=1,2,3,4,5,6",
-       "LayerNorm (default) or BatchNorm of a tensor. With --output the "
-       "result goes to a .npy file, else it is printed.",
+       "LayerNorm (default), BatchNorm, GroupNorm, InstanceNorm or RMSNorm "
+       "of a tensor. With --output the result goes to a .npy file, else it "
+       "is printed.",
        {"input", "output", "shape", "values", "input_file", "dtype",
         "output_file", "mode", "model", "training", "channel_axis",
-        "normalized_ndim", "eps", "weight", "bias", "request_id"}},
+        "normalized_ndim", "num_groups", "layer_norm_style", "eps", "weight",
+        "bias", "request_id"}},
       {"fit",
        "--model=NAME --input=big.npy | --shape=.. --values=..",
        "Folds a batch into a BatchNorm model's statistics (creating it). "
@@ -337,16 +348,26 @@ absl::StatusOr<std::optional<double>> OptionalNumber(
 
 int RunNormalize(NormdClient& client) {
   v1::NormalizeRequest request;
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode == "layer_norm" || mode == "LAYER_NORM") {
-    request.set_mode(v1::LAYER_NORM);
-  } else if (mode == "batch_norm" || mode == "BATCH_NORM") {
-    request.set_mode(v1::BATCH_NORM);
-  } else {
-    return Fail(
-        absl::InvalidArgumentError("--mode: expected layer_norm or batch_norm"),
-        kExitUsage);
+  v1::Mode mode;
+  if (!v1::Mode_Parse(absl::AsciiStrToUpper(absl::GetFlag(FLAGS_mode)),
+                      &mode) ||
+      mode == v1::MODE_UNSPECIFIED) {
+    return Fail(absl::InvalidArgumentError(
+                    "--mode: expected layer_norm, batch_norm, group_norm, "
+                    "instance_norm or rms_norm"),
+                kExitUsage);
   }
+  request.set_mode(mode);
+  const std::string style =
+      absl::AsciiStrToLower(absl::GetFlag(FLAGS_layer_norm_style));
+  if (style == "bert") {
+    request.set_layer_norm_style(v1::BERT_UNBIASED_STD);
+  } else if (style != "pytorch") {
+    return Fail(absl::InvalidArgumentError(
+                    "--layer_norm_style: expected pytorch or bert"),
+                kExitUsage);
+  }
+  request.set_num_groups(absl::GetFlag(FLAGS_num_groups));
   absl::StatusOr<v1::Tensor> input = InputTensor();
   if (!input.ok()) return Fail(input.status(), kExitUsage);
   *request.mutable_input() = *std::move(input);

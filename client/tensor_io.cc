@@ -1,9 +1,13 @@
 #include "client/tensor_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -96,10 +100,78 @@ absl::StatusOr<v1::DataType> ParseDataType(absl::string_view text) {
       "dtype: '", text, "' is not one of float32, float64, bfloat16, float16"));
 }
 
+namespace {
+
+// A 16-bit binary floating-point format: bfloat16 (8 exponent bits, 7
+// mantissa bits) or IEEE binary16 (5, 10).
+struct HalfFormat {
+  int exponent_bits;
+  int mantissa_bits;
+  int Bias() const { return (1 << (exponent_bits - 1)) - 1; }
+  uint16_t Infinity() const {
+    return static_cast<uint16_t>(((1 << exponent_bits) - 1) << mantissa_bits);
+  }
+};
+
+std::optional<HalfFormat> HalfFormatOf(v1::DataType dtype) {
+  if (dtype == v1::BFLOAT16) return HalfFormat{8, 7};
+  if (dtype == v1::FLOAT16) return HalfFormat{5, 10};
+  return std::nullopt;
+}
+
+// v rounded to nearest (ties to even) in `f`, by scaling to an integer
+// mantissa exactly and rounding that once.
+uint16_t EncodeHalf(double v, HalfFormat f) {
+  if (std::isnan(v)) {
+    return static_cast<uint16_t>(f.Infinity() | (1 << (f.mantissa_bits - 1)));
+  }
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(v);
+  const int min_exponent = 1 - f.Bias();  // Of the smallest normal.
+  int exponent;
+  std::frexp(a, &exponent);
+  exponent = std::max(exponent - 1, min_exponent);  // a = m 2^exponent.
+  double mantissa = std::nearbyint(std::ldexp(a, f.mantissa_bits - exponent));
+  if (mantissa == std::ldexp(1.0, f.mantissa_bits + 1)) {  // Rounded up.
+    mantissa /= 2;
+    exponent += 1;
+  }
+  if (exponent > f.Bias() || std::isinf(a)) return sign | f.Infinity();
+  const auto m = static_cast<uint32_t>(mantissa);
+  const bool normal = m >> f.mantissa_bits;  // Else subnormal (or zero).
+  const uint32_t biased = normal ? exponent + f.Bias() : 0;
+  return static_cast<uint16_t>(sign | biased << f.mantissa_bits |
+                               (m & ((1u << f.mantissa_bits) - 1)));
+}
+
+double DecodeHalf(uint16_t h, HalfFormat f) {
+  const int exponent = (h & 0x7fff) >> f.mantissa_bits;
+  const int mantissa = h & ((1 << f.mantissa_bits) - 1);
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == (1 << f.exponent_bits) - 1) {
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  }
+  if (exponent == 0) {
+    return sign * std::ldexp(mantissa, 1 - f.Bias() - f.mantissa_bits);
+  }
+  return sign * std::ldexp((1 << f.mantissa_bits) + mantissa,
+                           exponent - f.Bias() - f.mantissa_bits);
+}
+
+}  // namespace
+
 v1::Tensor MakeTensor(const std::vector<int64_t>& shape,
                       const std::vector<double>& values, v1::DataType dtype) {
   std::string bytes;
-  if (dtype == v1::FLOAT64) {
+  if (std::optional<HalfFormat> half = HalfFormatOf(dtype)) {
+    bytes.resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t h = EncodeHalf(values[i], *half);
+      bytes[2 * i] = static_cast<char>(h & 0xff);
+      bytes[2 * i + 1] = static_cast<char>(h >> 8);
+    }
+  } else if (dtype == v1::FLOAT64) {
     bytes.resize(values.size() * sizeof(double));
     if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
   } else {
@@ -139,6 +211,17 @@ absl::StatusOr<std::vector<double>> TensorValues(const v1::Tensor& tensor) {
     std::vector<float> floats(bytes.size() / sizeof(float));
     std::memcpy(floats.data(), bytes.data(), bytes.size());
     out.assign(floats.begin(), floats.end());
+  } else if (std::optional<HalfFormat> half = HalfFormatOf(tensor.dtype())) {
+    if (bytes.size() % 2 != 0) {
+      return absl::InvalidArgumentError(
+          "data: not a whole number of 16-bit elements");
+    }
+    out.resize(bytes.size() / 2);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto lo = static_cast<uint8_t>(bytes[2 * i]);
+      const auto hi = static_cast<uint8_t>(bytes[2 * i + 1]);
+      out[i] = DecodeHalf(static_cast<uint16_t>(lo | hi << 8), *half);
+    }
   } else {
     return absl::UnimplementedError(
         absl::StrCat("dtype ", v1::DataType_Name(tensor.dtype()),

@@ -22,11 +22,11 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(absl::string_view text,
 absl::StatusOr<std::vector<double>> ParseValues(absl::string_view text,
                                                 absl::string_view field);
 
-// "float32" / "float64" (also f32 / f64 / FLOAT32 / FLOAT64).
+// "float32" / "float64" / "bfloat16" / "float16" (also f32 / f64).
 absl::StatusOr<v1::DataType> ParseDataType(absl::string_view text);
 
 // A tensor whose `data` holds `values` encoded as `dtype` (FLOAT32 values are
-// rounded to float).
+// rounded to float; BFLOAT16 / FLOAT16 once to nearest even).
 v1::Tensor MakeTensor(const std::vector<int64_t>& shape,
                       const std::vector<double>& values,
                       v1::DataType dtype = v1::FLOAT32);
@@ -35,8 +35,8 @@ v1::Tensor MakeTensor(const std::vector<int64_t>& shape,
 v1::Tensor MakeRawTensor(const std::vector<int64_t>& shape, std::string bytes,
                          v1::DataType dtype = v1::FLOAT32);
 
-// The elements of a FLOAT32 / FLOAT64 tensor (data or values form) as
-// doubles. INVALID_ARGUMENT if the length does not match the shape.
+// The elements of a tensor of any dtype (data or values form) as doubles.
+// INVALID_ARGUMENT if the length does not match the shape.
 absl::StatusOr<std::vector<double>> TensorValues(const v1::Tensor& tensor);
 
 // Reads a whole file; NOT_FOUND / UNAVAILABLE with the path on failure.

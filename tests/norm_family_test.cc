@@ -141,13 +141,19 @@ TEST(HalfTest, WideningIsExactForEveryPattern) {
     WidenHalf(dtype, all.data(), wide.data(), 65536);
     for (int h = 0; h < 65536; ++h) {
       const double expected = HalfValue(dtype, static_cast<uint16_t>(h));
+      // The bulk form (CPU instructions where there are some) and the
+      // portable scalar one.
+      const float scalar = HalfToFloat(dtype, static_cast<uint16_t>(h));
       if (std::isnan(expected)) {
         ASSERT_TRUE(std::isnan(wide[h])) << DTypeName(dtype) << " " << h;
+        ASSERT_TRUE(std::isnan(scalar)) << DTypeName(dtype) << " " << h;
         continue;
       }
       ASSERT_EQ(static_cast<double>(wide[h]), expected)
           << DTypeName(dtype) << " " << h;
       ASSERT_EQ(std::signbit(wide[h]), std::signbit(expected));
+      ASSERT_EQ(std::bit_cast<uint32_t>(scalar),
+                std::bit_cast<uint32_t>(wide[h]));
     }
   }
 }
@@ -666,6 +672,38 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
     for (int c = 0; c < 6; ++c) {
       EXPECT_NEAR(fitted->PooledVariance()[c], stats.var[c],
                   1e-12 * stats.var[c]);
+    }
+  }
+}
+
+TEST(HalfTensorTest, ShortAndLongRowsAlike) {
+  // Rows up to 64Ki elements are streamed through per-thread fp32 buffers
+  // a few rows at a time; longer ones are widened whole. Both stay within
+  // one rounding of the reference, for every piece boundary.
+  Engine engine;
+  for (int64_t n : {3, 4096, 5000, 70000}) {
+    SCOPED_TRACE(n);
+    const int64_t rows = n > 10000 ? 2 : 37;
+    const auto wide = RandomValues<double>(rows * n, 19, -4.0, 2.0);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      std::vector<uint16_t> x(wide.size());
+      std::vector<double> xv(wide.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = DoubleToHalf(dtype, wide[i]);
+        xv[i] = HalfValue(dtype, x[i]);
+      }
+      for (NormMode mode : {NormMode::kLayerNorm, NormMode::kRmsNorm}) {
+        NormalizeSpec spec;
+        spec.mode = mode;
+        spec.input = View(x, {rows, n}, dtype);
+        std::vector<uint16_t> y(x.size());
+        ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+        ExpectWithinRounding(dtype, y,
+                             mode == NormMode::kLayerNorm
+                                 ? ReferenceLayerNorm(xv, n, 1e-5, {}, {})
+                                 : ReferenceRmsNorm(xv, n, 1e-5, {}, {}),
+                             8);
+      }
     }
   }
 }

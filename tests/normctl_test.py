@@ -82,6 +82,67 @@ def test_npy(ctl, tmp):
           f"batch_norm training .npy: {run.stderr}")
 
 
+def test_norm_family(ctl, tmp):
+    """GroupNorm / InstanceNorm / RMSNorm / BERT style from .npy, float16
+    .npy in and out, and --values with --dtype=bfloat16 (printed back)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 4, 5)) * 2 + 7
+    src, dst = os.path.join(tmp, "g.npy"), os.path.join(tmp, "h.npy")
+    np.save(src, x)
+    g = x.reshape(2, 3, -1)
+    want = ((g - g.mean(-1, keepdims=True)) /
+            np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=group_norm", "--num_groups=3")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"group_norm .npy: {run.stderr}")
+    i = x.reshape(2, 6, -1)
+    want = ((i - i.mean(-1, keepdims=True)) /
+            np.sqrt(i.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=instance_norm")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"instance_norm .npy: {run.stderr}")
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=rms_norm")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"rms_norm .npy: {run.stderr}")
+    want = (x - x.mean(-1, keepdims=True)) / (x.std(-1, ddof=1, keepdims=True)
+                                               + 1e-6)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--layer_norm_style=bert")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"layer_norm bert .npy: {run.stderr}")
+    # float16 .npy keeps its dtype; error within one float16 rounding.
+    half = x.astype(np.float16)
+    np.save(src, half)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=rms_norm")
+    y = np.load(dst)
+    h = half.astype(np.float64)
+    want = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5)
+    check(run.returncode == 0 and y.dtype == np.float16 and
+          np.all(np.abs(y - want) <= 2.0 ** -11 * np.abs(want) + 1e-6),
+          f"rms_norm float16 .npy: {run.stderr}")
+    # bfloat16 from --values: 1 and 3 are exact, LayerNorm gives -1 and 1.
+    run = ctl("normalize", "--shape=1,2", "--values=1,3", "--dtype=bfloat16",
+              "--json")
+    out = json.loads(run.stdout) if run.returncode == 0 else {}
+    check(out.get("output", {}).get("dtype") == "BFLOAT16",
+          f"bfloat16 --values: {run.stdout} {run.stderr}")
+    run = ctl("normalize", "--shape=1,2", "--values=1,3", "--dtype=bfloat16")
+    check(run.returncode == 0 and "-1" in run.stdout and "1" in run.stdout,
+          f"bfloat16 printed: {run.stdout} {run.stderr}")
+    run = ctl("normalize", "--shape=1,4", "--values=1,2,3,4",
+              "--mode=group_norm", "--num_groups=3")
+    check(run.returncode == 1 and "num_groups" in run.stderr,
+          f"bad num_groups: exit {run.returncode} {run.stderr}")
+    run = ctl("normalize", "--shape=1,4", "--values=1,2,3,4", "--mode=nope")
+    check(run.returncode == 2 and "--mode" in run.stderr,
+          f"bad --mode: exit {run.returncode} {run.stderr}")
+
+
 def test_streaming_fit(ctl, tmp):
     rng = np.random.default_rng(1)
     big = rng.standard_normal((20000, 6)) * np.arange(1, 7) + 1e3
@@ -250,6 +311,7 @@ def main():
         ctl = Normctl(f"127.0.0.1:{port}")
         with tempfile.TemporaryDirectory() as tmp:
             test_npy(ctl, tmp)
+            test_norm_family(ctl, tmp)
             test_streaming_fit(ctl, tmp)
             test_list_table(ctl)
             test_json_everywhere(ctl, tmp)

@@ -3,7 +3,9 @@
 checked against torch 1.13 and an fp64 numpy reference.
 
 Covers: layer_norm and batch_norm (eval, training, channels-last) vs torch
-with dtypes preserved; create_model from a trained torch.nn.BatchNorm2d's
+with dtypes preserved; group_norm, instance_norm (stateless and on a model),
+rms_norm and the BERT layer_norm style vs torch / their formulas in fp64,
+with float16 numpy arrays and bfloat16 torch tensors; create_model from a trained torch.nn.BatchNorm2d's
 state_dict and back; fit vs fp64 pooled statistics; list/get/reset/delete;
 errors as NormdError carrying the gRPC code; the x-normd-model header (seen
 by a recording gRPC server); the bearer token; and the package itself: a
@@ -83,6 +85,59 @@ def test_layer_norm(client):
           "layer_norm of big-endian input")
     check(client.layer_norm(np.zeros((0, 4), np.float32)).shape == (0, 4),
           "layer_norm of an empty tensor")
+
+
+def test_norm_family(client):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, 5, 7, generator=gen, dtype=torch.float64) * 2 + 3
+    w = torch.rand(6, generator=gen, dtype=torch.float64) + 0.5
+    b = torch.rand(6, generator=gen, dtype=torch.float64) - 0.5
+    want = torch.nn.functional.group_norm(x, 3, w, b, 1e-5)
+    close(client.group_norm(x.numpy(), 3, weight=w.numpy(), bias=b.numpy()),
+          want, 1e-12, "group_norm fp64")
+    nhwc = x.permute(0, 2, 3, 1).contiguous().float().numpy()
+    got = client.group_norm(nhwc, 3, channel_axis=-1)
+    check(got.dtype == np.float32, "group_norm keeps float32")
+    close(np.moveaxis(got, -1, 1),
+          torch.nn.functional.group_norm(torch.from_numpy(nhwc).double()
+                                         .permute(0, 3, 1, 2), 3),
+          1e-5, "group_norm channels-last")
+    close(client.instance_norm(x.numpy()),
+          torch.nn.functional.instance_norm(x), 1e-12, "instance_norm")
+    # InstanceNorm on a model's running statistics, as track_running_stats.
+    module = torch.nn.InstanceNorm2d(6, track_running_stats=True).double()
+    module.train()
+    y = client.instance_norm(x.numpy(), model="py-inst", training=True)
+    close(y, module(x).detach(), 1e-12, "instance_norm training")
+    state = client.get_model("py-inst")
+    close(state.running_mean, module.running_mean, 1e-12,
+          "instance_norm running_mean")
+    close(state.running_var, module.running_var, 1e-12,
+          "instance_norm running_var")
+    module.eval()
+    close(client.instance_norm(x.numpy(), model="py-inst"),
+          module(x).detach(), 1e-12, "instance_norm eval")
+    rms = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5)
+    close(client.rms_norm(x.numpy()), rms, 1e-12, "rms_norm")
+    bert = (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-6)
+    close(client.layer_norm(x.numpy(), style="bert"), bert, 1e-12,
+          "layer_norm style=bert")
+    # 16-bit: float16 numpy in and out, bfloat16 torch in and out.
+    half = x.numpy().astype(np.float16)
+    got = client.rms_norm(half)
+    check(got.dtype == np.float16, "rms_norm keeps float16")
+    h = torch.from_numpy(half.astype(np.float64))
+    close(got, h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-5),
+          2.0 ** -10, "rms_norm float16")
+    bf = x.to(torch.bfloat16)
+    got = client.layer_norm(bf, normalized_ndim=2)
+    check(isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16,
+          f"layer_norm keeps torch.bfloat16 (got {type(got)})")
+    close(got.double(), torch.nn.functional.layer_norm(bf.double(), (5, 7)),
+          2.0 ** -7, "layer_norm bfloat16")
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, "num_groups",
+                 lambda: client.group_norm(x.numpy(), 4),
+                 "group_norm with 4 groups of 6 channels")
 
 
 def test_batch_norm_from_torch(client):
@@ -304,6 +359,7 @@ def main():
     try:
         with normd.Client(f"127.0.0.1:{port}", timeout=30) as client:
             test_layer_norm(client)
+            test_norm_family(client)
             test_batch_norm_from_torch(client)
             test_fit_and_models(client)
             test_errors(client)

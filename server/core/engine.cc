@@ -1,8 +1,10 @@
 #include "server/core/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -96,6 +98,40 @@ InputSource<T> SourceOf(const InputTensor& input) {
   return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
 }
 
+// Rows up to this long are normalized from 16-bit storage a few at a time
+// through a per-thread fp32 buffer; longer rows are widened whole first.
+constexpr int64_t kHalfPieceElements = 16 * 1024;
+constexpr int64_t kMaxHalfPieceRow = 64 * 1024;
+
+// LayerNorm / RMSNorm of contiguous 16-bit rows: each piece of rows is
+// widened into a per-thread fp32 buffer, normalized there by the fp32 row
+// kernel and narrowed into the output, so the tensor crosses memory once
+// each way. Row results do not depend on the pieces (rows are independent).
+void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
+              double eps, LayerNormStyle style, const double* weight,
+              const double* bias) {
+  const int64_t n = rows.row_size;
+  const int64_t rows_per_piece = std::max<int64_t>(1, kHalfPieceElements / n);
+  const auto* src = static_cast<const uint16_t*>(in.data);
+  auto* dst = static_cast<uint16_t*>(output);
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece), rows.rows * n,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        thread_local std::vector<float> buffer;
+        if (static_cast<int64_t>(buffer.size()) < rows_per_piece * n) {
+          buffer.resize(rows_per_piece * n);
+        }
+        for (int64_t r0 = range.begin(); r0 < range.end();
+             r0 += rows_per_piece) {
+          const int64_t count = std::min(range.end() - r0, rows_per_piece);
+          WidenHalf(in.dtype, src + r0 * n, buffer.data(), count * n);
+          LayerNormKernel(buffer.data(), buffer.data(), RowLayout{count, n},
+                          eps, style, weight, bias);
+          NarrowToHalf(in.dtype, buffer.data(), dst + r0 * n, count * n);
+        }
+      });
+}
+
 // GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
 // [sample_outer, channels, inner] around the channel axis; statistics per
 // (sample, group of channels_per_group adjacent channels).
@@ -115,25 +151,38 @@ struct GroupGeometry {
   }
 };
 
-// Moments per (sample, group), sample-major. Within a sample the channels of
-// a group are adjacent, so the sample is [sample_outer, groups, values of
-// one group per outer index]: per-"channel" moments of that layout.
+// Moments per (sample, group), sample-major. NCHW-like layouts (nothing
+// between the batch and channel axes): every group is one contiguous run.
+// Channels-last: per-(sample, channel) moments with the channels-last
+// kernels, then each group's channels merged in order (Chan, fp64). Else a
+// sample is [sample_outer, groups, one group's values per outer index].
 template <typename T>
 std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
-  const int64_t group_inner = g.ChannelsPerGroup() * g.layout.inner;
-  if (g.sample_outer == 1) {  // Every group is one contiguous run.
+  const int64_t per_group = g.ChannelsPerGroup();
+  const int64_t group_inner = per_group * g.layout.inner;
+  if (g.sample_outer == 1) {
     return ChannelMoments(x,
                           ChannelLayout{1, g.samples * g.groups, group_inner});
   }
+  const bool channels_last = g.layout.inner == 1;
+  const ChannelLayout sample =
+      channels_last ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
+                    : ChannelLayout{g.sample_outer, g.groups, group_inner};
   std::vector<Moments> out(g.samples * g.groups);
-  const ChannelLayout sample{g.sample_outer, g.groups, group_inner};
   ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
               g.layout.NumElements(),
               [&](const tbb::blocked_range<int64_t>& range) {
                 for (int64_t n = range.begin(); n < range.end(); ++n) {
                   const std::vector<Moments> m =
                       ChannelMoments(x + n * g.SampleSize(), sample);
-                  std::copy(m.begin(), m.end(), out.begin() + n * g.groups);
+                  Moments* group = out.data() + n * g.groups;
+                  if (!channels_last) {
+                    std::copy(m.begin(), m.end(), group);
+                    continue;
+                  }
+                  for (int64_t c = 0; c < g.layout.channels; ++c) {
+                    MergeMoments(group[c / per_group], m[c]);
+                  }
                 }
               });
   return out;
@@ -233,7 +282,17 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
 
 absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeHalf(
     const NormalizeSpec& spec, void* output) {
-  // Computed in fp32 in place in one widened copy, rounded once at the end.
+  if (spec.mode == NormMode::kLayerNorm || spec.mode == NormMode::kRmsNorm) {
+    absl::StatusOr<RowLayout> rows =
+        ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
+    if (rows.ok() && rows->row_size <= kMaxHalfPieceRow) {
+      // Short rows: streamed through per-thread fp32 buffers (HalfRows).
+      if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
+      return std::nullopt;
+    }
+  }
+  // Everything else: computed in fp32 in one widened copy, in place, and
+  // rounded once at the end.
   std::unique_ptr<float[]> wide;
   NormalizeSpec widened = spec;
   widened.input = Widened(spec.input, wide);
@@ -285,6 +344,11 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
     }
   }
   if (in.size == 0) return absl::OkStatus();
+  if (IsHalf(in.dtype)) {
+    HalfRows(in, output, *rows, *eps, style, ValuesOrNull(spec.weight),
+             ValuesOrNull(spec.bias));
+    return absl::OkStatus();
+  }
   VisitDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     LayerNormKernel(SourceOf<T>(in), static_cast<T*>(output), *rows, *eps,

@@ -5,8 +5,77 @@
 
 #include "server/core/simd.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NORMD_F16C_KERNELS 1
+#endif
+
 namespace normd {
 namespace {
+
+#ifdef NORMD_F16C_KERNELS
+// float16 <-> fp32 with the CPU's conversion instructions (AVX-512F's
+// 16-wide forms, or F16C's 8-wide ones), which round to nearest even like
+// the scalar code; the scalar code takes the tails.
+[[gnu::target("avx512f")]] void WidenFloat16Avx512(const uint16_t* src,
+                                                   float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
+}
+
+[[gnu::target("avx512f")]] void NarrowFloat16Avx512(const float* src,
+                                                    uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h =
+        _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
+}
+
+[[gnu::target("avx2,f16c")]] void WidenFloat16F16c(const uint16_t* src,
+                                                   float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
+}
+
+[[gnu::target("avx2,f16c")]] void NarrowFloat16F16c(const float* src,
+                                                    uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
+}
+
+// 2: AVX-512F, 1: F16C, 0: neither (portable loops).
+int Float16Level() {
+  static const int level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2")) {
+      return 1;
+    }
+    return 0;
+  }();
+  return level;
+}
+#endif  // NORMD_F16C_KERNELS
 
 NORMD_MULTIVERSION void WidenBFloat16(const uint16_t* __restrict src,
                                       float* __restrict dst, int64_t n) {
@@ -56,17 +125,33 @@ uint16_t DoubleToHalf(DType dtype, double value) {
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   if (dtype == DType::kBFloat16) {
     WidenBFloat16(src, dst, n);
-  } else {
-    WidenFloat16(src, dst, n);
+    return;
   }
+#ifdef NORMD_F16C_KERNELS
+  switch (Float16Level()) {
+    case 2:
+      return WidenFloat16Avx512(src, dst, n);
+    case 1:
+      return WidenFloat16F16c(src, dst, n);
+  }
+#endif
+  WidenFloat16(src, dst, n);
 }
 
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
   if (dtype == DType::kBFloat16) {
     NarrowBFloat16(src, dst, n);
-  } else {
-    NarrowFloat16(src, dst, n);
+    return;
   }
+#ifdef NORMD_F16C_KERNELS
+  switch (Float16Level()) {
+    case 2:
+      return NarrowFloat16Avx512(src, dst, n);
+    case 1:
+      return NarrowFloat16F16c(src, dst, n);
+  }
+#endif
+  NarrowFloat16(src, dst, n);
 }
 
 }  // namespace normd

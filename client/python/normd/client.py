@@ -10,6 +10,8 @@ from normd.v1 import normalizer_pb2 as pb
 from normd.v1 import normalizer_pb2_grpc as pb_grpc
 
 # numpy dtype <-> wire dtype. Elements travel little-endian, row-major.
+# bfloat16 has no numpy dtype: it comes from torch tensors (or ml_dtypes
+# arrays) and travels as its 16-bit patterns.
 _WIRE_DTYPES = {
     np.dtype(np.float32): pb.FLOAT32,
     np.dtype(np.float64): pb.FLOAT64,
@@ -17,6 +19,7 @@ _WIRE_DTYPES = {
 }
 _NUMPY_DTYPES = {wire: dtype for dtype, wire in _WIRE_DTYPES.items()}
 _MODEL_HEADER = "x-normd-model"
+_LAYER_NORM_STYLES = {"pytorch": pb.PYTORCH, "bert": pb.BERT_UNBIASED_STD}
 
 
 class NormdError(Exception):
@@ -77,13 +80,33 @@ class ModelState:
             bias=arr(m.bias), generation=m.generation)
 
 
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
 def _to_tensor(x: Any, field: str) -> "pb.Tensor":
+    if _is_torch(x):
+        import torch  # Only when given a torch tensor.
+        x = x.detach().cpu().contiguous()
+        if x.dtype == torch.bfloat16:
+            bits = x.view(torch.int16).numpy().astype("<i2")
+            tensor = pb.Tensor(dtype=pb.BFLOAT16, shape=bits.shape)
+            if bits.size:
+                tensor.data = bits.tobytes()
+            return tensor
+        x = x.numpy()
     array = np.asarray(x)
+    if array.dtype.name == "bfloat16":  # ml_dtypes.bfloat16
+        tensor = pb.Tensor(dtype=pb.BFLOAT16, shape=array.shape)
+        if array.size:
+            tensor.data = np.ascontiguousarray(array).view("<u2").tobytes()
+        return tensor
     wire = _WIRE_DTYPES.get(array.dtype.newbyteorder("="))
     if wire is None:
         raise TypeError(
             f"{field}: dtype {array.dtype} is not supported; use float32, "
-            f"float64 or float16 (convert with x.astype(np.float32))")
+            f"float64, float16, or torch.bfloat16 (convert with "
+            f"x.astype(np.float32))")
     little = np.ascontiguousarray(
         array, dtype=array.dtype.newbyteorder("<"))
     tensor = pb.Tensor(dtype=wire, shape=little.shape)
@@ -92,7 +115,22 @@ def _to_tensor(x: Any, field: str) -> "pb.Tensor":
     return tensor
 
 
-def _from_tensor(tensor: "pb.Tensor") -> np.ndarray:
+def _from_tensor(tensor: "pb.Tensor", like: Any = None):
+    """The output as numpy, or as a torch tensor when `like` (the input) was
+    one; BFLOAT16 outputs come back in the input's bfloat16 type."""
+    if _is_torch(like):
+        import torch
+        if tensor.dtype == pb.BFLOAT16:
+            bits = np.frombuffer(tensor.data, dtype="<i2").astype(np.int16)
+            return torch.from_numpy(bits.copy()).view(torch.bfloat16).reshape(
+                tuple(tensor.shape))
+        return torch.from_numpy(np.array(_from_tensor(tensor)))
+    if tensor.dtype == pb.BFLOAT16:
+        dtype = np.asarray(like).dtype if like is not None else None
+        if dtype is None or dtype.name != "bfloat16":
+            raise TypeError("output: BFLOAT16 needs a torch or ml_dtypes input")
+        return np.frombuffer(tensor.data, dtype="<u2").view(dtype).reshape(
+            tuple(tensor.shape))
     dtype = _NUMPY_DTYPES.get(tensor.dtype or pb.FLOAT32)
     if dtype is None:
         raise TypeError(f"output: dtype {pb.DataType.Name(tensor.dtype)} "
@@ -152,15 +190,59 @@ class Client:
 
     # -- Normalization ------------------------------------------------------
 
+    # Every method takes x as a numpy array (float32/64/16) or a torch
+    # tensor (also bfloat16) and returns the same kind, dtype and shape.
+
     def layer_norm(self, x, normalized_ndim: int = 1, weight=None, bias=None,
-                   eps: Optional[float] = None) -> np.ndarray:
+                   eps: Optional[float] = None,
+                   style: str = "pytorch") -> np.ndarray:
         """torch.nn.functional.layer_norm over the last `normalized_ndim`
-        dims; the result has x's dtype and shape."""
+        dims. style="bert": the BERT / Annotated-Transformer variant,
+        weight * (x - mean) / (unbiased std + eps) + bias, eps default 1e-6."""
+        if style not in _LAYER_NORM_STYLES:
+            raise ValueError(f"style: {style!r} is not one of "
+                             f"{sorted(_LAYER_NORM_STYLES)}")
         request = pb.NormalizeRequest(
             mode=pb.LAYER_NORM, input=_to_tensor(x, "x"),
+            normalized_ndim=normalized_ndim,
+            layer_norm_style=_LAYER_NORM_STYLES[style])
+        self._affine(request, weight, bias, eps)
+        return _from_tensor(self._call("Normalize", request).output, x)
+
+    def rms_norm(self, x, normalized_ndim: int = 1, weight=None, bias=None,
+                 eps: Optional[float] = None) -> np.ndarray:
+        """RMSNorm over the last `normalized_ndim` dims:
+        x / sqrt(mean(x^2) + eps) * weight (+ bias); eps default 1e-5."""
+        request = pb.NormalizeRequest(
+            mode=pb.RMS_NORM, input=_to_tensor(x, "x"),
             normalized_ndim=normalized_ndim)
         self._affine(request, weight, bias, eps)
-        return _from_tensor(self._call("Normalize", request).output)
+        return _from_tensor(self._call("Normalize", request).output, x)
+
+    def group_norm(self, x, num_groups: int, channel_axis: int = 1,
+                   weight=None, bias=None,
+                   eps: Optional[float] = None) -> np.ndarray:
+        """torch.nn.functional.group_norm: statistics per (sample, group of
+        C / num_groups channels). channel_axis=-1 for channels-last data."""
+        request = pb.NormalizeRequest(
+            mode=pb.GROUP_NORM, input=_to_tensor(x, "x"),
+            num_groups=num_groups, channel_axis=channel_axis)
+        self._affine(request, weight, bias, eps)
+        return _from_tensor(self._call("Normalize", request).output, x)
+
+    def instance_norm(self, x, channel_axis: int = 1, weight=None, bias=None,
+                      eps: Optional[float] = None, model: Optional[str] = None,
+                      training: bool = False) -> np.ndarray:
+        """torch.nn.InstanceNorm*d: statistics per (sample, channel). With
+        `model`, the model's running statistics are used as PyTorch's
+        track_running_stats=True does: training=True normalizes with the
+        instance statistics and updates them, training=False (eval) uses
+        them."""
+        request = pb.NormalizeRequest(
+            mode=pb.INSTANCE_NORM, input=_to_tensor(x, "x"),
+            channel_axis=channel_axis, model=model or "", training=training)
+        self._affine(request, weight, bias, eps)
+        return _from_tensor(self._call("Normalize", request, model).output, x)
 
     def batch_norm(self, model: str, x, training: bool = False,
                    channel_axis: int = 1, weight=None, bias=None,
@@ -173,7 +255,7 @@ class Client:
             mode=pb.BATCH_NORM, model=model, input=_to_tensor(x, "x"),
             training=training, channel_axis=channel_axis)
         self._affine(request, weight, bias, eps)
-        return _from_tensor(self._call("Normalize", request, model).output)
+        return _from_tensor(self._call("Normalize", request, model).output, x)
 
     # -- Models -------------------------------------------------------------
 
