@@ -1,7 +1,9 @@
 // Types of the normd Node client (index.js).
 import type { ChannelCredentials, status as grpcStatus } from "@grpc/grpc-js";
 
-export type Floats = Float32Array | Float64Array;
+/** Float arrays, or bfloat16 / float16 bit patterns (with options.dtype). */
+export type Floats = Float32Array | Float64Array | Uint16Array;
+export type HalfDType = "BFLOAT16" | "FLOAT16";
 export interface Tensor<T extends Floats = Floats> { data: T; shape: number[]; }
 
 export interface ModelState {
@@ -15,7 +17,11 @@ export interface ClientOptions {
   credentials?: ChannelCredentials; token?: string; timeoutMs?: number;
   channelOptions?: Record<string, unknown>;
 }
-export interface AffineOptions { weight?: Floats; bias?: Floats; eps?: number; }
+export interface AffineOptions {
+  weight?: Floats; bias?: Floats; eps?: number;
+  /** Required when data is a Uint16Array of 16-bit bit patterns. */
+  dtype?: HalfDType;
+}
 
 export class NormdError extends Error { code: number; details: string; }
 
@@ -23,11 +29,17 @@ export class Client {
   constructor(target: string, options?: ClientOptions);
   close(): void;
   layerNorm<T extends Floats>(data: T, shape: number[],
+    options?: AffineOptions & { normalizedNdim?: number; style?: "pytorch" | "bert" }): Promise<Tensor<T>>;
+  rmsNorm<T extends Floats>(data: T, shape: number[],
     options?: AffineOptions & { normalizedNdim?: number }): Promise<Tensor<T>>;
+  groupNorm<T extends Floats>(data: T, shape: number[], numGroups: number,
+    options?: AffineOptions & { channelAxis?: number }): Promise<Tensor<T>>;
+  instanceNorm<T extends Floats>(data: T, shape: number[],
+    options?: AffineOptions & { channelAxis?: number; model?: string; training?: boolean }): Promise<Tensor<T>>;
   batchNorm<T extends Floats>(model: string, data: T, shape: number[],
     options?: AffineOptions & { training?: boolean; channelAxis?: number }): Promise<Tensor<T>>;
   fit(model: string, data: Floats, shape: number[],
-    options?: { channelAxis?: number }): Promise<ModelState>;
+    options?: { channelAxis?: number; dtype?: HalfDType }): Promise<ModelState>;
   createModel(name: string, numFeatures: number, options?: {
     momentum?: number | null; eps?: number; runningMean?: ArrayLike<number>;
     runningVar?: ArrayLike<number>; weight?: ArrayLike<number>; bias?: ArrayLike<number>;
@@ -38,5 +50,7 @@ export class Client {
   resetModel(name: string): Promise<ModelState>;
 }
 
+/** The number a bfloat16 / float16 bit pattern stands for. */
+export function halfToNumber(bits: number, dtype: HalfDType): number;
 export const status: typeof grpcStatus;
 export { credentials } from "@grpc/grpc-js";

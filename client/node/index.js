@@ -44,6 +44,9 @@ const v1 = grpc.loadPackageDefinition(definition).normd.v1;
 const DTYPES = {
   FLOAT32: { array: Float32Array, bytes: 4 },
   FLOAT64: { array: Float64Array, bytes: 8 },
+  // 16-bit tensors travel as their bit patterns in a Uint16Array.
+  BFLOAT16: { array: Uint16Array, bytes: 2 },
+  FLOAT16: { array: Uint16Array, bytes: 2 },
 };
 
 /** A call normd (or gRPC) refused. */
@@ -57,14 +60,31 @@ class NormdError extends Error {
   }
 }
 
-function dtypeOf(data, field) {
+function dtypeOf(data, field, half) {
   if (data instanceof Float32Array) return "FLOAT32";
   if (data instanceof Float64Array) return "FLOAT64";
-  throw new TypeError(`${field}: expected a Float32Array or Float64Array`);
+  if (data instanceof Uint16Array && (half === "BFLOAT16" || half === "FLOAT16")) {
+    return half;
+  }
+  throw new TypeError(`${field}: expected a Float32Array, a Float64Array, or a ` +
+                      `Uint16Array of bits with options.dtype "BFLOAT16" or "FLOAT16"`);
 }
 
-function toTensor(data, shape, field) {
-  const dtype = dtypeOf(data, field);
+/** The number a bfloat16 / float16 bit pattern stands for. */
+function halfToNumber(bits, dtype) {
+  if (dtype === "BFLOAT16") {
+    return new Float32Array(new Uint32Array([bits << 16]).buffer)[0];
+  }
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 31;
+  const mantissa = bits & 1023;
+  if (exponent === 31) return mantissa ? NaN : sign * Infinity;
+  if (exponent === 0) return sign * mantissa * 2 ** -24;
+  return sign * (1024 + mantissa) * 2 ** (exponent - 25);
+}
+
+function toTensor(data, shape, field, half) {
+  const dtype = dtypeOf(data, field, half);
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) {
     throw new TypeError(`${field}: shape must be an array of non-negative integers`);
   }
@@ -153,11 +173,20 @@ class Client {
   }
 
   static _affine(request, options) {
-    if (options.weight) request.weight = toTensor(options.weight, [options.weight.length], "weight");
-    if (options.bias) request.bias = toTensor(options.bias, [options.bias.length], "bias");
+    if (options.weight) {
+      request.weight = toTensor(options.weight, [options.weight.length], "weight", options.dtype);
+    }
+    if (options.bias) {
+      request.bias = toTensor(options.bias, [options.bias.length], "bias", options.dtype);
+    }
     if (options.eps !== undefined) request.eps = options.eps;
     return request;
   }
+
+  // Every normalization takes data as a Float32Array or Float64Array, or a
+  // Uint16Array of bfloat16 / float16 bits with options.dtype "BFLOAT16" /
+  // "FLOAT16", and resolves to { data, shape } of the same type (16-bit:
+  // bits; decode with halfToNumber).
 
   /**
    * LayerNorm over the last `normalizedNdim` dims (default 1). options:
@@ -165,14 +194,63 @@ class Client {
    * flattened), eps. Resolves to { data, shape } of the input's type.
    */
   async layerNorm(data, shape, options = {}) {
+    if (options.style !== undefined && !["pytorch", "bert"].includes(options.style)) {
+      throw new TypeError(`style: expected "pytorch" or "bert", got ${options.style}`);
+    }
+    return this._rows("LAYER_NORM", data, shape, options);
+  }
+
+  /**
+   * RMSNorm over the last `normalizedNdim` dims: x / sqrt(mean(x^2) + eps)
+   * * weight (+ bias). options as layerNorm (no style).
+   */
+  async rmsNorm(data, shape, options = {}) {
+    return this._rows("RMS_NORM", data, shape, options);
+  }
+
+  async _rows(mode, data, shape, options) {
+    const k = options.normalizedNdim ?? 1;
     const request = Client._affine({
-      mode: "LAYER_NORM",
-      input: toTensor(data, shape, "x"),
-      normalized_ndim: options.normalizedNdim ?? 1,
+      mode,
+      input: toTensor(data, shape, "x", options.dtype),
+      normalized_ndim: k,
+      layer_norm_style: options.style === "bert" ? "BERT_UNBIASED_STD" : "PYTORCH",
     }, options);
-    if (options.weight) request.weight.shape = shape.slice(shape.length - (options.normalizedNdim ?? 1));
-    if (options.bias) request.bias.shape = shape.slice(shape.length - (options.normalizedNdim ?? 1));
+    if (options.weight) request.weight.shape = shape.slice(shape.length - k);
+    if (options.bias) request.bias.shape = shape.slice(shape.length - k);
     return fromTensor((await this._call("Normalize", request)).output);
+  }
+
+  /**
+   * GroupNorm: statistics per (sample, group of C / numGroups channels).
+   * options: channelAxis (default 1; -1 = channels-last), weight, bias (C
+   * values), eps, dtype.
+   */
+  async groupNorm(data, shape, numGroups, options = {}) {
+    const request = Client._affine({
+      mode: "GROUP_NORM",
+      input: toTensor(data, shape, "x", options.dtype),
+      num_groups: numGroups,
+      channel_axis: options.channelAxis ?? 1,
+    }, options);
+    return fromTensor((await this._call("Normalize", request)).output);
+  }
+
+  /**
+   * InstanceNorm: statistics per (sample, channel). With options.model, on
+   * that model's running statistics (PyTorch track_running_stats=True):
+   * options.training true normalizes with the instance statistics and
+   * updates them, false uses them. Other options as groupNorm.
+   */
+  async instanceNorm(data, shape, options = {}) {
+    const request = Client._affine({
+      mode: "INSTANCE_NORM",
+      model: options.model ?? "",
+      input: toTensor(data, shape, "x", options.dtype),
+      training: Boolean(options.training),
+      channel_axis: options.channelAxis ?? 1,
+    }, options);
+    return fromTensor((await this._call("Normalize", request, options.model)).output);
   }
 
   /**
@@ -184,7 +262,7 @@ class Client {
     const request = Client._affine({
       mode: "BATCH_NORM",
       model,
-      input: toTensor(data, shape, "x"),
+      input: toTensor(data, shape, "x", options.dtype),
       training: Boolean(options.training),
       channel_axis: options.channelAxis ?? 1,
     }, options);
@@ -195,7 +273,7 @@ class Client {
   async fit(model, data, shape, options = {}) {
     const response = await this._call("Fit", {
       model,
-      input: toTensor(data, shape, "x"),
+      input: toTensor(data, shape, "x", options.dtype),
       channel_axis: options.channelAxis ?? 1,
     }, model);
     return modelState(response.model);
@@ -241,4 +319,6 @@ class Client {
   }
 }
 
-module.exports = { Client, NormdError, status: grpc.status, credentials: grpc.credentials };
+module.exports = {
+  Client, NormdError, halfToNumber, status: grpc.status, credentials: grpc.credentials,
+};

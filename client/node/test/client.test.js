@@ -7,7 +7,7 @@ const test = require("node:test");
 const assert = require("node:assert/strict");
 const { spawn } = require("node:child_process");
 const grpc = require("@grpc/grpc-js");
-const { Client, NormdError, status } = require("..");
+const { Client, NormdError, halfToNumber, status } = require("..");
 
 function startNormd() {
   const binary = process.env.NORMD_BINARY;
@@ -61,6 +61,45 @@ test("normd Node client", async (t) => {
     const y64 = await client.layerNorm(x64, [4, 6]);
     assert.ok(y64.data instanceof Float64Array);
     assert.ok(maxError(y64.data, layerNormRef(x64, 6)) < 1e-12);
+  });
+
+  await t.test("groupNorm, instanceNorm, rmsNorm and the BERT style match fp64", async () => {
+    // [2, 4, 3], 2 groups of 2 channels: group rows are 6 contiguous values.
+    const x = Float64Array.from({ length: 24 }, (_, i) => Math.cos(i) * 5 + i / 3);
+    const g = await client.groupNorm(x, [2, 4, 3], 2);
+    assert.ok(maxError(g.data, layerNormRef(x, 6)) < 1e-12);
+    const inst = await client.instanceNorm(x, [2, 4, 3]);
+    assert.ok(maxError(inst.data, layerNormRef(x, 3)) < 1e-12);
+    const rms = await client.rmsNorm(x, [8, 3]);
+    const want = new Float64Array(24);
+    for (let r = 0; r < 24; r += 3) {
+      const ms = (x[r] ** 2 + x[r + 1] ** 2 + x[r + 2] ** 2) / 3;
+      for (let i = 0; i < 3; i++) want[r + i] = x[r + i] / Math.sqrt(ms + 1e-5);
+    }
+    assert.ok(maxError(rms.data, want) < 1e-12);
+    const bert = await client.layerNorm(Float64Array.from([1, 3]), [1, 2], { style: "bert" });
+    // mean 2, unbiased std sqrt(2): (x - 2) / (sqrt(2) + 1e-6).
+    assert.ok(maxError(bert.data, [-1 / (Math.SQRT2 + 1e-6), 1 / (Math.SQRT2 + 1e-6)]) < 1e-15);
+    const tracked = await client.instanceNorm(x, [2, 4, 3], { model: "node-inst", training: true });
+    assert.ok(maxError(tracked.data, layerNormRef(x, 3)) < 1e-12);
+    const state = await client.getModel("node-inst");
+    assert.equal(state.numBatchesTracked, 0);  // As PyTorch's InstanceNorm.
+    assert.equal(state.sampleCount, 6);
+  });
+
+  await t.test("16-bit tensors travel as bit patterns", async () => {
+    // bfloat16 1.0 = 0x3f80, 3.0 = 0x4040; LayerNorm gives -1 and 1 exactly.
+    const bf = await client.layerNorm(Uint16Array.from([0x3f80, 0x4040]), [1, 2],
+      { dtype: "BFLOAT16" });
+    assert.ok(bf.data instanceof Uint16Array);
+    assert.deepEqual(Array.from(bf.data, (b) => halfToNumber(b, "BFLOAT16")), [-1, 1]);
+    // float16 1.0 = 0x3c00, 2.0 = 0x4000: RMSNorm = x / sqrt(2.5 + 1e-5).
+    const h = await client.rmsNorm(Uint16Array.from([0x3c00, 0x4000]), [1, 2],
+      { dtype: "FLOAT16" });
+    const got = Array.from(h.data, (b) => halfToNumber(b, "FLOAT16"));
+    const scale = 1 / Math.sqrt(2.5 + 1e-5);
+    assert.ok(maxError(got, [scale, 2 * scale]) <= 2 * scale * 2 ** -11);
+    await assert.rejects(client.layerNorm(Uint16Array.from([1]), [1]), TypeError);
   });
 
   await t.test("layerNorm with weight and bias over two dims", async () => {
