@@ -26,6 +26,22 @@ ROWS = [
      1.5, "time"),
     ("BM_Fit/channels_last:0", "Fit NCHW", "BM_ReadSum", 0.9, "bw"),
     ("BM_Fit/channels_last:1", "Fit NHWC", "BM_ReadSum", 0.9, "bw"),
+    ("BM_RmsNorm/768", "RMSNorm [B,T,768]", "BM_Copy", 0.9, "bw"),
+    ("BM_RmsNorm/4096", "RMSNorm [B,T,4096]", "BM_Copy", 0.9, "bw"),
+    ("BM_GroupNorm/instance:0/channels_last:0", "GroupNorm(32) NCHW", "BM_Copy",
+     0.9, "bw"),
+    ("BM_GroupNorm/instance:0/channels_last:1", "GroupNorm(32) NHWC", "BM_Copy",
+     0.9, "bw"),
+    ("BM_GroupNorm/instance:1/channels_last:0", "InstanceNorm NCHW", "BM_Copy",
+     0.9, "bw"),
+    ("BM_GroupNorm/instance:1/channels_last:1", "InstanceNorm NHWC", "BM_Copy",
+     0.9, "bw"),
+    ("BM_HalfRows/float16:0/rms:0", "LayerNorm bf16 [B,T,4096]", "BM_Copy",
+     0.9, "bw"),
+    ("BM_HalfRows/float16:1/rms:0", "LayerNorm fp16 [B,T,4096]", "BM_Copy",
+     0.9, "bw"),
+    ("BM_HalfRows/float16:0/rms:1", "RMSNorm bf16 [B,T,4096]", "BM_Copy",
+     0.9, "bw"),
 ]
 
 
@@ -42,10 +58,10 @@ def main():
     normd = medians(sys.argv[1])
     # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
     elements = (64 << 20) // 4
-    sizes = {f"BM_LayerNorm/{d}": (elements // d * d) / elements
-             for d in (768, 4096)}
+    sizes = {f"{kernel}/{d}": (elements // d * d) / elements
+             for kernel in ("BM_LayerNorm", "BM_RmsNorm") for d in (768, 4096)}
     torch = json.load(open(sys.argv[2]))
-    print(f"{'case (fp32, 64 MiB, 2 threads)':34} {'normd ms':>9} "
+    print(f"{'case (64 MiB, 2 threads; fp32 unless named)':34} {'normd ms':>9} "
           f"{'vs baseline':>18} {'target':>8} {'torch ms':>9} "
           f"{'torch/normd':>11}")
     misses = 0

@@ -37,6 +37,19 @@ def main():
         t = x[:ELEMENTS // d * d].view(1, ELEMENTS // d, d)
         results[f"BM_LayerNorm/{d}"] = median_seconds(
             lambda t=t, d=d: F.layer_norm(t, (d,)))
+        # torch 1.13 has no RMSNorm: the usual composition of its ops.
+        results[f"BM_RmsNorm/{d}"] = median_seconds(
+            lambda t=t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5))
+    # 16-bit rows: 32 Mi elements of [1, T, 4096] (64 MiB, as BM_HalfRows).
+    big = torch.cat([x, x]).view(1, -1, 4096)
+    # (torch 1.13 has no float16 LayerNorm on the CPU.)
+    t = big.to(torch.bfloat16)
+    results["BM_HalfRows/float16:0/rms:0"] = median_seconds(
+        lambda t=t: F.layer_norm(t, (4096,)))
+    results["BM_HalfRows/float16:0/rms:1"] = median_seconds(
+        lambda t=t: t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True)
+                                    + 1e-5).to(t.dtype))
+    del big
     nchw = x.view(16, 64, 128, 128)
     nhwc = x.view(16, 128, 128, 64).permute(0, 3, 1, 2)  # channels_last strides
     assert nhwc.is_contiguous(memory_format=torch.channels_last)
@@ -49,6 +62,11 @@ def main():
                 median_seconds(lambda t=t, rm=rm, rv=rv, train=train:
                                F.batch_norm(t, rm, rv, training=bool(train),
                                             momentum=0.1))
+    for cl, t in ((0, nchw), (1, nhwc)):
+        results[f"BM_GroupNorm/instance:0/channels_last:{cl}"] = \
+            median_seconds(lambda t=t: F.group_norm(t, 32))
+        results[f"BM_GroupNorm/instance:1/channels_last:{cl}"] = \
+            median_seconds(lambda t=t: F.instance_norm(t))
     json.dump(results, sys.stdout, indent=1)
     print()
 

@@ -195,6 +195,12 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
     }
     const float nan = std::numeric_limits<float>::quiet_NaN();
     EXPECT_TRUE(std::isnan(HalfValue(dtype, FloatToHalf(dtype, nan))));
+    // NaNs (also signalling, with only low payload bits) stay NaN in bulk.
+    std::vector<float> nans(37, std::bit_cast<float>(0x7f800001u));
+    nans[5] = -nan;
+    std::vector<uint16_t> narrowed(nans.size());
+    NarrowToHalf(dtype, nans.data(), narrowed.data(), 37);
+    for (uint16_t h : narrowed) EXPECT_TRUE(std::isnan(HalfValue(dtype, h)));
   }
 }
 

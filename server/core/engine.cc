@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "server/core/half.h"
 #include "server/core/parallel.h"
+#include "server/core/stream_copy.h"
 
 namespace normd {
 namespace {
@@ -100,7 +101,7 @@ InputSource<T> SourceOf(const InputTensor& input) {
 
 // Rows up to this long are normalized from 16-bit storage a few at a time
 // through a per-thread fp32 buffer; longer rows are widened whole first.
-constexpr int64_t kHalfPieceElements = 16 * 1024;
+constexpr int64_t kHalfPieceElements = 4 * 1024;
 constexpr int64_t kMaxHalfPieceRow = 64 * 1024;
 
 // LayerNorm / RMSNorm of contiguous 16-bit rows: each piece of rows is
@@ -114,12 +115,16 @@ void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
   const int64_t rows_per_piece = std::max<int64_t>(1, kHalfPieceElements / n);
   const auto* src = static_cast<const uint16_t*>(in.data);
   auto* dst = static_cast<uint16_t*>(output);
+  // Large outputs bypass the cache: narrowed into a cached buffer first.
+  const bool stream = rows.rows * n * 2 >= StreamingOutputBytes();
   ParallelFor(
       tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece), rows.rows * n,
       [&](const tbb::blocked_range<int64_t>& range) {
         thread_local std::vector<float> buffer;
+        thread_local std::vector<uint16_t> narrowed;
         if (static_cast<int64_t>(buffer.size()) < rows_per_piece * n) {
           buffer.resize(rows_per_piece * n);
+          narrowed.resize(rows_per_piece * n);
         }
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
@@ -127,7 +132,12 @@ void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
           WidenHalf(in.dtype, src + r0 * n, buffer.data(), count * n);
           LayerNormKernel(buffer.data(), buffer.data(), RowLayout{count, n},
                           eps, style, weight, bias);
-          NarrowToHalf(in.dtype, buffer.data(), dst + r0 * n, count * n);
+          if (!stream) {
+            NarrowToHalf(in.dtype, buffer.data(), dst + r0 * n, count * n);
+            continue;
+          }
+          NarrowToHalf(in.dtype, buffer.data(), narrowed.data(), count * n);
+          StreamCopy(dst + r0 * n, narrowed.data(), count * n * 2);
         }
       });
 }
@@ -188,6 +198,66 @@ std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
   return out;
 }
 
+// Affine parameters per (sample, channel) for the statistics sets [first,
+// first + count) (a set is one (sample, group), sample-major; moments[0] is
+// set `first`): entries [0, count * channels per group) of mean / scale /
+// shift, in (sample, channel) order.
+void GroupParams(const Moments* moments, int64_t first, int64_t count,
+                 const GroupGeometry& g, const std::vector<double>& weight,
+                 const std::vector<double>& bias, double eps, double* mean,
+                 double* scale, double* shift) {
+  const int64_t per_group = g.ChannelsPerGroup();
+  for (int64_t s = 0; s < count; ++s) {
+    const Moments& m = moments[s];
+    for (int64_t t = 0; t < per_group; ++t) {
+      const int64_t c = ((first + s) % g.groups) * per_group + t;
+      const int64_t i = s * per_group + t;
+      mean[i] = m.mean;
+      scale[i] = weight[c] / std::sqrt(m.BiasedVariance() + eps);
+      shift[i] = bias[c];
+    }
+  }
+}
+
+// Sets (sample, group) reduced and written per chunk of about this many
+// elements, so that the writing pass reads from cache.
+constexpr int64_t kFusedGroupElements = 64 * 1024;
+
+// Stateless GroupNorm / InstanceNorm when every group is one contiguous run
+// (nothing between the batch and channel axes): chunks of whole groups are
+// reduced and then written while still in cache, one pass over memory. Same
+// per-set moments and per-element formula as the two-pass path.
+template <typename T>
+void FusedGroupRows(const T* x, T* y, const GroupGeometry& g,
+                    const std::vector<double>& weight,
+                    const std::vector<double>& bias, double eps) {
+  const int64_t row = g.PerGroup();
+  const int64_t sets = g.samples * g.groups;
+  const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / row);
+  const int64_t per_group = g.ChannelsPerGroup();
+  const int64_t total = g.layout.NumElements();
+  ParallelFor(tbb::blocked_range<int64_t>(0, sets, per_chunk), total,
+              [&](const tbb::blocked_range<int64_t>& range) {
+                std::vector<double> mean, scale, shift;
+                for (int64_t s0 = range.begin(); s0 < range.end();
+                     s0 += per_chunk) {
+                  const int64_t count = std::min(per_chunk, range.end() - s0);
+                  const T* xs = x + s0 * row;
+                  const std::vector<Moments> m =
+                      ChannelMoments(xs, ChannelLayout{1, count, row});
+                  mean.resize(count * per_group);
+                  scale.resize(mean.size());
+                  shift.resize(mean.size());
+                  GroupParams(m.data(), s0, count, g, weight, bias, eps,
+                              mean.data(), scale.data(), shift.data());
+                  ChannelAffineKernel(
+                      xs, y + s0 * row,
+                      ChannelLayout{1, count * per_group, g.layout.inner},
+                      mean.data(), scale.data(), shift.data(), total);
+                }
+              });
+}
+
 // y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
 // channel c); the arrays are sample-major with `channels` entries a sample.
 template <typename T>
@@ -208,7 +278,8 @@ void SampleChannelAffine(const T* x, T* y, const GroupGeometry& g,
         for (int64_t n = range.begin(); n < range.end(); ++n) {
           const int64_t at = n * g.SampleSize();
           ChannelAffineKernel(x + at, y + at, sample, mean + n * channels,
-                              scale + n * channels, shift + n * channels);
+                              scale + n * channels, shift + n * channels,
+                              g.layout.NumElements());
         }
       });
 }
@@ -538,6 +609,21 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
     }
     return std::optional<BatchNormModel>();
   }
+  if (!with_model && g.sample_outer == 1) {
+    // Groups are contiguous rows: each is reduced and written while cached.
+    const std::vector<double> weight = spec.weight.has_value()
+                                           ? spec.weight->values
+                                           : std::vector<double>(channels, 1.0);
+    const std::vector<double> bias = spec.bias.has_value()
+                                         ? spec.bias->values
+                                         : std::vector<double>(channels, 0.0);
+    VisitDType(in.dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      FusedGroupRows(static_cast<const T*>(in.data), static_cast<T*>(output), g,
+                     weight, bias, spec.eps.value_or(kDefaultEps));
+    });
+    return std::optional<BatchNormModel>();
+  }
   const std::vector<Moments> moments = VisitDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     return GroupMoments(static_cast<const T*>(in.data), g);
@@ -566,19 +652,11 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   const std::vector<double>& bias = spec.bias.has_value() ? spec.bias->values
                                     : model.has_value()   ? model->bias
                                                           : no_bias;
-  const int64_t per_group = g.ChannelsPerGroup();
   std::vector<double> mean(g.samples * channels);
   std::vector<double> scale(mean.size());
   std::vector<double> shift(mean.size());
-  for (int64_t n = 0; n < g.samples; ++n) {
-    for (int64_t c = 0; c < channels; ++c) {
-      const Moments& m = moments[n * groups + c / per_group];
-      const int64_t i = n * channels + c;
-      mean[i] = m.mean;
-      scale[i] = weight[c] / std::sqrt(m.BiasedVariance() + eps);
-      shift[i] = bias[c];
-    }
-  }
+  GroupParams(moments.data(), 0, g.samples * groups, g, weight, bias, eps,
+              mean.data(), scale.data(), shift.data());
   VisitDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     SampleChannelAffine(static_cast<const T*>(in.data), static_cast<T*>(output),

@@ -40,6 +40,39 @@ namespace {
   for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
 }
 
+// bfloat16 with AVX-512F integer ops: widening is a 16-bit shift; narrowing
+// adds 0x7fff plus the lowest kept bit (round to nearest even) and quiets
+// NaNs, as FloatToBFloat16.
+[[gnu::target("avx512f")]] void WidenBFloat16Avx512(const uint16_t* src,
+                                                    float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i h = _mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
+  }
+  for (; i < n; ++i) dst[i] = BFloat16ToFloat(src[i]);
+}
+
+[[gnu::target("avx512f")]] void NarrowBFloat16Avx512(const float* src,
+                                                     uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_loadu_ps(src + i);
+    const __m512i bits = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+  }
+  for (; i < n; ++i) dst[i] = FloatToBFloat16(src[i]);
+}
+
 [[gnu::target("avx2,f16c")]] void WidenFloat16F16c(const uint16_t* src,
                                                    float* dst, int64_t n) {
   int64_t i = 0;
@@ -63,7 +96,8 @@ namespace {
   for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
 }
 
-// 2: AVX-512F, 1: F16C, 0: neither (portable loops).
+// 2: AVX-512F, 1: F16C, 0: neither (portable loops). bfloat16 uses the
+// AVX-512F forms or the portable loops.
 int Float16Level() {
   static const int level = [] {
     __builtin_cpu_init();
@@ -124,6 +158,9 @@ uint16_t DoubleToHalf(DType dtype, double value) {
 
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   if (dtype == DType::kBFloat16) {
+#ifdef NORMD_F16C_KERNELS
+    if (Float16Level() == 2) return WidenBFloat16Avx512(src, dst, n);
+#endif
     WidenBFloat16(src, dst, n);
     return;
   }
@@ -140,6 +177,9 @@ void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
 
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
   if (dtype == DType::kBFloat16) {
+#ifdef NORMD_F16C_KERNELS
+    if (Float16Level() == 2) return NarrowBFloat16Avx512(src, dst, n);
+#endif
     NarrowBFloat16(src, dst, n);
     return;
   }

@@ -499,10 +499,12 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
 template <typename T>
 void ChannelAffineKernel(const InputSource<T>& source, T* y,
                          const ChannelLayout& layout, const double* mean,
-                         const double* scale, const double* shift) {
+                         const double* scale, const double* shift,
+                         int64_t output_elements) {
   const int64_t channels = layout.channels;
   const int64_t inner = layout.inner;
-  const bool stream = StreamOutput(layout.NumElements(), sizeof(T));
+  const bool stream =
+      StreamOutput(std::max(layout.NumElements(), output_elements), sizeof(T));
   const int64_t period =
       inner == 1 ? ChannelsLastPeriod(channels, layout.outer) : channels;
   // Per-channel parameters as arrays of U, expanded for channels-last.
@@ -577,9 +579,10 @@ template void LayerNormKernel<double>(const InputSource<double>&, double*,
                                       const double*, const double*);
 template void ChannelAffineKernel<float>(const InputSource<float>&, float*,
                                          const ChannelLayout&, const double*,
-                                         const double*, const double*);
+                                         const double*, const double*, int64_t);
 template void ChannelAffineKernel<double>(const InputSource<double>&, double*,
                                           const ChannelLayout&, const double*,
-                                          const double*, const double*);
+                                          const double*, const double*,
+                                          int64_t);
 
 }  // namespace normd

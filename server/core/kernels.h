@@ -60,17 +60,20 @@ inline constexpr int64_t kLongLayerNormRow = 32768;
 
 // y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
 // tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
-// input is read in cache-sized pieces.
+// input is read in cache-sized pieces. `output_elements`, when larger, is
+// the size of the whole output this call writes a part of: it decides
+// whether stores bypass the cache, as for one call over all of it.
 template <typename T>
 void ChannelAffineKernel(const InputSource<T>& x, T* y,
                          const ChannelLayout& layout, const double* mean,
-                         const double* scale, const double* shift);
+                         const double* scale, const double* shift,
+                         int64_t output_elements = 0);
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
-                         const double* shift) {
-  ChannelAffineKernel(InputSource<T>{x, nullptr}, y, layout, mean, scale,
-                      shift);
+                         const double* shift, int64_t output_elements = 0) {
+  ChannelAffineKernel(InputSource<T>{x, nullptr}, y, layout, mean, scale, shift,
+                      output_elements);
 }
 
 }  // namespace normd
