@@ -303,6 +303,26 @@ def test_readme_commands(ctl, tmp):
     y = np.load(os.path.join(work, "y.npy"))
     check(y.dtype == np.float64 and y.shape == (3, 5),
           f"README's y.npy is {y.dtype} {y.shape}")
+    # The Clients section's commands for the other modes, on an NCHW x.npy.
+    section = readme[readme.index("### normctl"):]
+    block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
+    commands = [shlex.split(line) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 4, f"README modes block: {block!r}")
+    modes = os.path.join(tmp, "readme-modes")
+    os.makedirs(modes)
+    x = rng.standard_normal((2, 8, 3, 3))
+    np.save(os.path.join(modes, "x.npy"), x)
+    for argv in commands:
+        run = subprocess.run([os.path.abspath(args.normctl),
+                              f"--server={ctl.target}", *argv[1:]],
+                             capture_output=True, text=True, cwd=modes,
+                             timeout=120)
+        check(run.returncode == 0, f"README: {' '.join(argv)}: {run.stderr}")
+    # The last one written to y.npy is RMSNorm over the last dim.
+    y = np.load(os.path.join(modes, "y.npy"))
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+    check(np.abs(y - want).max() < 1e-12, "README rms_norm y.npy")
 
 
 def main():
