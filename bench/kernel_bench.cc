@@ -120,39 +120,34 @@ InputTensor View(const Shape& shape) {
   return InputTensor{DType::kFloat32, shape, Input().data(), kElements};
 }
 
-// LayerNorm over D of [1, T, D] (the largest T within 64 MiB).
-void BM_LayerNorm(benchmark::State& state) {
+// The timed loop of the Normalize benchmarks (output into Output()).
+void TimeNormalize(benchmark::State& state, Engine& engine,
+                   const NormalizeSpec& spec) {
+  for (auto _ : state) {
+    auto result = engine.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  }
+}
+
+// LayerNorm or RMSNorm over D of [1, T, D] (the largest T within 64 MiB).
+void TimeRows(benchmark::State& state, NormMode mode) {
   const int64_t d = state.range(0);
   Engine engine;
   NormalizeSpec spec;
-  spec.mode = NormMode::kLayerNorm;
+  spec.mode = mode;
   const int64_t rows = kElements / d;  // [1, T, D], T * D <= 64 MiB.
   spec.input = View({1, rows, d});
   spec.input.size = rows * d;
-  for (auto _ : state) {
-    auto result = engine.Normalize(spec, Output().data());
-    if (!result.ok()) state.SkipWithError("normalize failed");
-    benchmark::ClobberMemory();
-  }
+  TimeNormalize(state, engine, spec);
   SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
 }
+void BM_LayerNorm(benchmark::State& state) {
+  TimeRows(state, NormMode::kLayerNorm);
+}
 BENCHMARK(BM_LayerNorm)->Arg(768)->Arg(4096)->UseRealTime();
-
-// RMSNorm over D of [1, T, D], as BM_LayerNorm.
 void BM_RmsNorm(benchmark::State& state) {
-  const int64_t d = state.range(0);
-  Engine engine;
-  NormalizeSpec spec;
-  spec.mode = NormMode::kRmsNorm;
-  const int64_t rows = kElements / d;
-  spec.input = View({1, rows, d});
-  spec.input.size = rows * d;
-  for (auto _ : state) {
-    auto result = engine.Normalize(spec, Output().data());
-    if (!result.ok()) state.SkipWithError("normalize failed");
-    benchmark::ClobberMemory();
-  }
-  SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
+  TimeRows(state, NormMode::kRmsNorm);
 }
 BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseRealTime();
 
@@ -175,11 +170,7 @@ void BM_HalfRows(benchmark::State& state) {
   spec.mode = rms ? NormMode::kRmsNorm : NormMode::kLayerNorm;
   spec.input = InputTensor{
       dtype, {1, 2 * kElements / 4096, 4096}, halves->data(), 2 * kElements};
-  for (auto _ : state) {
-    auto result = engine.Normalize(spec, Output().data());
-    if (!result.ok()) state.SkipWithError("normalize failed");
-    benchmark::ClobberMemory();
-  }
+  TimeNormalize(state, engine, spec);
   SetBytes(state, kBytes);
 }
 BENCHMARK(BM_HalfRows)
@@ -201,11 +192,7 @@ void BM_GroupNorm(benchmark::State& state) {
   spec.channel_axis = channels_last ? -1 : 1;
   spec.input =
       View(channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128});
-  for (auto _ : state) {
-    auto result = engine.Normalize(spec, Output().data());
-    if (!result.ok()) state.SkipWithError("normalize failed");
-    benchmark::ClobberMemory();
-  }
+  TimeNormalize(state, engine, spec);
   SetBytes(state, kBytes);
 }
 BENCHMARK(BM_GroupNorm)
@@ -235,11 +222,7 @@ void BM_BatchNorm(benchmark::State& state) {
   create.name = "bench";
   create.num_features = 64;
   if (!engine.store().Create(create).ok()) state.SkipWithError("create");
-  for (auto _ : state) {
-    auto result = engine.Normalize(spec, Output().data());
-    if (!result.ok()) state.SkipWithError("normalize failed");
-    benchmark::ClobberMemory();
-  }
+  TimeNormalize(state, engine, spec);
   SetBytes(state, kBytes);
 }
 BENCHMARK(BM_BatchNorm)
