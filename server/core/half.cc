@@ -6,6 +6,7 @@
 #include "server/core/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define NORMD_F16C_KERNELS 1
 #endif
@@ -102,9 +103,12 @@ int Float16Level() {
   static const int level = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return 2;
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2")) {
-      return 1;
-    }
+    // F16C by CPUID (leaf 1, ECX bit 29): not every compiler's
+    // __builtin_cpu_supports knows it (clang 14 does not).
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c =
+        __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+    if (f16c && __builtin_cpu_supports("avx2")) return 1;
     return 0;
   }();
   return level;
