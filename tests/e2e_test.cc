@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/tensor_io.h"
 #include "tests/reference.h"
@@ -433,6 +434,38 @@ TEST_F(EndToEndTest, MetricsCountCallsCodesElementsAndModels) {
   EXPECT_EQ(MetricValue(after, "normd_inflight_requests", {}), 0);
   // No label carries a model name.
   EXPECT_EQ(after.find("e2e-metrics"), std::string::npos);
+}
+
+TEST_F(EndToEndTest, EveryModeCountsItsElementsUnderItsOwnLabel) {
+  struct Case {
+    v1::Mode mode;
+    const char* label;
+  };
+  for (const Case& c : {Case{v1::GROUP_NORM, "group_norm"},
+                        Case{v1::INSTANCE_NORM, "instance_norm"},
+                        Case{v1::RMS_NORM, "rms_norm"}}) {
+    SCOPED_TRACE(c.label);
+    const std::string label = absl::StrCat("mode=\"", c.label, "\"");
+    const double before =
+        MetricValue(testing::HttpGet(server_->metrics_port(), "/metrics"),
+                    "normd_elements_total", {label});
+    auto request = LayerNormRequest({2, 4, 3}, std::vector<double>(24, 1.5));
+    request.set_mode(c.mode);
+    if (c.mode == v1::GROUP_NORM) request.set_num_groups(2);
+    auto response = client_->Normalize(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    // Constant input: GroupNorm / InstanceNorm give the (zero) bias, RMSNorm
+    // x / sqrt(x^2 + eps).
+    auto y = TensorValues(response->output());
+    ASSERT_TRUE(y.ok());
+    ASSERT_EQ(y->size(), 24u);
+    const double want =
+        c.mode == v1::RMS_NORM ? 1.5 / std::sqrt(1.5 * 1.5 + 1e-5) : 0.0;
+    for (double v : *y) EXPECT_NEAR(v, want, 1e-7);
+    EXPECT_EQ(MetricValue(testing::HttpGet(server_->metrics_port(), "/metrics"),
+                          "normd_elements_total", {label}),
+              before + 24);
+  }
 }
 
 TEST(ServerLimitsTest, MaxModelsAndMaxFeaturesAreResourceExhausted) {
