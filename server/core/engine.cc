@@ -99,6 +99,13 @@ InputSource<T> SourceOf(const InputTensor& input) {
   return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
 }
 
+// p rounded up to a multiple of 64 bytes (the storage has room for it).
+template <typename T>
+T* AlignedTo64(T* p) {
+  const auto at = (reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63};
+  return reinterpret_cast<T*>(at);
+}
+
 // Rows up to this long are normalized from 16-bit storage a few at a time
 // through a per-thread fp32 buffer; longer rows are widened whole first.
 constexpr int64_t kHalfPieceElements = 4 * 1024;
@@ -117,29 +124,34 @@ void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
   auto* dst = static_cast<uint16_t*>(output);
   // Large outputs bypass the cache: narrowed into a cached buffer first.
   const bool stream = rows.rows * n * 2 >= StreamingOutputBytes();
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece), rows.rows * n,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        thread_local std::vector<float> buffer;
-        thread_local std::vector<uint16_t> narrowed;
-        if (static_cast<int64_t>(buffer.size()) < rows_per_piece * n) {
-          buffer.resize(rows_per_piece * n);
-          narrowed.resize(rows_per_piece * n);
-        }
-        for (int64_t r0 = range.begin(); r0 < range.end();
-             r0 += rows_per_piece) {
-          const int64_t count = std::min(range.end() - r0, rows_per_piece);
-          WidenHalf(in.dtype, src + r0 * n, buffer.data(), count * n);
-          LayerNormKernel(buffer.data(), buffer.data(), RowLayout{count, n},
-                          eps, style, weight, bias);
-          if (!stream) {
-            NarrowToHalf(in.dtype, buffer.data(), dst + r0 * n, count * n);
-            continue;
-          }
-          NarrowToHalf(in.dtype, buffer.data(), narrowed.data(), count * n);
-          StreamCopy(dst + r0 * n, narrowed.data(), count * n * 2);
-        }
-      });
+  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece),
+              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
+                // 64-byte aligned, so that full-vector stores never split
+                // lines.
+                thread_local std::vector<float> wide_storage;
+                thread_local std::vector<uint16_t> narrow_storage;
+                if (static_cast<int64_t>(wide_storage.size()) <
+                    rows_per_piece * n + 16) {
+                  wide_storage.resize(rows_per_piece * n + 16);
+                  narrow_storage.resize(rows_per_piece * n + 32);
+                }
+                float* const buffer = AlignedTo64(wide_storage.data());
+                uint16_t* const narrowed = AlignedTo64(narrow_storage.data());
+                for (int64_t r0 = range.begin(); r0 < range.end();
+                     r0 += rows_per_piece) {
+                  const int64_t count =
+                      std::min(range.end() - r0, rows_per_piece);
+                  WidenHalf(in.dtype, src + r0 * n, buffer, count * n);
+                  LayerNormKernel(buffer, buffer, RowLayout{count, n}, eps,
+                                  style, weight, bias);
+                  if (!stream) {
+                    NarrowToHalf(in.dtype, buffer, dst + r0 * n, count * n);
+                    continue;
+                  }
+                  NarrowToHalf(in.dtype, buffer, narrowed, count * n);
+                  StreamCopy(dst + r0 * n, narrowed, count * n * 2);
+                }
+              });
 }
 
 // GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
