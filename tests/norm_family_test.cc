@@ -204,6 +204,22 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
   }
 }
 
+TEST(HalfTest, StreamingNarrowingWritesTheSameBits) {
+  // Every head alignment and length around the 32-element lines.
+  const auto x = RandomValues<float>(300, 13, 0.0, 1e3);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t offset = 0; offset < 40; ++offset) {
+      for (int64_t n : {0, 1, 31, 32, 33, 64, 95, 200}) {
+        std::vector<uint16_t> plain(300, 7), streamed(300, 7);
+        NarrowToHalf(dtype, x.data(), plain.data() + offset, n);
+        NarrowToHalfStreaming(dtype, x.data(), streamed.data() + offset, n);
+        ASSERT_EQ(plain, streamed)
+            << DTypeName(dtype) << " offset " << offset << " n " << n;
+      }
+    }
+  }
+}
+
 TEST(HalfTest, DoublesAreRoundedOnceNotTwice) {
   // 1 + 2^-11 + 2^-30 lies just above the float16 midpoint between 1 and
   // 1 + 2^-10; via float it would become the midpoint and round to 1.

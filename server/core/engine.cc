@@ -122,36 +122,30 @@ void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
   const int64_t rows_per_piece = std::max<int64_t>(1, kHalfPieceElements / n);
   const auto* src = static_cast<const uint16_t*>(in.data);
   auto* dst = static_cast<uint16_t*>(output);
-  // Large outputs bypass the cache: narrowed into a cached buffer first.
+  // Large outputs bypass the cache (streaming stores).
   const bool stream = rows.rows * n * 2 >= StreamingOutputBytes();
-  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece),
-              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
-                // 64-byte aligned, so that full-vector stores never split
-                // lines.
-                thread_local std::vector<float> wide_storage;
-                thread_local std::vector<uint16_t> narrow_storage;
-                if (static_cast<int64_t>(wide_storage.size()) <
-                    rows_per_piece * n + 16) {
-                  wide_storage.resize(rows_per_piece * n + 16);
-                  narrow_storage.resize(rows_per_piece * n + 32);
-                }
-                float* const buffer = AlignedTo64(wide_storage.data());
-                uint16_t* const narrowed = AlignedTo64(narrow_storage.data());
-                for (int64_t r0 = range.begin(); r0 < range.end();
-                     r0 += rows_per_piece) {
-                  const int64_t count =
-                      std::min(range.end() - r0, rows_per_piece);
-                  WidenHalf(in.dtype, src + r0 * n, buffer, count * n);
-                  LayerNormKernel(buffer, buffer, RowLayout{count, n}, eps,
-                                  style, weight, bias);
-                  if (!stream) {
-                    NarrowToHalf(in.dtype, buffer, dst + r0 * n, count * n);
-                    continue;
-                  }
-                  NarrowToHalf(in.dtype, buffer, narrowed, count * n);
-                  StreamCopy(dst + r0 * n, narrowed, count * n * 2);
-                }
-              });
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece), rows.rows * n,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        // 64-byte aligned, so that full-vector stores never split lines.
+        thread_local std::vector<float> storage;
+        if (static_cast<int64_t>(storage.size()) < rows_per_piece * n + 16) {
+          storage.resize(rows_per_piece * n + 16);
+        }
+        float* const buffer = AlignedTo64(storage.data());
+        for (int64_t r0 = range.begin(); r0 < range.end();
+             r0 += rows_per_piece) {
+          const int64_t count = std::min(range.end() - r0, rows_per_piece);
+          WidenHalf(in.dtype, src + r0 * n, buffer, count * n);
+          LayerNormKernel(buffer, buffer, RowLayout{count, n}, eps, style,
+                          weight, bias);
+          if (stream) {
+            NarrowToHalfStreaming(in.dtype, buffer, dst + r0 * n, count * n);
+          } else {
+            NarrowToHalf(in.dtype, buffer, dst + r0 * n, count * n);
+          }
+        }
+      });
 }
 
 // GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each

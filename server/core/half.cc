@@ -42,14 +42,17 @@ constexpr int64_t kPrefetchAhead = 8192;
   for (; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
 }
 
+// 16 floats to float16 (round to nearest even).
+[[gnu::target("avx512f")]] inline __m256i Float16x16(__m512 f) {
+  return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 [[gnu::target("avx512f")]] void NarrowFloat16Avx512(const float* src,
                                                     uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i h =
-        _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        Float16x16(_mm512_loadu_ps(src + i)));
   }
   for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
 }
@@ -72,23 +75,50 @@ constexpr int64_t kPrefetchAhead = 8192;
   for (; i < n; ++i) dst[i] = BFloat16ToFloat(src[i]);
 }
 
+// 16 floats to bfloat16: adds 0x7fff plus the lowest kept bit (round to
+// nearest even) and quiets NaNs, as FloatToBFloat16.
+[[gnu::target("avx512f")]] inline __m256i BFloat16x16(__m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded =
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(
+      rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
 [[gnu::target("avx512f")]] void NarrowBFloat16Avx512(const float* src,
                                                      uint16_t* dst, int64_t n) {
   int64_t i = 0;
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
   for (; i + 16 <= n; i += 16) {
-    const __m512 f = _mm512_loadu_ps(src + i);
-    const __m512i bits = _mm512_castps_si512(f);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb));
-    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, quiet));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+                        BFloat16x16(_mm512_loadu_ps(src + i)));
   }
   for (; i < n; ++i) dst[i] = FloatToBFloat16(src[i]);
+}
+
+// Narrowing straight to memory with streaming stores: whole 64-byte lines
+// of dst (32 elements) from two conversions; the unaligned head and the
+// tail with ordinary stores. Fenced at the end.
+template <__m256i (*kConvert)(__m512), uint16_t (*kScalar)(float)>
+[[gnu::target("avx512f")]] void NarrowStreamingAvx512(const float* src,
+                                                      uint16_t* dst,
+                                                      int64_t n) {
+  int64_t i = 0;
+  while (i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0) {
+    dst[i] = kScalar(src[i]);
+    ++i;
+  }
+  for (; i + 32 <= n; i += 32) {
+    const __m256i lo = kConvert(_mm512_loadu_ps(src + i));
+    const __m256i hi = kConvert(_mm512_loadu_ps(src + i + 16));
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
+                        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  }
+  for (; i < n; ++i) dst[i] = kScalar(src[i]);
+  _mm_sfence();
 }
 
 [[gnu::target("avx2,f16c")]] void WidenFloat16F16c(const uint16_t* src,
@@ -194,6 +224,19 @@ void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   }
 #endif
   WidenFloat16(src, dst, n);
+}
+
+void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
+                           int64_t n) {
+#ifdef NORMD_F16C_KERNELS
+  if (Float16Level() == 2) {
+    if (dtype == DType::kBFloat16) {
+      return NarrowStreamingAvx512<BFloat16x16, FloatToBFloat16>(src, dst, n);
+    }
+    return NarrowStreamingAvx512<Float16x16, FloatToFloat16>(src, dst, n);
+  }
+#endif
+  NarrowToHalf(dtype, src, dst, n);
 }
 
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {

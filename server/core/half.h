@@ -91,6 +91,12 @@ void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n);
 // n fp32 values narrowed to `dtype` (16-bit), round to nearest even.
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n);
 
+// The same with streaming stores where the CPU has them (the lines of dst
+// are written without being read into the cache; for large outputs), then a
+// store fence. Bitwise the same result.
+void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
+                           int64_t n);
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_HALF_H_
