@@ -207,23 +207,45 @@ uint16_t DoubleToHalf(DType dtype, double value) {
   return FloatToHalf(dtype, ToFloatRoundToOdd(value));
 }
 
+namespace {
+
+#ifdef NORMD_F16C_KERNELS
+// A conversion's implementations; For() picks the widest this CPU runs.
+template <typename Fn>
+struct Conversion {
+  Fn bf16_portable, bf16_avx512, f16_portable, f16_f16c, f16_avx512;
+  Fn For(DType dtype) const {
+    const int level = Float16Level();
+    if (dtype == DType::kBFloat16) {
+      return level == 2 ? bf16_avx512 : bf16_portable;
+    }
+    return level == 2 ? f16_avx512 : level == 1 ? f16_f16c : f16_portable;
+  }
+};
+#endif
+
+}  // namespace
+
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
-  if (dtype == DType::kBFloat16) {
 #ifdef NORMD_F16C_KERNELS
-    if (Float16Level() == 2) return WidenBFloat16Avx512(src, dst, n);
+  static constexpr Conversion<void (*)(const uint16_t*, float*, int64_t)>
+      kWiden{WidenBFloat16, WidenBFloat16Avx512, WidenFloat16, WidenFloat16F16c,
+             WidenFloat16Avx512};
+  kWiden.For(dtype)(src, dst, n);
+#else
+  (dtype == DType::kBFloat16 ? WidenBFloat16 : WidenFloat16)(src, dst, n);
 #endif
-    WidenBFloat16(src, dst, n);
-    return;
-  }
+}
+
+void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
 #ifdef NORMD_F16C_KERNELS
-  switch (Float16Level()) {
-    case 2:
-      return WidenFloat16Avx512(src, dst, n);
-    case 1:
-      return WidenFloat16F16c(src, dst, n);
-  }
+  static constexpr Conversion<void (*)(const float*, uint16_t*, int64_t)>
+      kNarrow{NarrowBFloat16, NarrowBFloat16Avx512, NarrowFloat16,
+              NarrowFloat16F16c, NarrowFloat16Avx512};
+  kNarrow.For(dtype)(src, dst, n);
+#else
+  (dtype == DType::kBFloat16 ? NarrowBFloat16 : NarrowFloat16)(src, dst, n);
 #endif
-  WidenFloat16(src, dst, n);
 }
 
 void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
@@ -237,25 +259,6 @@ void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
   }
 #endif
   NarrowToHalf(dtype, src, dst, n);
-}
-
-void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
-  if (dtype == DType::kBFloat16) {
-#ifdef NORMD_F16C_KERNELS
-    if (Float16Level() == 2) return NarrowBFloat16Avx512(src, dst, n);
-#endif
-    NarrowBFloat16(src, dst, n);
-    return;
-  }
-#ifdef NORMD_F16C_KERNELS
-  switch (Float16Level()) {
-    case 2:
-      return NarrowFloat16Avx512(src, dst, n);
-    case 1:
-      return NarrowFloat16F16c(src, dst, n);
-  }
-#endif
-  NarrowFloat16(src, dst, n);
 }
 
 }  // namespace normd
