@@ -21,58 +21,16 @@ namespace normd {
 namespace {
 
 #ifdef NORMD_F16C_KERNELS
-// Elements ahead that the widening loops prefetch (8 KB of 16-bit input).
+// Elements ahead that the widening loops prefetch (16 KB of 16-bit input).
 constexpr int64_t kPrefetchAhead = 8192;
 
-// float16 <-> fp32 with the CPU's conversion instructions (AVX-512F's
-// 16-wide forms, or F16C's 8-wide ones), which round to nearest even like
-// the scalar code; the scalar code takes the tails.
-[[gnu::target("avx512f")]] void WidenFloat16Avx512(const uint16_t* src,
-                                                   float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    if (i % 32 == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead),
-                   _MM_HINT_T1);
-    }
-    const __m256i h =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
-  }
-  for (; i < n; ++i) dst[i] = Float16ToFloat(src[i]);
-}
+// AVX-512F kernels: float16 with the CPU's conversion instructions, bfloat16
+// with integer ops; both round to nearest even like the scalar code, which
+// takes the tails. (F16C's 8-wide float16 forms are further down.)
 
 // 16 floats to float16 (round to nearest even).
 [[gnu::target("avx512f")]] inline __m256i Float16x16(__m512 f) {
   return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
-[[gnu::target("avx512f")]] void NarrowFloat16Avx512(const float* src,
-                                                    uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        Float16x16(_mm512_loadu_ps(src + i)));
-  }
-  for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
-}
-
-// bfloat16 with AVX-512F integer ops: widening is a 16-bit shift; narrowing
-// adds 0x7fff plus the lowest kept bit (round to nearest even) and quiets
-// NaNs, as FloatToBFloat16.
-[[gnu::target("avx512f")]] void WidenBFloat16Avx512(const uint16_t* src,
-                                                    float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    if (i % 32 == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead),
-                   _MM_HINT_T1);
-    }
-    const __m512i h = _mm512_cvtepu16_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
-  }
-  for (; i < n; ++i) dst[i] = BFloat16ToFloat(src[i]);
 }
 
 // 16 floats to bfloat16: adds 0x7fff plus the lowest kept bit (round to
@@ -89,14 +47,40 @@ constexpr int64_t kPrefetchAhead = 8192;
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
-[[gnu::target("avx512f")]] void NarrowBFloat16Avx512(const float* src,
-                                                     uint16_t* dst, int64_t n) {
+// 16 float16 / bfloat16 patterns to floats.
+[[gnu::target("avx512f")]] inline __m512 FloatsOfFloat16x16(__m256i h) {
+  return _mm512_cvtph_ps(h);
+}
+[[gnu::target("avx512f")]] inline __m512 FloatsOfBFloat16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Widening 16 at a time, prefetching the input kPrefetchAhead ahead.
+template <__m512 (*kConvert)(__m256i), float (*kScalar)(uint16_t)>
+[[gnu::target("avx512f")]] void WidenAvx512(const uint16_t* src, float* dst,
+                                            int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (i % 32 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead),
+                   _MM_HINT_T1);
+    }
+    _mm512_storeu_ps(dst + i, kConvert(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = kScalar(src[i]);
+}
+
+// Narrowing 16 at a time.
+template <__m256i (*kConvert)(__m512), uint16_t (*kScalar)(float)>
+[[gnu::target("avx512f")]] void NarrowAvx512(const float* src, uint16_t* dst,
+                                             int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        BFloat16x16(_mm512_loadu_ps(src + i)));
+                        kConvert(_mm512_loadu_ps(src + i)));
   }
-  for (; i < n; ++i) dst[i] = FloatToBFloat16(src[i]);
+  for (; i < n; ++i) dst[i] = kScalar(src[i]);
 }
 
 // Narrowing straight to memory with streaming stores: whole 64-byte lines
@@ -229,8 +213,9 @@ struct Conversion {
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
 #ifdef NORMD_F16C_KERNELS
   static constexpr Conversion<void (*)(const uint16_t*, float*, int64_t)>
-      kWiden{WidenBFloat16, WidenBFloat16Avx512, WidenFloat16, WidenFloat16F16c,
-             WidenFloat16Avx512};
+      kWiden{WidenBFloat16, WidenAvx512<FloatsOfBFloat16x16, BFloat16ToFloat>,
+             WidenFloat16, WidenFloat16F16c,
+             WidenAvx512<FloatsOfFloat16x16, Float16ToFloat>};
   kWiden.For(dtype)(src, dst, n);
 #else
   (dtype == DType::kBFloat16 ? WidenBFloat16 : WidenFloat16)(src, dst, n);
@@ -240,8 +225,9 @@ void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
 #ifdef NORMD_F16C_KERNELS
   static constexpr Conversion<void (*)(const float*, uint16_t*, int64_t)>
-      kNarrow{NarrowBFloat16, NarrowBFloat16Avx512, NarrowFloat16,
-              NarrowFloat16F16c, NarrowFloat16Avx512};
+      kNarrow{NarrowBFloat16, NarrowAvx512<BFloat16x16, FloatToBFloat16>,
+              NarrowFloat16, NarrowFloat16F16c,
+              NarrowAvx512<Float16x16, FloatToFloat16>};
   kNarrow.For(dtype)(src, dst, n);
 #else
   (dtype == DType::kBFloat16 ? NarrowBFloat16 : NarrowFloat16)(src, dst, n);
