@@ -15,6 +15,7 @@
 #include "server/core/engine.h"
 #include "server/core/moments.h"
 #include "server/core/stream_copy.h"
+#include "tests/input_view.h"
 #include "tests/reference.h"
 
 namespace normd {
@@ -25,16 +26,7 @@ using ::normd::testing::ReferenceChannelNormalize;
 using ::normd::testing::ReferenceChannelStats;
 using ::normd::testing::ReferenceLayerNorm;
 using ::normd::testing::RelErr;
-
-template <typename T>
-InputTensor View(const std::vector<T>& x, Shape shape) {
-  InputTensor in;
-  in.dtype = std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
-  in.shape = std::move(shape);
-  in.data = x.data();
-  in.size = static_cast<int64_t>(x.size());
-  return in;
-}
+using ::normd::testing::View;
 
 // A training BatchNorm request for model `model` on x.
 template <typename T>

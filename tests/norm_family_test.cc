@@ -18,6 +18,7 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
+#include "tests/input_view.h"
 #include "tests/reference.h"
 
 namespace normd {
@@ -29,23 +30,7 @@ using ::normd::testing::ReferenceChannelStats;
 using ::normd::testing::ReferenceGroupNorm;
 using ::normd::testing::ReferenceLayerNorm;
 using ::normd::testing::ReferenceRmsNorm;
-
-template <typename T>
-DType DTypeOf() {
-  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
-  return DType::kFloat64;
-}
-
-template <typename T>
-InputTensor View(const std::vector<T>& x, Shape shape,
-                 DType dtype = DTypeOf<T>()) {
-  InputTensor in;
-  in.dtype = dtype;
-  in.shape = std::move(shape);
-  in.data = x.data();
-  in.size = static_cast<int64_t>(x.size());
-  return in;
-}
+using ::normd::testing::View;
 
 AffineParam Param(std::vector<double> values) {
   AffineParam p;
@@ -65,34 +50,30 @@ double MaxAbsDiff(const std::vector<T>& y, const std::vector<double>& ref) {
 
 // ---- 16-bit formats, from their definitions -------------------------------
 
-// The value of a binary16 / bfloat16 bit pattern, computed from the format's
-// fields with ldexp (independent of the bit tricks in half.h).
-double Float16Value(uint16_t h) {
-  const int exponent = (h >> 10) & 31;
-  const int mantissa = h & 1023;
+// The value of a 16-bit floating-point pattern with `exponent_bits` and
+// `mantissa_bits`, computed from the format's fields with ldexp
+// (independent of the bit tricks in half.h).
+double PatternValue(uint16_t h, int exponent_bits, int mantissa_bits) {
+  const int max_exponent = (1 << exponent_bits) - 1;
+  const int bias = max_exponent / 2;
+  const int exponent = (h >> mantissa_bits) & max_exponent;
+  const int mantissa = h & ((1 << mantissa_bits) - 1);
   const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exponent == 31) {
+  if (exponent == max_exponent) {
     return mantissa ? std::numeric_limits<double>::quiet_NaN()
                     : sign * std::numeric_limits<double>::infinity();
   }
-  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
-  return sign * std::ldexp(1024 + mantissa, exponent - 25);
-}
-
-double BFloat16Value(uint16_t h) {
-  const int exponent = (h >> 7) & 255;
-  const int mantissa = h & 127;
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exponent == 255) {
-    return mantissa ? std::numeric_limits<double>::quiet_NaN()
-                    : sign * std::numeric_limits<double>::infinity();
+  if (exponent == 0) {
+    return sign * std::ldexp(mantissa, 1 - bias - mantissa_bits);
   }
-  if (exponent == 0) return sign * std::ldexp(mantissa, -133);
-  return sign * std::ldexp(128 + mantissa, exponent - 134);
+  return sign * std::ldexp((1 << mantissa_bits) + mantissa,
+                           exponent - bias - mantissa_bits);
 }
 
+// bfloat16: 8 exponent bits, 7 mantissa bits; IEEE binary16: 5 and 10.
 double HalfValue(DType dtype, uint16_t h) {
-  return dtype == DType::kBFloat16 ? BFloat16Value(h) : Float16Value(h);
+  return dtype == DType::kBFloat16 ? PatternValue(h, 8, 7)
+                                   : PatternValue(h, 5, 10);
 }
 
 // The correctly rounded (nearest, ties to the even pattern) 16-bit pattern
