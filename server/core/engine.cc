@@ -582,15 +582,14 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
     return std::optional<BatchNormModel>(*std::move(model));
   }
 
-  // Statistics of the input itself. Sizes from the shape, which may be empty.
-  GroupGeometry g{*layout, in.shape[0], groups, 0};
-  g.sample_outer = 1;
-  const int32_t axis =
-      !spec.channel_axis.has_value() ? 1
-      : *spec.channel_axis < 0
-          ? static_cast<int32_t>(in.shape.size()) + *spec.channel_axis
-          : *spec.channel_axis;
-  for (int32_t d = 1; d < axis; ++d) g.sample_outer *= in.shape[d];
+  // Statistics of the input itself. Sizes from the shape, which may be empty:
+  // the layout of one sample gives the dims between batch and channel axes.
+  Shape one_sample = in.shape;
+  one_sample[0] = 1;
+  absl::StatusOr<ChannelLayout> sample =
+      ResolveChannelAxis(one_sample, spec.channel_axis);
+  if (!sample.ok()) return sample.status();  // Valid as in.shape was.
+  const GroupGeometry g{*layout, in.shape[0], groups, sample->outer};
   const int64_t spatial = g.sample_outer * layout->inner;
   if (instance && spatial == 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -615,14 +614,14 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
     }
     return std::optional<BatchNormModel>();
   }
+  const std::vector<double> no_weight(channels, 1.0);
+  const std::vector<double> no_bias(channels, 0.0);
   if (!with_model && g.sample_outer == 1) {
     // Groups are contiguous rows: each is reduced and written while cached.
-    const std::vector<double> weight = spec.weight.has_value()
-                                           ? spec.weight->values
-                                           : std::vector<double>(channels, 1.0);
-    const std::vector<double> bias = spec.bias.has_value()
-                                         ? spec.bias->values
-                                         : std::vector<double>(channels, 0.0);
+    const std::vector<double>& weight =
+        spec.weight.has_value() ? spec.weight->values : no_weight;
+    const std::vector<double>& bias =
+        spec.bias.has_value() ? spec.bias->values : no_bias;
     VisitDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       FusedGroupRows(static_cast<const T*>(in.data), static_cast<T*>(output), g,
@@ -649,8 +648,6 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   }
   const double eps =
       spec.eps.value_or(model.has_value() ? model->eps : kDefaultEps);
-  const std::vector<double> no_weight(channels, 1.0);
-  const std::vector<double> no_bias(channels, 0.0);
   const std::vector<double>& weight = spec.weight.has_value()
                                           ? spec.weight->values
                                       : model.has_value() ? model->weight
