@@ -116,6 +116,15 @@ class BadInputTest : public ::testing::Test {
     if (rpc == "ResetModel") {
       return run(v1::ResetModelRequest(), v1::ModelState(), &S::ResetModel);
     }
+    if (rpc == "ExportModel") {
+      return run(v1::ExportModelRequest(), v1::ModelState(), &S::ExportModel);
+    }
+    if (rpc == "ImportModel") {
+      return run(v1::ImportModelRequest(), v1::ModelState(), &S::ImportModel);
+    }
+    if (rpc == "MergeModel") {
+      return run(v1::MergeModelRequest(), v1::ModelState(), &S::MergeModel);
+    }
     ADD_FAILURE() << "unknown rpc " << rpc;
     return grpc::Status::CANCELLED;
   }

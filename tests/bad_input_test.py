@@ -25,6 +25,8 @@ REQUEST_TYPES = {
     "Normalize": pb.NormalizeRequest, "Fit": pb.FitRequest,
     "CreateModel": pb.CreateModelRequest, "GetModel": pb.GetModelRequest,
     "DeleteModel": pb.DeleteModelRequest, "ResetModel": pb.ResetModelRequest,
+    "ExportModel": pb.ExportModelRequest, "ImportModel": pb.ImportModelRequest,
+    "MergeModel": pb.MergeModelRequest,
 }
 OVERSIZE_BYTES = 1200000
 

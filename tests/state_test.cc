@@ -71,14 +71,46 @@ void ExpectSameModels(const std::vector<BatchNormModel>& a,
   }
 }
 
+// A model of `channels` channels holding random statistics, as ImportModel
+// would store it.
+BatchNormModel RandomModel(std::mt19937_64& rng, const std::string& name,
+                           int64_t channels) {
+  BatchNormModel model = MakeDefaultModel(name, channels);
+  ApplyTrainingStep(model, RandomBatch(rng, channels));
+  model.num_batches_tracked += static_cast<int64_t>(rng() % 4);
+  model.generation = rng() % 5;
+  return model;
+}
+
+// Merges the current state of another model of the same channel count
+// (channel counts follow the name's digit) into `name`, if both exist.
+void MergeSibling(ModelStore& store, const std::string& name,
+                  const std::string& sibling) {
+  absl::StatusOr<BatchNormModel> source = store.Get(sibling);
+  if (source.ok()) (void)store.Merge(name, *source);  // NOT_FOUND is fine.
+}
+
 // Applies `steps` random changes (create, train, InstanceNorm train, reset,
-// delete) to `store`.
+// delete, import, merge) to `store`.
 void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
   std::mt19937_64 rng(seed);
   for (int i = 0; i < steps; ++i) {
     const std::string name = "m" + std::to_string(rng() % 6);
     const int64_t channels = 1 + static_cast<int64_t>(name.back() - '0');
-    switch (rng() % 10) {
+    switch (rng() % 12) {
+      case 10:
+        (void)store.Put(RandomModel(rng, name, channels),
+                        /*create_only=*/(rng() & 1) != 0);
+        break;
+      case 11:
+        // "m1" and "n1" share a channel count.
+        MergeSibling(store, name, "n" + name.substr(1));
+        MergeSibling(store, "n" + name.substr(1), name);
+        if (!store.Get("n" + name.substr(1)).ok()) {
+          (void)store.Put(RandomModel(rng, "n" + name.substr(1), channels),
+                          /*create_only=*/true);
+        }
+        break;
       case 0: {
         ModelSpec spec;
         spec.name = name;
@@ -222,9 +254,9 @@ TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
   ExpectSameModels(before, o.store->List(true));
 }
 
-// Train, Delete and Reset racing on the same two names: the log must hold
-// them in the order each name saw them (a Delete can reach a model that a
-// concurrent Train has just created, before the step is applied).
+// Train, Delete, Reset, Put and Merge racing on the same two names: the log
+// must hold them in the order each name saw them (a Delete can reach a model
+// that a concurrent Train has just created, before the step is applied).
 TEST(DurableStateTest, RacingChangesOfOneNameReplayInTheirOrder) {
   const std::string dir = FreshDir("racing");
   std::vector<BatchNormModel> before;
@@ -236,12 +268,19 @@ TEST(DurableStateTest, RacingChangesOfOneNameReplayInTheirOrder) {
         std::mt19937_64 rng(200 + t);
         for (int i = 0; i < 2000; ++i) {
           const std::string name = (rng() & 1) ? "x" : "y";
-          switch (rng() % 4) {
+          switch (rng() % 6) {
             case 0:
               (void)o.store->Delete(name);
               break;
             case 1:
               (void)o.store->Reset(name);
+              break;
+            case 2:
+              (void)o.store->Put(RandomModel(rng, name, 2),
+                                 /*create_only=*/false);
+              break;
+            case 3:
+              MergeSibling(*o.store, name, name == "x" ? "y" : "x");
               break;
             default:
               EXPECT_TRUE(o.store->Train(name, RandomBatch(rng, 2)).ok());

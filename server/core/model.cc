@@ -137,6 +137,144 @@ absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
   return model;
 }
 
+namespace {
+
+// `status` with `prefix` before its message (which starts with the field).
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok() || prefix.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+// INVALID_ARGUMENT unless the pooled arrays of `state` fit its sample_count
+// and num_features.
+absl::Status ValidatePooled(const ModelStateSpec& state) {
+  const int64_t c = state.config.num_features;
+  if (state.sample_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample_count: must be >= 0, got ", state.sample_count));
+  }
+  if (state.sample_count == 0) {
+    for (const auto& [values, field] :
+         {std::pair{&state.pooled_mean, "mean"},
+          std::pair{&state.pooled_m2, "pooled_m2"},
+          std::pair{&state.pooled_var, "var"}}) {
+      if (!values->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": has ", values->size(),
+                         " values but sample_count is 0 (nothing fitted)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(state.pooled_mean.size()) != c) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mean: has ", state.pooled_mean.size(), " values, expected ",
+        "num_features = ", c, " (sample_count is ", state.sample_count, ")"));
+  }
+  if (state.pooled_m2.empty() &&
+      static_cast<int64_t>(state.pooled_var.size()) != c) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pooled_m2: is empty and var has ", state.pooled_var.size(),
+        " values; one of them needs num_features = ", c, " (sample_count is ",
+        state.sample_count, ")"));
+  }
+  if (absl::Status s = CheckChannelArray(state.pooled_mean, c, "mean");
+      !s.ok()) {
+    return s;
+  }
+  return state.pooled_m2.empty()
+             ? CheckChannelArray(state.pooled_var, c, "var",
+                                 /*non_negative=*/true)
+             : CheckChannelArray(state.pooled_m2, c, "pooled_m2",
+                                 /*non_negative=*/true);
+}
+
+// Merges per-channel batch moments into the pooled statistics.
+void MergePooled(BatchNormModel& model, absl::Span<const Moments> batch) {
+  if (model.pooled.empty()) {
+    model.pooled.assign(batch.begin(), batch.end());
+  } else {
+    for (size_t c = 0; c < batch.size(); ++c) {
+      MergeMoments(model.pooled[c], batch[c]);
+    }
+  }
+  model.sample_count += batch.empty() ? 0 : batch[0].count;
+}
+
+// (weight_a * a + weight_b * b) / (weight_a + weight_b), per channel, into a.
+void WeightedAverage(std::vector<double>& a, double weight_a,
+                     const std::vector<double>& b, double weight_b) {
+  const double total = weight_a + weight_b;
+  for (size_t c = 0; c < a.size(); ++c) {
+    a[c] = (weight_a * a[c] + weight_b * b[c]) / total;
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateModelState(const ModelStateSpec& state,
+                                absl::string_view field_prefix) {
+  absl::Status status = ValidateModelSpec(state.config);
+  if (status.ok()) status = ValidatePooled(state);
+  return Prefixed(status, field_prefix);
+}
+
+absl::StatusOr<BatchNormModel> MakeModelFromState(
+    const ModelStateSpec& state, absl::string_view field_prefix) {
+  if (absl::Status s = ValidateModelState(state, field_prefix); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BatchNormModel> model = MakeModel(state.config);
+  if (!model.ok()) return Prefixed(model.status(), field_prefix);
+  model->sample_count = state.sample_count;
+  if (state.sample_count > 0) {
+    const auto n = static_cast<double>(state.sample_count);
+    model->pooled.resize(model->num_features);
+    for (int64_t c = 0; c < model->num_features; ++c) {
+      model->pooled[c] = {.count = state.sample_count,
+                          .mean = state.pooled_mean[c],
+                          .m2 = state.pooled_m2.empty()
+                                    ? state.pooled_var[c] * n
+                                    : state.pooled_m2[c]};
+    }
+  }
+  model->generation = std::max<uint64_t>(state.generation, 1);
+  return model;
+}
+
+absl::Status MergeModelStatistics(BatchNormModel& into,
+                                  const BatchNormModel& source) {
+  if (source.num_features != into.num_features) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("source.num_features: is ", source.num_features,
+                     " but model '", into.name, "' has ", into.num_features));
+  }
+  if (source.cumulative_average != into.cumulative_average) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "source.cumulative_average: is ",
+        source.cumulative_average ? "true" : "false", " but model '", into.name,
+        "' has ", into.cumulative_average ? "true" : "false",
+        "; running statistics of the two kinds do not merge"));
+  }
+  // Running statistics first: the weights are the counts before the merge.
+  double weight_into = static_cast<double>(into.num_batches_tracked);
+  double weight_source = static_cast<double>(source.num_batches_tracked);
+  if (weight_into + weight_source == 0) {
+    weight_into = static_cast<double>(into.sample_count);
+    weight_source = static_cast<double>(source.sample_count);
+  }
+  if (weight_into + weight_source > 0) {
+    WeightedAverage(into.running_mean, weight_into, source.running_mean,
+                    weight_source);
+    WeightedAverage(into.running_var, weight_into, source.running_var,
+                    weight_source);
+  }
+  if (!source.pooled.empty()) MergePooled(into, source.pooled);
+  into.num_batches_tracked += source.num_batches_tracked;
+  into.generation += 1;
+  return absl::OkStatus();
+}
+
 BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features) {
   BatchNormModel model;
   model.name = std::string(name);
@@ -150,18 +288,6 @@ BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features) {
 }
 
 namespace {
-
-// Merges per-channel batch moments into the pooled statistics.
-void MergePooled(BatchNormModel& model, absl::Span<const Moments> batch) {
-  if (model.pooled.empty()) {
-    model.pooled.assign(batch.begin(), batch.end());
-  } else {
-    for (size_t c = 0; c < batch.size(); ++c) {
-      MergeMoments(model.pooled[c], batch[c]);
-    }
-  }
-  model.sample_count += batch.empty() ? 0 : batch[0].count;
-}
 
 // running <- (1 - factor) running + factor target, per channel.
 void MoveTowards(std::vector<double>& running, double factor,

@@ -57,6 +57,20 @@ struct BatchNormModel {
   std::vector<double> PooledVariance() const;
 };
 
+// A model's complete state as received from outside (ImportModel, the
+// source of MergeModel), not yet validated. Empty per-channel arrays in
+// `config` mean PyTorch's defaults; the pooled statistics are `sample_count`
+// values per channel with means `pooled_mean` and sums of squared deviations
+// `pooled_m2` (or, when that is empty, `pooled_var` x sample_count).
+struct ModelStateSpec {
+  ModelSpec config;
+  int64_t sample_count = 0;
+  std::vector<double> pooled_mean;
+  std::vector<double> pooled_m2;
+  std::vector<double> pooled_var;
+  uint64_t generation = 0;
+};
+
 // INVALID_ARGUMENT naming `field` unless `name` is 1-128 chars of
 // [A-Za-z0-9._:/-].
 absl::Status ValidateModelName(absl::string_view name, absl::string_view field);
@@ -71,6 +85,29 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // Validates `spec` and builds the model at generation 1.
 absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec);
+
+// INVALID_ARGUMENT unless `state` is well formed: ValidateModelSpec's rules
+// on its config; sample_count >= 0; the pooled arrays empty when
+// sample_count is 0, else C finite means and C finite, non-negative M2 (or
+// variances). Messages name the field after `field_prefix` (e.g. "model."
+// gives "model.running_var[2]: ..."). Allocates nothing.
+absl::Status ValidateModelState(const ModelStateSpec& state,
+                                absl::string_view field_prefix);
+
+// Validates `state` (ValidateModelState) and builds the model, at the
+// state's generation (at least 1).
+absl::StatusOr<BatchNormModel> MakeModelFromState(
+    const ModelStateSpec& state, absl::string_view field_prefix);
+
+// Folds `source` into `into` as if source's data had also been fitted into
+// it (the MergeModel rule; see normalizer.proto): pooled statistics merged
+// per channel with Chan's formula, sample_count and num_batches_tracked
+// added, running statistics averaged with weights num_batches_tracked (else
+// sample_count, else into's kept); into's name, configuration, weight and
+// bias kept; generation += 1. FAILED_PRECONDITION, `into` untouched, when
+// num_features or cumulative_average differ.
+absl::Status MergeModelStatistics(BatchNormModel& into,
+                                  const BatchNormModel& source);
 
 // A fresh model for a first Fit / training step: defaults, C channels.
 BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features);

@@ -37,11 +37,20 @@ absl::Status CheckChannels(const BatchNormModel& model, int64_t channels) {
 
 ModelStore::ModelStore(ModelStoreOptions options) : options_(options) {}
 
-absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
+absl::Status ModelStore::CheckNumFeatures(int64_t num_features,
+                                          absl::string_view field) const {
   if (num_features > options_.max_num_features) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "num_features: ", num_features, " exceeds the server limit of ",
-        options_.max_num_features, " (--max_num_features)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": ", num_features, " exceeds the server limit of ",
+                     options_.max_num_features, " (--max_num_features)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
+  if (absl::Status s = CheckNumFeatures(num_features, "num_features");
+      !s.ok()) {
+    return s;
   }
   if (static_cast<int64_t>(models_.size()) >= options_.max_models) {
     return absl::ResourceExhaustedError(
@@ -125,7 +134,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
     sequence = Record({.kind = Mutation::Kind::kCreate,
                        .name = spec.name,
                        .model = &*model,
-                       .batch = {}});
+                       .batch = {},
+                       .running_targets = {}});
   }
   if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
   return model;
@@ -152,7 +162,8 @@ absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
   Record({.kind = Mutation::Kind::kCreate,
           .name = name,
           .model = &model,
-          .batch = {}});
+          .batch = {},
+          .running_targets = {}});
   {
     MutexLock entry_lock(&entry->mu);
     entry->model = std::move(model);
@@ -206,7 +217,8 @@ absl::Status ModelStore::Delete(absl::string_view name) {
     sequence = Record({.kind = Mutation::Kind::kDelete,
                        .name = name,
                        .model = nullptr,
-                       .batch = {}});
+                       .batch = {},
+                       .running_targets = {}});
   }
   return WaitDurable(sequence);
 }
@@ -226,7 +238,77 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
       sequence = Record({.kind = Mutation::Kind::kReset,
                          .name = name,
                          .model = nullptr,
-                         .batch = {}});
+                         .batch = {},
+                         .running_targets = {}});
+      after = entry->model;
+      break;
+    }
+  }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return after;
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
+                                               bool create_only) {
+  uint64_t sequence = 0;
+  {
+    ReaderMutexLock pause(&pause_mu_);
+    // mu_ is held throughout, so the name cannot appear or vanish meanwhile.
+    MutexLock lock(&mu_);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    auto it = models_.find(model.name);
+    if (it != models_.end()) {
+      if (create_only) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "name: model '", model.name, "' already exists (create_only)"));
+      }
+      MutexLock entry_lock(&it->second->mu);
+      model.generation =
+          std::max(model.generation, it->second->model.generation + 1);
+      it->second->model = model;
+    } else {
+      if (absl::Status s = CheckNewModelLimits(model.num_features); !s.ok()) {
+        return s;
+      }
+      auto entry = std::make_shared<Entry>();
+      {
+        MutexLock entry_lock(&entry->mu);
+        entry->model = model;
+      }
+      models_.emplace(model.name, std::move(entry));
+    }
+    sequence = Record({.kind = Mutation::Kind::kPut,
+                       .name = model.name,
+                       .model = &model,
+                       .batch = {},
+                       .running_targets = {}});
+  }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return model;
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::Merge(absl::string_view name,
+                                                 const BatchNormModel& source) {
+  uint64_t sequence = 0;
+  BatchNormModel after;
+  {
+    ReaderMutexLock pause(&pause_mu_);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    while (true) {
+      std::shared_ptr<Entry> entry = Find(name);
+      if (entry == nullptr) return NotFound(name);
+      MutexLock lock(&entry->mu);
+      if (entry->deleted) continue;  // Deleted meanwhile: look again.
+      BatchNormModel merged = entry->model;
+      if (absl::Status s = MergeModelStatistics(merged, source); !s.ok()) {
+        return s;
+      }
+      entry->model = std::move(merged);
+      sequence = Record({.kind = Mutation::Kind::kPut,
+                         .name = name,
+                         .model = &entry->model,
+                         .batch = {},
+                         .running_targets = {}});
       after = entry->model;
       break;
     }
@@ -243,7 +325,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Train(
                   return Record({.kind = Mutation::Kind::kTrain,
                                  .name = name,
                                  .model = nullptr,
-                                 .batch = batch});
+                                 .batch = batch,
+                                 .running_targets = {}});
                 });
 }
 

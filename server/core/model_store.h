@@ -49,6 +49,18 @@ class ModelStore {
   // taken; RESOURCE_EXHAUSTED beyond max_models or max_num_features.
   absl::StatusOr<BatchNormModel> Create(const ModelSpec& spec);
 
+  // Stores `model` (already validated, e.g. by MakeModelFromState) under
+  // its name, replacing the model of that name unless `create_only`
+  // (ALREADY_EXISTS then). A replacement's generation is at least the
+  // replaced one's + 1. RESOURCE_EXHAUSTED when a new model would exceed a
+  // limit. Returns the model as stored.
+  absl::StatusOr<BatchNormModel> Put(BatchNormModel model, bool create_only);
+
+  // Folds `source` into model `name` (see MergeModelStatistics). NOT_FOUND
+  // if absent; FAILED_PRECONDITION (model untouched) if they do not match.
+  absl::StatusOr<BatchNormModel> Merge(absl::string_view name,
+                                       const BatchNormModel& source);
+
   // NOT_FOUND if absent.
   absl::StatusOr<BatchNormModel> Get(absl::string_view name) const;
 
@@ -81,6 +93,12 @@ class ModelStore {
   // FAILED_PRECONDITION if its channel count differs.
   absl::StatusOr<BatchNormModel> GetForEval(absl::string_view name,
                                             int64_t channels) const;
+
+  // RESOURCE_EXHAUSTED (naming `field`) when a model of `num_features`
+  // channels exceeds max_num_features. For callers that must check before
+  // they build such a model.
+  absl::Status CheckNumFeatures(int64_t num_features,
+                                absl::string_view field) const;
 
   // Number of models.
   int64_t size() const;

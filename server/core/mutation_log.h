@@ -23,11 +23,14 @@ struct Mutation {
     kTrain = 2,
     kDelete = 3,
     kReset = 4,
-    kTrainInstance = 5
+    kTrainInstance = 5,
+    kPut = 6
   };
   Kind kind = Kind::kCreate;
   absl::string_view name;
-  // kCreate: the model exactly as created (generation included).
+  // kCreate: the model exactly as created (generation included); kPut: the
+  // model's whole state after an import or a merge, replacing any model of
+  // that name.
   const BatchNormModel* model = nullptr;
   // kTrain: the batch's per-channel moments; replaying ModelStore::Train with
   // them reproduces the step bit for bit (the model is created with defaults

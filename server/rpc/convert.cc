@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -238,6 +239,31 @@ ModelSpec ToModelSpec(const v1::CreateModelRequest& request) {
   spec.num_batches_tracked = request.num_batches_tracked();
   spec.use_pooled_statistics = request.use_pooled_statistics();
   return spec;
+}
+
+ModelStateSpec ToModelStateSpec(const v1::ModelState& state) {
+  ModelStateSpec out;
+  ModelSpec& config = out.config;
+  config.name = state.name();
+  config.num_features = state.num_features();
+  config.momentum = state.momentum();
+  config.cumulative_average = state.cumulative_average();
+  config.eps = state.eps();
+  config.use_pooled_statistics = state.use_pooled_statistics();
+  config.num_batches_tracked = state.num_batches_tracked();
+  for (auto [from, to] :
+       {std::pair{&state.running_mean(), &config.running_mean},
+        std::pair{&state.running_var(), &config.running_var},
+        std::pair{&state.weight(), &config.weight},
+        std::pair{&state.bias(), &config.bias},
+        std::pair{&state.mean(), &out.pooled_mean},
+        std::pair{&state.pooled_m2(), &out.pooled_m2},
+        std::pair{&state.var(), &out.pooled_var}}) {
+    to->assign(from->begin(), from->end());
+  }
+  out.sample_count = state.sample_count();
+  out.generation = state.generation();
+  return out;
 }
 
 void ToModelState(const BatchNormModel& model, bool with_arrays,

@@ -110,6 +110,10 @@ absl::Status ParseFitRequest(const v1::FitRequest& request, ParsedFit& out);
 // CreateModelRequest -> ModelSpec (the core validates values).
 ModelSpec ToModelSpec(const v1::CreateModelRequest& request);
 
+// ModelState (ImportModel's model, MergeModel's source) -> ModelStateSpec
+// (the core validates values).
+ModelStateSpec ToModelStateSpec(const v1::ModelState& state);
+
 // Writes `model` into `state`; per-channel arrays only if `with_arrays`.
 void ToModelState(const BatchNormModel& model, bool with_arrays,
                   v1::ModelState& state);

@@ -17,7 +17,8 @@ constexpr MethodInfo kMethods[kNumRpcMethods] = {
     {"CreateModel", "unary"},       {"GetModel", "unary"},
     {"ListModels", "unary"},        {"DeleteModel", "unary"},
     {"ResetModel", "unary"},        {"NormalizeStream", "bidi_stream"},
-    {"FitStream", "client_stream"},
+    {"FitStream", "client_stream"}, {"ExportModel", "unary"},
+    {"ImportModel", "unary"},       {"MergeModel", "unary"},
 };
 
 constexpr const char* kCodeNames[] = {

@@ -30,8 +30,11 @@ enum class RpcMethod {
   kResetModel,
   kNormalizeStream,
   kFitStream,
+  kExportModel,
+  kImportModel,
+  kMergeModel,
 };
-inline constexpr int kNumRpcMethods = 9;
+inline constexpr int kNumRpcMethods = 12;
 
 // What normd_elements_total counts, as its `mode` label.
 enum class ElementsMode {

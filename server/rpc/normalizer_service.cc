@@ -603,6 +603,96 @@ grpc::ServerUnaryReactor* NormalizerService::ResetModel(
       });
 }
 
+absl::Status NormalizerService::DoExportModel(
+    const v1::ExportModelRequest& request, v1::ModelState& response) {
+  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BatchNormModel> model = engine_.store().Get(request.name());
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  for (const Moments& m : model->pooled) response.add_pooled_m2(m.m2);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BatchNormModel> NormalizerService::ParseModelState(
+    const v1::ModelState& message, absl::string_view name,
+    absl::string_view field) {
+  ModelStateSpec state = ToModelStateSpec(message);
+  if (!name.empty()) state.config.name = std::string(name);
+  if (absl::Status s = ValidateModelState(state, absl::StrCat(field, "."));
+      !s.ok()) {
+    return s;
+  }
+  // Before MakeModelFromState fills num_features-sized arrays.
+  if (absl::Status s = engine_.store().CheckNumFeatures(
+          state.config.num_features, absl::StrCat(field, ".num_features"));
+      !s.ok()) {
+    return s;
+  }
+  return MakeModelFromState(state, absl::StrCat(field, "."));
+}
+
+absl::Status NormalizerService::DoImportModel(
+    const v1::ImportModelRequest& request, v1::ModelState& response) {
+  if (!request.name().empty()) {
+    if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<BatchNormModel> model =
+      ParseModelState(request.model(), request.name(), "model");
+  if (!model.ok()) return model.status();
+  model = engine_.store().Put(*std::move(model), request.create_only());
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  metrics_.SetModels(engine_.store().size());
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoMergeModel(
+    const v1::MergeModelRequest& request, v1::ModelState& response) {
+  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+    return s;
+  }
+  // The source's own name does not matter: it is validated as the target's.
+  absl::StatusOr<BatchNormModel> source =
+      ParseModelState(request.source(), request.name(), "source");
+  if (!source.ok()) return source.status();
+  absl::StatusOr<BatchNormModel> model =
+      engine_.store().Merge(request.name(), *source);
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* NormalizerService::ExportModel(
+    grpc::CallbackServerContext* context, const v1::ExportModelRequest* request,
+    v1::ModelState* response) {
+  return RunUnary(context, *this, RpcMethod::kExportModel, "ExportModel",
+                  request->ByteSizeLong(), [this, request, response] {
+                    return DoExportModel(*request, *response);
+                  });
+}
+
+grpc::ServerUnaryReactor* NormalizerService::ImportModel(
+    grpc::CallbackServerContext* context, const v1::ImportModelRequest* request,
+    v1::ModelState* response) {
+  return RunUnary(context, *this, RpcMethod::kImportModel, "ImportModel",
+                  request->ByteSizeLong(), [this, request, response] {
+                    return DoImportModel(*request, *response);
+                  });
+}
+
+grpc::ServerUnaryReactor* NormalizerService::MergeModel(
+    grpc::CallbackServerContext* context, const v1::MergeModelRequest* request,
+    v1::ModelState* response) {
+  return RunUnary(context, *this, RpcMethod::kMergeModel, "MergeModel",
+                  request->ByteSizeLong(), [this, request, response] {
+                    return DoMergeModel(*request, *response);
+                  });
+}
+
 grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*
 NormalizerService::NormalizeStream(grpc::CallbackServerContext* context) {
   return new NormalizeStreamReactor(*this, *context);

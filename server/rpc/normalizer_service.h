@@ -29,7 +29,13 @@ using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
                         v1::Normalizer::WithCallbackMethod_ResetModel<
                             v1::Normalizer::WithCallbackMethod_NormalizeStream<
                                 v1::Normalizer::WithCallbackMethod_FitStream<
-                                    v1::Normalizer::Service>>>>>>>>>;
+                                    v1::Normalizer::WithCallbackMethod_ExportModel<
+                                        v1::Normalizer::
+                                            WithCallbackMethod_ImportModel<
+                                                v1::Normalizer::
+                                                    WithCallbackMethod_MergeModel<
+                                                        v1::Normalizer::
+                                                            Service>>>>>>>>>>>>;
 
 class NormalizerService final : public NormalizerServiceBase {
  public:
@@ -61,6 +67,15 @@ class NormalizerService final : public NormalizerServiceBase {
   grpc::ServerUnaryReactor* ResetModel(grpc::CallbackServerContext* context,
                                        const v1::ResetModelRequest* request,
                                        v1::ModelState* response) override;
+  grpc::ServerUnaryReactor* ExportModel(grpc::CallbackServerContext* context,
+                                        const v1::ExportModelRequest* request,
+                                        v1::ModelState* response) override;
+  grpc::ServerUnaryReactor* ImportModel(grpc::CallbackServerContext* context,
+                                        const v1::ImportModelRequest* request,
+                                        v1::ModelState* response) override;
+  grpc::ServerUnaryReactor* MergeModel(grpc::CallbackServerContext* context,
+                                       const v1::MergeModelRequest* request,
+                                       v1::ModelState* response) override;
   grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*
   NormalizeStream(grpc::CallbackServerContext* context) override;
   grpc::ServerReadReactor<v1::FitRequest>* FitStream(
@@ -78,6 +93,13 @@ class NormalizerService final : public NormalizerServiceBase {
   absl::Status DoNormalizeRaw(const grpc::ByteBuffer& request,
                               grpc::ByteBuffer& response);
   absl::Status DoFit(const v1::FitRequest& request, v1::FitResponse& response);
+  // ExportModel, ImportModel and MergeModel (see the .proto).
+  absl::Status DoExportModel(const v1::ExportModelRequest& request,
+                             v1::ModelState& response);
+  absl::Status DoImportModel(const v1::ImportModelRequest& request,
+                             v1::ModelState& response);
+  absl::Status DoMergeModel(const v1::MergeModelRequest& request,
+                            v1::ModelState& response);
 
   ServerMetrics& metrics() { return metrics_; }
   ModelStore& store() { return engine_.store(); }
@@ -98,6 +120,13 @@ class NormalizerService final : public NormalizerServiceBase {
   absl::Status NormalizeToMessage(const v1::NormalizeRequest& request,
                                   const ParsedNormalize& parsed,
                                   v1::NormalizeResponse& response);
+
+  // A received model state (ImportModel's model, MergeModel's source),
+  // named `name` when that is not empty, validated (errors name the field
+  // after `field`.) and within the server's num_features limit.
+  absl::StatusOr<BatchNormModel> ParseModelState(const v1::ModelState& message,
+                                                 absl::string_view name,
+                                                 absl::string_view field);
 
   Engine& engine_;
   ServerMetrics& metrics_;

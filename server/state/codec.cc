@@ -177,6 +177,7 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
   out.PutString(mutation.name);
   switch (mutation.kind) {
     case Mutation::Kind::kCreate:
+    case Mutation::Kind::kPut:
       EncodeModel(*mutation.model, out);
       break;
     case Mutation::Kind::kTrain:
@@ -208,6 +209,7 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
   }
   switch (static_cast<Mutation::Kind>(kind)) {
     case Mutation::Kind::kCreate:
+    case Mutation::Kind::kPut:
       if (!DecodeModel(in, &record->model) ||
           record->model.name != record->name) {
         return false;

@@ -66,7 +66,7 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out);
 struct MutationRecord {
   Mutation::Kind kind = Mutation::Kind::kCreate;
   std::string name;
-  BatchNormModel model;                 // kCreate.
+  BatchNormModel model;                 // kCreate, kPut.
   std::vector<Moments> batch;           // kTrain, kTrainInstance.
   std::vector<double> running_targets;  // kTrainInstance.
 };

@@ -155,6 +155,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 absl::Status ApplyRecord(ModelStore& store, const MutationRecord& record) {
   switch (record.kind) {
     case Mutation::Kind::kCreate:
+    case Mutation::Kind::kPut:
       store.Restore(record.model);
       return absl::OkStatus();
     case Mutation::Kind::kTrain:

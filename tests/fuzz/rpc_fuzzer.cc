@@ -1,8 +1,9 @@
 // libFuzzer target over everything a request goes through: protobuf
 // decoding, the raw (zero-copy) Normalize path with its hand-written wire
 // reader over arbitrarily split slices, validation, the kernels and the
-// model store. The first byte picks the RPC and how the bytes are split; the
-// rest is the serialized request. Any crash, sanitizer report or
+// model store. The first byte picks the RPC and how the bytes are split
+// (0xf0 and above: ImportModel, MergeModel, ExportModel); the rest is the
+// serialized request. Any crash, sanitizer report or
 // inconsistency between the raw and protobuf paths is a bug.
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
@@ -54,7 +55,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = data[0];
   const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
   normd::NormalizerService& service = fixture->service;
-  switch (selector % 4) {
+  if (selector >= 0xf0) {  // The model-state RPCs.
+    normd::v1::ModelState response;
+    switch (selector & 3) {
+      case 0: {  // ImportModel, then ExportModel of what it stored.
+        normd::v1::ImportModelRequest request;
+        if (!request.ParseFromString(bytes)) break;
+        if (!service.DoImportModel(request, response).ok()) break;
+        normd::v1::ExportModelRequest get;
+        get.set_name(response.name());
+        if (!service.DoExportModel(get, response).ok()) std::abort();
+        break;
+      }
+      case 1: {  // MergeModel into a model that a Fit made.
+        normd::v1::MergeModelRequest request;
+        if (!request.ParseFromString(bytes)) break;
+        (void)service.DoMergeModel(request, response);
+        break;
+      }
+      default: {  // ExportModel.
+        normd::v1::ExportModelRequest request;
+        if (!request.ParseFromString(bytes)) break;
+        (void)service.DoExportModel(request, response);
+        break;
+      }
+    }
+  }
+  switch (selector >= 0xf0 ? -1 : selector % 4) {
     case 0: {  // Normalize: raw path vs protobuf path must agree.
       grpc::ByteBuffer response;
       const size_t piece = 1 + (selector >> 2) * 7;
