@@ -114,6 +114,39 @@ absl::StatusOr<v1::ModelState> NormdClient::ResetModel(absl::string_view name) {
   });
 }
 
+absl::StatusOr<v1::ModelState> NormdClient::ExportModel(
+    absl::string_view name) {
+  v1::ExportModelRequest request;
+  request.set_name(std::string(name));
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, name);
+    return stub_->ExportModel(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::ImportModel(
+    const v1::ImportModelRequest& request) {
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context,
+            request.name().empty() ? request.model().name() : request.name());
+    return stub_->ImportModel(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::MergeModel(
+    absl::string_view name, const v1::ModelState& source) {
+  v1::MergeModelRequest request;
+  request.set_name(std::string(name));
+  *request.mutable_source() = source;
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, name);
+    return stub_->MergeModel(&context, request, response);
+  });
+}
+
 absl::StatusOr<std::vector<v1::NormalizeResponse>> NormdClient::NormalizeStream(
     const std::vector<v1::NormalizeRequest>& requests) {
   grpc::ClientContext context;

@@ -54,6 +54,15 @@ class NormdClient {
   absl::StatusOr<v1::ListModelsResponse> ListModels();
   absl::Status DeleteModel(absl::string_view name);
   absl::StatusOr<v1::ModelState> ResetModel(absl::string_view name);
+  // A model's complete state (with pooled_m2), for ImportModel / MergeModel.
+  absl::StatusOr<v1::ModelState> ExportModel(absl::string_view name);
+  // Creates or replaces a model from an exported state (the header carries
+  // the name it is imported under).
+  absl::StatusOr<v1::ModelState> ImportModel(
+      const v1::ImportModelRequest& request);
+  // Folds an exported state into model `name`.
+  absl::StatusOr<v1::ModelState> MergeModel(absl::string_view name,
+                                            const v1::ModelState& source);
 
   // Sends every request on one NormalizeStream and returns the responses in
   // order (per-request failures are in each response's `error`).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@ ABSL_FLAG(std::string, progress, "auto",
           "terminal), always or never.");
 ABSL_FLAG(std::string, model, "",
           "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
-          "reset).");
+          "reset, export, merge; import: the name to import under).");
 ABSL_FLAG(std::string, mode, "layer_norm",
           "normalize: layer_norm, batch_norm, group_norm, instance_norm or "
           "rms_norm.");
@@ -93,6 +94,18 @@ ABSL_FLAG(std::string, running_var, "", "create: initial running_var.");
 ABSL_FLAG(int64_t, num_batches_tracked, 0, "create: initial counter.");
 ABSL_FLAG(bool, use_pooled_statistics, false,
           "create: eval uses the exact pooled statistics.");
+ABSL_FLAG(std::string, state_file, "",
+          "export: write the model's state here as JSON (default: stdout); "
+          "import, merge: read the state from this file (\"-\" = stdin).");
+ABSL_FLAG(std::string, from, "",
+          "import, merge: take the state from this other normd (host:port; "
+          "same TLS / token flags) with ExportModel instead of a file.");
+ABSL_FLAG(std::string, from_model, "",
+          "import, merge --from: the model to export there (default: "
+          "--model).");
+ABSL_FLAG(bool, create_only, false,
+          "import: fail with ALREADY_EXISTS instead of replacing a model of "
+          "that name.");
 ABSL_FLAG(std::string, service, "",
           "health: service name (\"\" = server, normd.v1.Normalizer).");
 ABSL_FLAG(std::string, request_id, "", "Request id echoed by the server.");
@@ -150,6 +163,23 @@ const std::vector<Command>& Commands() {
        "Resets a model's statistics and counts (configuration, weight and "
        "bias kept).",
        {"model"}},
+      {"export",
+       "--model=NAME [--state_file=NAME.json]",
+       "Writes a model's complete state (configuration, running and pooled "
+       "statistics, counts, generation) as JSON, for import or merge here "
+       "or on another server.",
+       {"model", "state_file"}},
+      {"import",
+       "--state_file=NAME.json | --from=HOST:PORT --model=NAME",
+       "Creates or replaces a model from an exported state: a file, or "
+       "straight from another server. --model renames it.",
+       {"state_file", "from", "from_model", "model", "create_only"}},
+      {"merge",
+       "--model=NAME --state_file=PART.json | --from=HOST:PORT",
+       "Folds an exported state into an existing model: pooled statistics "
+       "exactly (Chan's formula), counts added, running statistics averaged "
+       "by their batch counts; the model's configuration kept.",
+       {"model", "state_file", "from", "from_model"}},
       {"health",
        "[--service=normd.v1.Normalizer]",
        "Asks grpc.health.v1; exits 0 only when SERVING.",
@@ -644,6 +674,107 @@ int RunHealth(NormdClient& client) {
   return *status == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
+// The state --state_file or --from names; `command` is "import" or "merge".
+absl::StatusOr<v1::ModelState> SourceState(const ClientOptions& options,
+                                           absl::string_view command) {
+  const std::string file = absl::GetFlag(FLAGS_state_file);
+  const std::string from = absl::GetFlag(FLAGS_from);
+  if (file.empty() == from.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(command, ": give exactly one of --state_file and --from"));
+  }
+  if (!from.empty()) {
+    std::string name = absl::GetFlag(FLAGS_from_model);
+    if (name.empty()) name = absl::GetFlag(FLAGS_model);
+    if (name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(command, " --from: needs --model or --from_model"));
+    }
+    std::unique_ptr<NormdClient> source = NormdClient::Connect(from, options);
+    if (absl::Status s =
+            source->WaitForConnection(absl::GetFlag(FLAGS_connect_timeout));
+        !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach --from ", from, " (", s.message(), ")"));
+    }
+    absl::StatusOr<v1::ModelState> state = source->ExportModel(name);
+    if (!state.ok()) {
+      return absl::Status(
+          state.status().code(),
+          absl::StrCat("--from ", from, ": ", state.status().message()));
+    }
+    return state;
+  }
+  absl::StatusOr<std::string> text =
+      file == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                  : ReadFile(file);
+  if (!text.ok()) return text.status();
+  v1::ModelState state;
+  google::protobuf::util::JsonParseOptions parse;
+  if (auto s =
+          google::protobuf::util::JsonStringToMessage(*text, &state, parse);
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_file ", file, ": not a model state (", s.ToString(), ")"));
+  }
+  return state;
+}
+
+int RunExport(NormdClient& client) {
+  absl::StatusOr<v1::ModelState> state =
+      client.ExportModel(absl::GetFlag(FLAGS_model));
+  if (!state.ok()) return Fail(state.status());
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(*state, &json, options);
+  const std::string file = absl::GetFlag(FLAGS_state_file);
+  if (file.empty() || file == "-") {
+    std::cout << json;
+    return kExitOk;
+  }
+  if (absl::Status s = WriteFile(file, json); !s.ok()) {
+    return Fail(s, kExitUsage);
+  }
+  if (!Json()) {
+    std::cerr << "exported " << state->name() << " (generation "
+              << state->generation() << ") to " << file << "\n";
+  }
+  return kExitOk;
+}
+
+int RunImportOrMerge(NormdClient& client, const ClientOptions& options,
+                     absl::string_view command) {
+  absl::StatusOr<v1::ModelState> state = SourceState(options, command);
+  if (!state.ok()) {
+    return Fail(state.status(),
+                state.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitUsage
+                    : kExitServerError);
+  }
+  absl::StatusOr<v1::ModelState> model;
+  if (command == "import") {
+    v1::ImportModelRequest request;
+    *request.mutable_model() = *std::move(state);
+    request.set_name(absl::GetFlag(FLAGS_model));
+    request.set_create_only(absl::GetFlag(FLAGS_create_only));
+    model = client.ImportModel(request);
+  } else {
+    const std::string name = absl::GetFlag(FLAGS_model);
+    if (name.empty()) {
+      return Fail(absl::InvalidArgumentError("merge: needs --model (the "
+                                             "model to merge into)"),
+                  kExitUsage);
+    }
+    model = client.MergeModel(name, *state);
+  }
+  if (!model.ok()) return Fail(model.status());
+  Json() ? PrintJson(*model) : PrintModel(*model);
+  return kExitOk;
+}
+
 // TLS credentials and the bearer token from the flags.
 absl::Status ApplySecurityFlags(ClientOptions& options) {
   const std::string ca = absl::GetFlag(FLAGS_tls_ca);
@@ -732,6 +863,10 @@ int Main(int argc, char** argv) {
   if (command == "create") return RunCreate(*client);
   if (command == "list") return RunList(*client);
   if (command == "health") return RunHealth(*client);
+  if (command == "export") return RunExport(*client);
+  if (command == "import" || command == "merge") {
+    return RunImportOrMerge(*client, options, command);
+  }
   return RunModelCommand(*client, command);
 }
 

@@ -32,7 +32,7 @@ parser.add_argument("--normctl", required=True)
 args = parser.parse_args()
 
 COMMANDS = ["normalize", "fit", "create", "get", "list", "delete", "reset",
-            "health"]
+            "export", "import", "merge", "health"]
 failures = []
 
 
@@ -197,6 +197,11 @@ def test_json_everywhere(ctl, tmp):
         "get": ctl("get", "--model=j", "--json"),
         "list": ctl("list", "--json"),
         "reset": ctl("reset", "--model=j", "--json"),
+        "export": ctl("export", "--model=j", "--json"),
+        "import": ctl("import", f"--from={ctl.target}", "--from_model=j",
+                      "--model=j3", "--json"),
+        "merge": ctl("merge", f"--from={ctl.target}", "--from_model=j",
+                     "--model=j3", "--json"),
         "delete": ctl("delete", "--model=j", "--json"),
         "health": ctl("health", "--json"),
     }

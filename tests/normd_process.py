@@ -17,8 +17,9 @@ def parse_test_args(doc):
     return args
 
 
-def start_normd(binary, flags=()):
-    """Starts `binary` on free ports; returns (process, grpc_port, metrics_port).
+def start_normd(binary, flags=(), port=0):
+    """Starts `binary` on free ports (gRPC on `port` if given); returns
+    (process, grpc_port, metrics_port).
 
     `binary` is a path, or a whole command (e.g. a chroot into a container
     image and its entrypoint) that the loopback and free-port flags follow.
@@ -27,7 +28,8 @@ def start_normd(binary, flags=()):
     """
     command = [binary] if isinstance(binary, str) else list(binary)
     proc = subprocess.Popen(
-        [*command, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=0",
+        [*command, "--bind_address=127.0.0.1", f"--port={port}",
+         "--metrics_port=0",
          *flags], stderr=subprocess.PIPE, text=True)
     log = []
     for line in proc.stderr:

@@ -7,6 +7,7 @@ with dtypes preserved; group_norm, instance_norm (stateless and on a model),
 rms_norm and the BERT layer_norm style vs torch / their formulas in fp64,
 with float16 numpy arrays and bfloat16 torch tensors; create_model from a trained torch.nn.BatchNorm2d's
 state_dict and back; fit vs fp64 pooled statistics; list/get/reset/delete;
+export/import/merge (exact round trip);
 errors as NormdError carrying the gRPC code; the x-normd-model header (seen
 by a recording gRPC server); the bearer token; and the package itself: a
 wheel built from client/python (stubs generated from proto/) installed into
@@ -202,6 +203,28 @@ def test_fit_and_models(client):
           f"pooled var {state.var} vs {every.var(0)}")
     names = [m.name for m in client.list_models()]
     check("py-fit" in names and "py-bn2d" in names, f"list_models: {names}")
+    # export -> import under another name: the same state, bit for bit; a
+    # merge of it into the original doubles the data (same mean, same var).
+    exported = client.export_model("py-fit")
+    check(exported.pooled_m2.size == 4 and np.allclose(
+        exported.pooled_m2, every.var(0) * 15, rtol=1e-12, atol=0),
+        f"export pooled_m2: {exported.pooled_m2}")
+    copy = client.import_model(exported, name="py-fit-copy")
+    for field in ("running_mean", "running_var", "mean", "var", "weight"):
+        check(np.array_equal(getattr(copy, field), getattr(state, field)),
+              f"import_model {field} bit for bit")
+    check(copy.name == "py-fit-copy" and copy.generation == state.generation,
+          f"import_model name/generation: {copy.name} {copy.generation}")
+    expect_error(grpc.StatusCode.ALREADY_EXISTS, "create_only",
+                 lambda: client.import_model(exported, name="py-fit-copy",
+                                             create_only=True),
+                 "import_model create_only")
+    doubled = client.merge_model("py-fit-copy", exported)
+    check(doubled.sample_count == 30 and doubled.num_batches_tracked == 6,
+          f"merge counts: {doubled.sample_count} {doubled.num_batches_tracked}")
+    close(doubled.mean, every.mean(0), 1e-12, "merged pooled mean")
+    close(doubled.var, every.var(0), 1e-12, "merged pooled var")
+    client.delete_model("py-fit-copy")
     reset = client.reset_model("py-fit")
     check(reset.num_batches_tracked == 0 and reset.mean.size == 0 and
           np.all(reset.running_var == 1), f"reset_model: {reset}")
@@ -251,6 +274,9 @@ def test_model_header():
         "ResetModel": record("ResetModel", pb.ModelState()),
         "CreateModel": record("CreateModel", pb.ModelState()),
         "ListModels": record("ListModels", pb.ListModelsResponse()),
+        "ExportModel": record("ExportModel", pb.ModelState(name="m7")),
+        "ImportModel": record("ImportModel", pb.ModelState()),
+        "MergeModel": record("MergeModel", pb.ModelState()),
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers(
@@ -267,11 +293,17 @@ def test_model_header():
             c.create_model("m6", 1)
             c.layer_norm(np.ones((1,), np.float32))
             c.list_models()
+            state = c.export_model("m7")
+            c.import_model(state)
+            c.import_model(state, name="m8")
+            c.merge_model("m9", state)
     finally:
         server.stop(None)
     want = [("Normalize", "m1"), ("Fit", "m2"), ("GetModel", "m3"),
             ("ResetModel", "m4"), ("DeleteModel", "m5"),
-            ("CreateModel", "m6"), ("Normalize", None), ("ListModels", None)]
+            ("CreateModel", "m6"), ("Normalize", None), ("ListModels", None),
+            ("ExportModel", "m7"), ("ImportModel", "m7"),
+            ("ImportModel", "m8"), ("MergeModel", "m9")]
     check(seen == want, f"x-normd-model headers: {seen}")
 
 

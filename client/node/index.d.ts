@@ -11,6 +11,8 @@ export interface ModelState {
   usePooledStatistics: boolean; numBatchesTracked: number; sampleCount: number;
   runningMean: Float64Array; runningVar: Float64Array; mean: Float64Array;
   var: Float64Array; weight: Float64Array; bias: Float64Array; generation: number;
+  /** Exact pooled sums of squared deviations; filled by exportModel only. */
+  pooledM2: Float64Array;
 }
 
 export interface ClientOptions {
@@ -48,6 +50,10 @@ export class Client {
   listModels(): Promise<ModelState[]>;
   deleteModel(name: string): Promise<void>;
   resetModel(name: string): Promise<ModelState>;
+  exportModel(name: string): Promise<ModelState>;
+  importModel(state: ModelState, options?: { name?: string; createOnly?: boolean }):
+    Promise<ModelState>;
+  mergeModel(name: string, source: ModelState): Promise<ModelState>;
 }
 
 /** The number a bfloat16 / float16 bit pattern stands for. */

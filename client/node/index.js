@@ -130,6 +130,29 @@ function modelState(m) {
     weight: Float64Array.from(m.weight),
     bias: Float64Array.from(m.bias),
     generation: Number(m.generation),
+    pooledM2: Float64Array.from(m.pooled_m2 ?? []),
+  };
+}
+
+// A modelState() object back in the wire form (ImportModel, MergeModel).
+function modelStateMessage(s) {
+  return {
+    name: s.name,
+    num_features: s.numFeatures,
+    momentum: s.momentum ?? 0,
+    cumulative_average: s.momentum === null,
+    eps: s.eps,
+    use_pooled_statistics: s.usePooledStatistics,
+    num_batches_tracked: s.numBatchesTracked,
+    sample_count: s.sampleCount,
+    running_mean: Array.from(s.runningMean),
+    running_var: Array.from(s.runningVar),
+    mean: Array.from(s.mean),
+    var: Array.from(s.var),
+    weight: Array.from(s.weight),
+    bias: Array.from(s.bias),
+    generation: s.generation,
+    pooled_m2: Array.from(s.pooledM2 ?? []),
   };
 }
 
@@ -316,6 +339,30 @@ class Client {
 
   async resetModel(name) {
     return modelState(await this._call("ResetModel", { name }, name));
+  }
+
+  /** The model's complete state (with pooledM2), for importModel / mergeModel. */
+  async exportModel(name) {
+    return modelState(await this._call("ExportModel", { name }, name));
+  }
+
+  /**
+   * Creates or replaces a model from an exported state. options: name (import
+   * under another name), createOnly (ALREADY_EXISTS instead of replacing).
+   */
+  async importModel(state, options = {}) {
+    const request = {
+      model: modelStateMessage(state),
+      name: options.name ?? "",
+      create_only: options.createOnly ?? false,
+    };
+    return modelState(await this._call("ImportModel", request, options.name || state.name));
+  }
+
+  /** Folds an exported state into model `name`. */
+  async mergeModel(name, source) {
+    const request = { name, source: modelStateMessage(source) };
+    return modelState(await this._call("MergeModel", request, name));
   }
 }
 

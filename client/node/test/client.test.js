@@ -147,6 +147,23 @@ test("normd Node client", async (t) => {
     assert.deepEqual(Array.from(created.runningVar), [3, 4]);
     const names = (await client.listModels()).map((m) => m.name);
     assert.ok(names.includes("node-created") && names.includes("node-model"));
+    // export -> import under a new name: the same state, bit for bit; a
+    // merge of it into the copy doubles the counts and keeps mean and var.
+    const exported = await client.exportModel("node-model");
+    assert.equal(exported.pooledM2.length, 2);
+    assert.ok(maxError(exported.pooledM2, [35 / 2, 3500 / 2]) < 1e-9);
+    const copy = await client.importModel(exported, { name: "node-copy" });
+    assert.equal(copy.name, "node-copy");
+    assert.deepEqual(Array.from(copy.runningVar), Array.from(exported.runningVar));
+    assert.deepEqual(Array.from(copy.var), Array.from(exported.var));
+    await assert.rejects(client.importModel(exported, { name: "node-copy", createOnly: true }),
+      (e) => e.code === status.ALREADY_EXISTS);
+    const merged = await client.mergeModel("node-copy", exported);
+    assert.equal(merged.sampleCount, 12);
+    assert.equal(merged.numBatchesTracked, 4);
+    assert.ok(maxError(merged.mean, [3.5, 35]) < 1e-12);
+    assert.ok(maxError(merged.var, [35 / 12, 3500 / 12]) < 1e-9);
+    await client.deleteModel("node-copy");
     const reset = await client.resetModel("node-model");
     assert.equal(reset.numBatchesTracked, 0);
     await client.deleteModel("node-model");
@@ -183,6 +200,9 @@ test("x-normd-model goes with every call that names a model", async (t) => {
     Fit: record("Fit", { model: {} }),
     GetModel: record("GetModel", {}),
     ListModels: record("ListModels", { models: [] }),
+    ExportModel: record("ExportModel", { name: "m4" }),
+    ImportModel: record("ImportModel", {}),
+    MergeModel: record("MergeModel", {}),
   });
   const port = await new Promise((resolve, reject) => server.bindAsync(
     "127.0.0.1:0", grpc.ServerCredentials.createInsecure(),
@@ -194,9 +214,14 @@ test("x-normd-model goes with every call that names a model", async (t) => {
   await client.getModel("m3");
   await client.layerNorm(new Float32Array(0), [0]);
   await client.listModels();
+  const state = await client.exportModel("m4");
+  await client.importModel(state);
+  await client.importModel(state, { name: "m5" });
+  await client.mergeModel("m6", state);
   client.close();
   assert.deepEqual(seen, [["Normalize", "m1"], ["Fit", "m2"], ["GetModel", "m3"],
-    ["Normalize", null], ["ListModels", null]]);
+    ["Normalize", null], ["ListModels", null], ["ExportModel", "m4"],
+    ["ImportModel", "m4"], ["ImportModel", "m5"], ["MergeModel", "m6"]]);
 });
 
 test("the README's Node block runs as written", async () => {

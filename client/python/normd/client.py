@@ -52,6 +52,9 @@ class ModelState:
     weight: np.ndarray
     bias: np.ndarray
     generation: int
+    # Exact pooled sums of squared deviations: set by export_model only.
+    pooled_m2: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0))
 
     def state_dict(self) -> dict:
         """The statistics in torch.nn.BatchNorm*d's state_dict layout (numpy
@@ -77,7 +80,22 @@ class ModelState:
             sample_count=m.sample_count,
             running_mean=arr(m.running_mean), running_var=arr(m.running_var),
             mean=arr(m.mean), var=arr(m.var), weight=arr(m.weight),
-            bias=arr(m.bias), generation=m.generation)
+            bias=arr(m.bias), generation=m.generation,
+            pooled_m2=arr(m.pooled_m2))
+
+    def to_proto(self) -> "pb.ModelState":
+        """The state as a normd.v1.ModelState (what import_model and
+        merge_model send)."""
+        return pb.ModelState(
+            name=self.name, num_features=self.num_features,
+            momentum=self.momentum or 0.0,
+            cumulative_average=self.momentum is None, eps=self.eps,
+            use_pooled_statistics=self.use_pooled_statistics,
+            num_batches_tracked=self.num_batches_tracked,
+            sample_count=self.sample_count,
+            running_mean=self.running_mean, running_var=self.running_var,
+            mean=self.mean, var=self.var, weight=self.weight, bias=self.bias,
+            generation=self.generation, pooled_m2=self.pooled_m2)
 
 
 def _is_torch(x: Any) -> bool:
@@ -327,6 +345,30 @@ class Client:
         statistics cleared; configuration, weight and bias kept."""
         return ModelState.from_proto(
             self._call("ResetModel", pb.ResetModelRequest(name=name), name))
+
+    def export_model(self, name: str) -> ModelState:
+        """The model's complete state (with the exact pooled_m2), for
+        import_model / merge_model on this or another server."""
+        return ModelState.from_proto(
+            self._call("ExportModel", pb.ExportModelRequest(name=name), name))
+
+    def import_model(self, state: ModelState, name: Optional[str] = None,
+                     create_only: bool = False) -> ModelState:
+        """Creates or replaces a model from an exported state (under `name`
+        if given); create_only: ALREADY_EXISTS instead of replacing."""
+        target = name or state.name
+        request = pb.ImportModelRequest(model=state.to_proto(),
+                                        name=name or "",
+                                        create_only=create_only)
+        return ModelState.from_proto(
+            self._call("ImportModel", request, target))
+
+    def merge_model(self, name: str, source: ModelState) -> ModelState:
+        """Folds an exported state into model `name` (pooled statistics by
+        Chan's formula, counts added, running statistics averaged by batch
+        counts; the model's configuration kept)."""
+        request = pb.MergeModelRequest(name=name, source=source.to_proto())
+        return ModelState.from_proto(self._call("MergeModel", request, name))
 
     # -- Internals ----------------------------------------------------------
 
