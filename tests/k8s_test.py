@@ -6,7 +6,9 @@ the manifests keep the promises schemas cannot check: native gRPC probes,
 named ports, requests and limits, a locked-down securityContext matching the
 image's user, the StatefulSet's pod the same as the Deployment's, state on
 a PersistentVolumeClaim, and the PrometheusRule equal to
-deploy/prometheus/alerts.yml.
+deploy/prometheus/alerts.yml; the sharded overlay: HAProxy with the same
+routing and gRPC health checks as deploy/haproxy/haproxy.cfg (haproxy -c
+passes), one DNS slot per StatefulSet ordinal, no gRPC port around the proxy.
 
 Usage: k8s_test.py (kubectl and node on PATH; `npm ci` done in tests/k8s)
 """
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -102,6 +105,103 @@ def check_common(name, kinds):
           f"{name}: PrometheusRule differs from deploy/prometheus/alerts.yml")
 
 
+def haproxy_sections(text):
+    """Section header line -> its lines (comments and blank lines dropped)."""
+    sections, current = {}, None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            current = line.strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line.strip())
+    return sections
+
+
+def check_sharded(kinds, durable_stateful):
+    """The sharded overlay: the durable StatefulSet scaled out, HAProxy in
+    front with deploy/haproxy/haproxy.cfg's routing and health checks, the
+    replicas found by their stable DNS names, and no way around the proxy."""
+    validate("sharded", [o for os_ in kinds.values() for o in os_])
+    (stateful,) = kinds.get("StatefulSet", [None])
+    replicas = stateful["spec"]["replicas"]
+    check(replicas >= 3, f"sharded: StatefulSet replicas {replicas}")
+    check(dict(stateful["spec"], replicas=1) == durable_stateful["spec"],
+          "sharded: the StatefulSet differs from the durable one beyond "
+          "its replica count")
+    services = {s["metadata"]["name"]: s for s in kinds.get("Service", [])}
+    headless = services.get(stateful["spec"]["serviceName"], {})
+    check(headless.get("spec", {}).get("clusterIP") == "None",
+          "sharded: the StatefulSet's Service must be headless")
+    check([p["name"] for p in services["normd"]["spec"]["ports"]] ==
+          ["metrics"], "sharded: Service normd must not offer gRPC (clients "
+                       "would bypass the proxy)")
+    (proxy,) = [d for d in kinds.get("Deployment", [])
+                if d["metadata"]["name"] == "normd-proxy"]
+    pod = proxy["spec"]["template"]
+    entry = services.get("normd-proxy", {}).get("spec", {})
+    check(entry.get("selector") and all(
+        pod["metadata"]["labels"].get(k) == v
+        for k, v in entry["selector"].items()),
+        "sharded: Service normd-proxy does not select the proxy pods")
+    check({p["name"]: p["targetPort"] for p in entry.get("ports", [])} ==
+          {"grpc": "grpc", "metrics": "metrics"},
+          f"sharded: normd-proxy ports {entry.get('ports')}")
+    (container,) = pod["spec"]["containers"]
+    c_security = container.get("securityContext", {})
+    check(pod["spec"].get("securityContext", {}).get("runAsNonRoot") is True
+          and c_security.get("readOnlyRootFilesystem") is True and
+          c_security.get("capabilities", {}).get("drop") == ["ALL"],
+          "sharded: the proxy pod must be locked down")
+    check(container.get("readinessProbe") and container.get("livenessProbe"),
+          "sharded: the proxy needs probes")
+    env = {e["name"]: e for e in container.get("env", [])}
+    check(env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get(
+        "fieldRef", {}).get("fieldPath") == "metadata.namespace",
+        "sharded: POD_NAMESPACE must come from the downward API")
+    (config_map,) = [c for c in kinds.get("ConfigMap", [])
+                     if c["metadata"]["name"].startswith("normd-haproxy")]
+    (volume,) = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+    check(volume["configMap"]["name"] == config_map["metadata"]["name"],
+          "sharded: the proxy does not mount the generated ConfigMap")
+    cfg = config_map["data"]["haproxy.cfg"]
+    with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
+        f.write(cfg)
+        f.flush()
+        out = subprocess.run(
+            ["haproxy", "-c", "-f", f.name], capture_output=True, text=True,
+            env=dict(os.environ, POD_NAMESPACE="normd"))
+        check(out.returncode == 0, f"sharded: haproxy -c: {out.stdout}"
+                                   f"{out.stderr}")
+    # The same routing, checks and defaults as deploy/haproxy/haproxy.cfg.
+    with open(os.path.join(SOURCE, "deploy", "haproxy", "haproxy.cfg")) as f:
+        loopback = haproxy_sections(f.read())
+    sharded = haproxy_sections(cfg)
+    check(sharded.get("defaults") == loopback["defaults"],
+          "sharded: haproxy.cfg defaults differ from deploy/haproxy's")
+    routing = [line for line in loopback["backend normd"]
+               if not line.startswith(("server ", "default-server"))]
+    check([line for line in sharded.get("backend normd", [])
+           if not line.startswith(("server-template", "default-server"))] ==
+          routing, "sharded: haproxy.cfg routing/health checks differ from "
+                   "deploy/haproxy/haproxy.cfg's")
+    slots = [line.split() for line in sharded.get("backend normd", [])
+             if line.startswith("server-template")]
+    service = stateful["spec"]["serviceName"]
+    check(len(slots) >= replicas and all(
+        slot[1] == "normd-" and slot[2] == f"{i}-{i}" and
+        slot[3].strip('"').startswith(f"normd-{i}.{service}.")
+        for i, slot in enumerate(slots)),
+        f"sharded: proxy slots must be normd-<i>.{service}. for each "
+        f"ordinal: {slots}")
+    binds = {line.split()[1].rsplit(":", 1)[1]
+             for name in ("frontend normd", "frontend stats")
+             for line in sharded.get(name, []) if line.startswith("bind ")}
+    check(binds == {str(p["containerPort"]) for p in container["ports"]},
+          f"sharded: proxy binds {binds} vs container ports")
+
+
 def main():
     base = by_kind(render(os.path.join(K8S, "base")))
     durable = by_kind(render(os.path.join(K8S, "overlays", "durable")))
@@ -139,6 +239,8 @@ def main():
     check(dict(pod, containers=[]) ==
           dict(deployment["spec"]["template"]["spec"], containers=[]),
           "durable: the StatefulSet's pod differs from the Deployment's")
+    check_sharded(by_kind(render(os.path.join(K8S, "overlays", "sharded"))),
+                  stateful)
     return normd_process.report(failures, "k8s manifests")
 
 
