@@ -224,6 +224,20 @@ absl::Status ModelStore::Delete(absl::string_view name) {
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
+  return ChangeExisting(name,
+                        [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
+                          ResetStatistics(model);
+                          return Record({.kind = Mutation::Kind::kReset,
+                                         .name = name,
+                                         .model = nullptr,
+                                         .batch = {},
+                                         .running_targets = {}});
+                        });
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
+    absl::string_view name,
+    absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply) {
   uint64_t sequence = 0;
   BatchNormModel after;
   {
@@ -234,12 +248,9 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
       if (entry == nullptr) return NotFound(name);
       MutexLock lock(&entry->mu);
       if (entry->deleted) continue;  // Deleted meanwhile: look again.
-      ResetStatistics(entry->model);
-      sequence = Record({.kind = Mutation::Kind::kReset,
-                         .name = name,
-                         .model = nullptr,
-                         .batch = {},
-                         .running_targets = {}});
+      absl::StatusOr<uint64_t> recorded = apply(entry->model);
+      if (!recorded.ok()) return recorded.status();
+      sequence = *recorded;
       after = entry->model;
       break;
     }
@@ -289,32 +300,20 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
 
 absl::StatusOr<BatchNormModel> ModelStore::Merge(absl::string_view name,
                                                  const BatchNormModel& source) {
-  uint64_t sequence = 0;
-  BatchNormModel after;
-  {
-    ReaderMutexLock pause(&pause_mu_);
-    if (absl::Status s = CheckLog(); !s.ok()) return s;
-    while (true) {
-      std::shared_ptr<Entry> entry = Find(name);
-      if (entry == nullptr) return NotFound(name);
-      MutexLock lock(&entry->mu);
-      if (entry->deleted) continue;  // Deleted meanwhile: look again.
-      BatchNormModel merged = entry->model;
-      if (absl::Status s = MergeModelStatistics(merged, source); !s.ok()) {
-        return s;
-      }
-      entry->model = std::move(merged);
-      sequence = Record({.kind = Mutation::Kind::kPut,
-                         .name = name,
-                         .model = &entry->model,
-                         .batch = {},
-                         .running_targets = {}});
-      after = entry->model;
-      break;
-    }
-  }
-  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
-  return after;
+  return ChangeExisting(
+      name, [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
+        // Merged into a copy: a refusal leaves the model untouched.
+        BatchNormModel merged = model;
+        if (absl::Status s = MergeModelStatistics(merged, source); !s.ok()) {
+          return s;
+        }
+        model = std::move(merged);
+        return Record({.kind = Mutation::Kind::kPut,
+                       .name = name,
+                       .model = &model,
+                       .batch = {},
+                       .running_targets = {}});
+      });
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Train(

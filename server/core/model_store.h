@@ -139,6 +139,13 @@ class ModelStore {
   absl::StatusOr<BatchNormModel> Update(
       absl::string_view name, int64_t channels,
       absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply);
+  // The common part of Reset and Merge: finds the model (NOT_FOUND if
+  // absent) and, under its lock, calls `apply`, which changes it (or
+  // refuses with an error, changing nothing) and returns the sequence number
+  // of its log record; then waits for durability.
+  absl::StatusOr<BatchNormModel> ChangeExisting(
+      absl::string_view name,
+      absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply);
   // The entry of `name`, created (and its creation logged) with defaults and
   // `channels` channels if absent. Requires pause_mu_ held shared.
   absl::StatusOr<std::shared_ptr<Entry>> FindOrCreate(absl::string_view name,
