@@ -328,6 +328,37 @@ def test_readme_commands(ctl, tmp):
     y = np.load(os.path.join(modes, "y.npy"))
     want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
     check(np.abs(y - want).max() < 1e-12, "README rms_norm y.npy")
+    # Its export/import/merge block, with A = this server, B = a second one.
+    rest = section[section.index("```\n", 6) + 4:]
+    block = rest[rest.index("```sh\n") + 6:rest.index("```\n", 6)]
+    commands = [shlex.split(line.split("#")[0]) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 4 and "export" in commands[0],
+          f"README export block: {block!r}")
+    check(ctl("fit", "--model=m", "--shape=4,2", "--values=1,2,3,4,5,6,7,9")
+          .returncode == 0, "fit m for the README export block")
+    other, other_port, _ = normd_process.start_normd(args.normd)
+    b = f"127.0.0.1:{other_port}"
+    try:
+        for argv in commands:
+            argv = [a.replace("=B:50051", "=" + b).replace(
+                "=A:50051", "=" + ctl.target).replace("--server=B", "--server=" + b)
+                for a in argv[1:]]
+            if not any(a.startswith("--server=") for a in argv):
+                argv.insert(0, f"--server={ctl.target}")
+            run = subprocess.run([os.path.abspath(args.normctl), *argv],
+                                 capture_output=True, text=True, cwd=modes,
+                                 timeout=120)
+            check(run.returncode == 0, f"README: {argv}: {run.stderr}")
+        got = json.loads(ctl("get", "--model=m", "--json").stdout)
+        check(got["sample_count"] == "8" and got["num_batches_tracked"] == "2",
+              f"README merge doubled m: {got}")
+        copy = json.loads(ctl("get", "--model=m", "--json", server=b).stdout)
+        check(copy["mean"] == got["mean"] and copy["sample_count"] == "4",
+              f"README import on B: {copy}")
+    finally:
+        other.terminate()
+        other.wait(timeout=60)
 
 
 def main():
