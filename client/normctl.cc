@@ -708,7 +708,10 @@ absl::StatusOr<v1::ModelState> SourceState(const ClientOptions& options,
   absl::StatusOr<std::string> text =
       file == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
                   : ReadFile(file);
-  if (!text.ok()) return text.status();
+  if (!text.ok()) {  // A local problem: bad usage, not a server error.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state_file: ", text.status().message()));
+  }
   v1::ModelState state;
   google::protobuf::util::JsonParseOptions parse;
   if (auto s =
@@ -749,10 +752,14 @@ int RunImportOrMerge(NormdClient& client, const ClientOptions& options,
                      absl::string_view command) {
   absl::StatusOr<v1::ModelState> state = SourceState(options, command);
   if (!state.ok()) {
-    return Fail(state.status(),
-                state.status().code() == absl::StatusCode::kInvalidArgument
-                    ? kExitUsage
-                    : kExitServerError);
+    switch (state.status().code()) {
+      case absl::StatusCode::kInvalidArgument:
+        return Fail(state.status(), kExitUsage);
+      case absl::StatusCode::kUnavailable:
+        return Fail(state.status(), kExitUnreachable);
+      default:
+        return Fail(state.status());
+    }
   }
   absl::StatusOr<v1::ModelState> model;
   if (command == "import") {

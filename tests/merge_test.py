@@ -163,6 +163,20 @@ def main():
             code, out, err = normctl(targets[1], "merge", "--model=m")
             check(code == 2 and "exactly one of --state_file and --from"
                   in err, f"merge without a source: {code} {err}")
+            code, out, err = normctl(targets[1], "import",
+                                     "--state_file=/nonexistent/m.json")
+            check(code == 2 and "--state_file" in err,
+                  f"import of a missing file: {code} {err}")
+            code, out, err = normctl(targets[1], "merge", "--model=m",
+                                     "--from=127.0.0.1:1",
+                                     "--connect_timeout=1s")
+            check(code == 3 and "cannot reach --from" in err,
+                  f"merge --from an unreachable server: {code} {err}")
+            code, out, err = normctl(targets[1], "merge", "--model=m",
+                                     f"--from={targets[2]}",
+                                     "--from_model=nobody")
+            check(code == 1 and "NOT_FOUND" in err and targets[2] in err,
+                  f"merge --from a missing model: {code} {err}")
             bad = os.path.join(tmp, "bad.json")
             with open(bad, "w") as f:
                 f.write("{\"num_features\": \"x\"}")
