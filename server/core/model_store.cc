@@ -302,12 +302,11 @@ absl::StatusOr<BatchNormModel> ModelStore::Merge(absl::string_view name,
                                                  const BatchNormModel& source) {
   return ChangeExisting(
       name, [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
-        // Merged into a copy: a refusal leaves the model untouched.
-        BatchNormModel merged = model;
-        if (absl::Status s = MergeModelStatistics(merged, source); !s.ok()) {
+        // A refusal leaves the model untouched (MergeModelStatistics checks
+        // before it changes anything).
+        if (absl::Status s = MergeModelStatistics(model, source); !s.ok()) {
           return s;
         }
-        model = std::move(merged);
         return Record({.kind = Mutation::Kind::kPut,
                        .name = name,
                        .model = &model,
