@@ -268,13 +268,21 @@ int Fail(const absl::Status& status, int code = kExitServerError) {
   return code;
 }
 
-void PrintJson(const google::protobuf::Message& message) {
+// `message` as indented JSON with the .proto's field names; with
+// `all_fields`, fields at their default value too (a complete state).
+std::string ToJson(const google::protobuf::Message& message,
+                   bool all_fields = false) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = all_fields;
   (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  std::cout << json;
+  return json;
+}
+
+void PrintJson(const google::protobuf::Message& message) {
+  std::cout << ToJson(message);
 }
 
 void PrintModel(const v1::ModelState& m) {
@@ -727,12 +735,7 @@ int RunExport(NormdClient& client) {
   absl::StatusOr<v1::ModelState> state =
       client.ExportModel(absl::GetFlag(FLAGS_model));
   if (!state.ok()) return Fail(state.status());
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(*state, &json, options);
+  const std::string json = ToJson(*state, /*all_fields=*/true);
   const std::string file = absl::GetFlag(FLAGS_state_file);
   if (file.empty() || file == "-") {
     std::cout << json;
