@@ -18,6 +18,8 @@
 
 ABSL_FLAG(std::string, bind_address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "gRPC port (0 picks a free one).");
+ABSL_FLAG(int, malloc_arenas, 1,
+          "glibc malloc arenas, as normd's flag of that name (same default).");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest message accepted or sent, as in normd.");
 
@@ -85,6 +87,11 @@ int Main() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (absl::Status s = LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
+      !s.ok()) {
+    std::fprintf(stderr, "echo_server: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   ServerOptions options;
   options.bind_address = absl::GetFlag(FLAGS_bind_address);
   options.port = absl::GetFlag(FLAGS_port);

@@ -98,16 +98,20 @@ def main():
     parser.add_argument("--build", required=True)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0)
+    parser.add_argument("--server_flag", action="append", default=[],
+                        help="extra flag for normd and the echo server "
+                        "(repeatable), e.g. --server_flag=--malloc_arenas=0")
     args = parser.parse_args()
     build = os.path.abspath(args.build)
     bench_dir = os.path.dirname(os.path.abspath(__file__))
 
     servers = {}
-    servers["echo"] = start([f"{build}/bench/echo_server", "--port=0"],
+    servers["echo"] = start([f"{build}/bench/echo_server", "--port=0"] +
+                            args.server_flag,
                             r"serving gRPC on [^ ]*:(\d+)")
     servers["normd"] = start(
         [f"{build}/normd", "--bind_address=127.0.0.1", "--port=0",
-         "--metrics_port=0"], r"serving gRPC on [^ ]*:(\d+)")
+         "--metrics_port=0"] + args.server_flag, r"serving gRPC on [^ ]*:(\d+)")
     servers["peer"] = start(
         ["/usr/bin/python3", f"{bench_dir}/peers/torch_server.py",
          f"--stubs={build}/python", "--port=0"],

@@ -66,6 +66,12 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(int64_t, snapshot_log_bytes, 64 << 20,
           "With --state_dir: write a snapshot (and drop the log it covers) "
           "once the write-ahead log has grown by this many bytes.");
+ABSL_FLAG(int, malloc_arenas, 1,
+          "glibc malloc arenas (M_ARENA_MAX) shared by all threads; 0: "
+          "glibc's default (8 per core). One keeps a freed large buffer warm "
+          "for the next thread that needs it: under 4 MiB requests it "
+          "halves resident memory per byte in flight and raises throughput; "
+          "raise it only if a profile shows malloc lock contention.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGINT/SIGTERM: health turns NOT_SERVING and new calls are "
           "refused at once; calls in flight get this long to finish before "
@@ -98,6 +104,14 @@ int main(int argc, char** argv) {
   usage_config.contains_helpshort_flags = IsNormdFlagFile;
   absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
+  // Before any thread exists: arenas are made per thread on contention.
+  if (absl::Status s =
+          normd::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
+      !s.ok()) {
+    normd::Log(normd::LogSeverity::kError,
+               absl::StrCat("cannot start: ", s.message()));
+    return 1;
+  }
   // protobuf logs an ERROR line for every request with invalid UTF-8 in a
   // string field; the client gets INVALID_ARGUMENT and the log stays quiet.
   google::protobuf::SetLogHandler(

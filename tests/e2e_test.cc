@@ -514,6 +514,11 @@ TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
   EXPECT_FALSE(bad.Start(NORMD_BINARY, {"--max_message_bytes=0"}));
   EXPECT_NE(bad.log().find("--max_message_bytes"), std::string::npos)
       << bad.log();
+  ServerProcess bad_arenas;
+  EXPECT_FALSE(bad_arenas.Start(NORMD_BINARY, {"--malloc_arenas=-1"}));
+  EXPECT_NE(bad_arenas.log().find("--malloc_arenas must be >= 0, is -1"),
+            std::string::npos)
+      << bad_arenas.log();
   EXPECT_EQ(first.Stop(), 0);
 }
 

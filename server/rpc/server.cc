@@ -1,6 +1,7 @@
 #include "server/rpc/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <malloc.h>
 
 #include <exception>
 #include <fstream>
@@ -98,6 +99,17 @@ std::string HostPort(const std::string& host, int port) {
     return absl::StrCat("[", host, "]:", port);
   }
   return absl::StrCat(host, ":", port);
+}
+
+absl::Status LimitMallocArenas(int arenas) {
+  if (arenas < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--malloc_arenas must be >= 0, is ", arenas));
+  }
+  if (arenas > 0 && mallopt(M_ARENA_MAX, arenas) != 1) {
+    return absl::InternalError("--malloc_arenas: mallopt(M_ARENA_MAX) failed");
+  }
+  return absl::OkStatus();
 }
 
 void ConfigureServerBuilder(
