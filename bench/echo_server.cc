@@ -88,7 +88,7 @@ int Main() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   if (absl::Status s = LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
-      !s.ok()) {
+      absl::IsInvalidArgument(s)) {
     std::fprintf(stderr, "echo_server: %s\n", std::string(s.message()).c_str());
     return 1;
   }

@@ -107,10 +107,12 @@ int main(int argc, char** argv) {
   // Before any thread exists: arenas are made per thread on contention.
   if (absl::Status s =
           normd::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
-      !s.ok()) {
+      absl::IsInvalidArgument(s)) {
     normd::Log(normd::LogSeverity::kError,
                absl::StrCat("cannot start: ", s.message()));
     return 1;
+  } else if (!s.ok()) {
+    normd::Log(normd::LogSeverity::kWarning, s.message());
   }
   // protobuf logs an ERROR line for every request with invalid UTF-8 in a
   // string field; the client gets INVALID_ARGUMENT and the log stays quiet.
