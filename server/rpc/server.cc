@@ -106,10 +106,14 @@ absl::Status LimitMallocArenas(int arenas) {
     return absl::InvalidArgumentError(
         absl::StrCat("--malloc_arenas must be >= 0, is ", arenas));
   }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizers bring their own allocator, without glibc's arenas.
+  return absl::OkStatus();
+#endif
   if (arenas > 0 && mallopt(M_ARENA_MAX, arenas) != 1) {
     return absl::UnimplementedError(
         "--malloc_arenas: this process's malloc ignores M_ARENA_MAX (a "
-        "sanitizer's or a preloaded allocator); left as it is");
+        "preloaded allocator?); left as it is");
   }
   return absl::OkStatus();
 }
