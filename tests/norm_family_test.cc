@@ -18,6 +18,8 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
+#include "server/core/moments.h"
+#include "server/core/stream_copy.h"
 #include "tests/input_view.h"
 #include "tests/reference.h"
 
@@ -174,14 +176,29 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
           << std::bit_cast<uint32_t>(probes[i]);
       ASSERT_EQ(FloatToHalf(dtype, probes[i]), out[i]);
     }
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_TRUE(std::isnan(HalfValue(dtype, FloatToHalf(dtype, nan))));
-    // NaNs (also signalling, with only low payload bits) stay NaN in bulk.
-    std::vector<float> nans(37, std::bit_cast<float>(0x7f800001u));
-    nans[5] = -nan;
+    // Every NaN (quiet or signalling, either sign, any payload) becomes the
+    // one canonical quiet NaN, in bulk (vector lanes and tails) and alone.
+    const uint16_t canonical = dtype == DType::kBFloat16 ? 0x7fc0 : 0x7e00;
+    std::vector<float> nans;
+    for (uint32_t bits : {0x7f800001u, 0x7fc00000u, 0xffc00000u, 0x7fffffffu,
+                          0xffffffffu, 0x7fc12345u, 0xff80ffffu}) {
+      for (int copies = 0; copies < 6; ++copies) {
+        nans.push_back(std::bit_cast<float>(bits));
+      }
+    }
     std::vector<uint16_t> narrowed(nans.size());
-    NarrowToHalf(dtype, nans.data(), narrowed.data(), 37);
-    for (uint16_t h : narrowed) EXPECT_TRUE(std::isnan(HalfValue(dtype, h)));
+    NarrowToHalf(dtype, nans.data(), narrowed.data(),
+                 static_cast<int64_t>(nans.size()));
+    std::vector<uint16_t> streamed(nans.size());
+    NarrowToHalfStreaming(dtype, nans.data(), streamed.data(),
+                          static_cast<int64_t>(nans.size()));
+    for (size_t i = 0; i < nans.size(); ++i) {
+      EXPECT_EQ(narrowed[i], canonical) << std::bit_cast<uint32_t>(nans[i]);
+      EXPECT_EQ(streamed[i], canonical) << std::bit_cast<uint32_t>(nans[i]);
+      EXPECT_EQ(FloatToHalf(dtype, nans[i]), canonical);
+    }
+    EXPECT_EQ(DoubleToHalf(dtype, -std::numeric_limits<double>::quiet_NaN()),
+              canonical);
   }
 }
 
@@ -196,6 +213,37 @@ TEST(HalfTest, StreamingNarrowingWritesTheSameBits) {
         NarrowToHalfStreaming(dtype, x.data(), streamed.data() + offset, n);
         ASSERT_EQ(plain, streamed)
             << DTypeName(dtype) << " offset " << offset << " n " << n;
+      }
+    }
+  }
+}
+
+TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
+  // Lengths around the 64-value steps, the 1024-value flushes, the 32-value
+  // shift sample and the 8192-value blocks; data near and far (1e4) from 0,
+  // and a block whose first values sit far from the rest (the exact path).
+  for (int64_t n : {1, 5, 31, 32, 33, 63, 64, 65, 1023, 1024, 1025, 4096, 4171,
+                    8192, 8193, 30000, 65536}) {
+    for (double offset : {0.0, 1e4}) {
+      auto wide = RandomValues<double>(n, 29, offset, 3.0);
+      if (n > 2000) {
+        for (int64_t i = 0; i < 32; ++i) wide[i] += 200.0;
+      }
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+        std::vector<uint16_t> x(n);
+        for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, wide[i]);
+        std::vector<float> fused(n + 1, -1.0f), plain(n + 1, -1.0f);
+        const Moments got = WidenWithMoments(dtype, x.data(), fused.data(), n);
+        WidenHalf(dtype, x.data(), plain.data(), n);
+        const Moments want = ContiguousMoments(plain.data(), n);
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype) << " n " << n << " offset " << offset);
+        EXPECT_EQ(fused, plain);
+        EXPECT_EQ(got.count, want.count);
+        EXPECT_EQ(std::bit_cast<uint64_t>(got.mean),
+                  std::bit_cast<uint64_t>(want.mean));
+        EXPECT_EQ(std::bit_cast<uint64_t>(got.m2),
+                  std::bit_cast<uint64_t>(want.m2));
       }
     }
   }
@@ -680,9 +728,9 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
 }
 
 TEST(HalfTensorTest, ShortAndLongRowsAlike) {
-  // Rows up to 64Ki elements are streamed through per-thread fp32 buffers
-  // a few rows at a time; longer ones are widened whole. Both stay within
-  // one rounding of the reference, for every piece boundary.
+  // Rows up to 64Ki elements go through per-thread fp32 buffers a few rows
+  // at a time (LayerNormHalfKernel); longer ones are widened whole. Both stay
+  // within one rounding of the reference, for every piece boundary.
   Engine engine;
   for (int64_t n : {3, 4096, 5000, 70000}) {
     SCOPED_TRACE(n);
@@ -706,6 +754,62 @@ TEST(HalfTensorTest, ShortAndLongRowsAlike) {
                                  ? ReferenceLayerNorm(xv, n, 1e-5, {}, {})
                                  : ReferenceRmsNorm(xv, n, 1e-5, {}, {}),
                              8);
+      }
+    }
+  }
+}
+
+// Large 16-bit row outputs are narrowed in registers and streamed out
+// (AVX-512); they must carry exactly the bits of the cached path (fp32
+// results narrowed by NarrowToHalf), for every style, with and without
+// affine parameters, at aligned and misaligned outputs, for rows that start
+// mid-line, and for rows holding a NaN or an infinity.
+TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
+  Engine engine;
+  for (int64_t n : {3, 771, 4096, 5000}) {
+    const int64_t rows = 40000 / n + 3;
+    const auto wide = RandomValues<double>(rows * n, 23, 50.0, 4.0);
+    std::vector<double> w(n), b(n);
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
+      b[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
+    }
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      std::vector<uint16_t> x(wide.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);
+      // A NaN row and an infinite row (NaN results: the quieting path).
+      x[n + n / 2] = dtype == DType::kBFloat16 ? 0x7f81 : 0x7c01;
+      x[2 * n] = dtype == DType::kBFloat16 ? 0xff80 : 0xfc00;
+      for (const auto& [mode, style] :
+           {std::pair{NormMode::kLayerNorm, LayerNormStyle::kPyTorch},
+            std::pair{NormMode::kLayerNorm, LayerNormStyle::kBertUnbiasedStd},
+            std::pair{NormMode::kRmsNorm, LayerNormStyle::kPyTorch}}) {
+        for (bool affine : {false, true}) {
+          NormalizeSpec spec;
+          spec.mode = mode;
+          spec.layer_norm_style = style;
+          spec.input = View(x, {rows, n}, dtype);
+          if (affine) {
+            spec.weight = Param(w);
+            spec.bias = Param(b);
+          }
+          auto run = [&](int64_t threshold, int64_t offset) {
+            SetStreamingOutputBytes(threshold);
+            std::vector<uint16_t> y(x.size() + offset, 0x5555);
+            EXPECT_TRUE(engine.Normalize(spec, y.data() + offset).ok());
+            SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+            return std::vector<uint16_t>(y.begin() + offset, y.end());
+          };
+          const std::vector<uint16_t> cached =
+              run(std::numeric_limits<int64_t>::max(), 0);
+          for (int64_t offset : {0, 1, 5}) {
+            EXPECT_EQ(run(0, offset), cached)
+                << DTypeName(dtype) << " n " << n << " mode "
+                << static_cast<int>(mode) << " style "
+                << static_cast<int>(style) << " affine " << affine << " offset "
+                << offset;
+          }
+        }
       }
     }
   }

@@ -99,55 +99,6 @@ InputSource<T> SourceOf(const InputTensor& input) {
   return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
 }
 
-// p rounded up to a multiple of 64 bytes (the storage has room for it).
-template <typename T>
-T* AlignedTo64(T* p) {
-  const auto at = (reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63};
-  return reinterpret_cast<T*>(at);
-}
-
-// Rows up to this long are normalized from 16-bit storage a few at a time
-// through a per-thread fp32 buffer; longer rows are widened whole first.
-constexpr int64_t kHalfPieceElements = 4 * 1024;
-constexpr int64_t kMaxHalfPieceRow = 64 * 1024;
-
-// LayerNorm / RMSNorm of contiguous 16-bit rows: each piece of rows is
-// widened into a per-thread fp32 buffer, normalized there by the fp32 row
-// kernel and narrowed into the output, so the tensor crosses memory once
-// each way. Row results do not depend on the pieces (rows are independent).
-void HalfRows(const InputTensor& in, void* output, const RowLayout& rows,
-              double eps, LayerNormStyle style, const double* weight,
-              const double* bias) {
-  const int64_t n = rows.row_size;
-  const int64_t rows_per_piece = std::max<int64_t>(1, kHalfPieceElements / n);
-  const auto* src = static_cast<const uint16_t*>(in.data);
-  auto* dst = static_cast<uint16_t*>(output);
-  // Large outputs bypass the cache (streaming stores).
-  const bool stream = rows.rows * n * 2 >= StreamingOutputBytes();
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_piece), rows.rows * n,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        // 64-byte aligned, so that full-vector stores never split lines.
-        thread_local std::vector<float> storage;
-        if (static_cast<int64_t>(storage.size()) < rows_per_piece * n + 16) {
-          storage.resize(rows_per_piece * n + 16);
-        }
-        float* const buffer = AlignedTo64(storage.data());
-        for (int64_t r0 = range.begin(); r0 < range.end();
-             r0 += rows_per_piece) {
-          const int64_t count = std::min(range.end() - r0, rows_per_piece);
-          WidenHalf(in.dtype, src + r0 * n, buffer, count * n);
-          LayerNormKernel(buffer, buffer, RowLayout{count, n}, eps, style,
-                          weight, bias);
-          if (stream) {
-            NarrowToHalfStreaming(in.dtype, buffer, dst + r0 * n, count * n);
-          } else {
-            NarrowToHalf(in.dtype, buffer, dst + r0 * n, count * n);
-          }
-        }
-      });
-}
-
 // GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
 // [sample_outer, channels, inner] around the channel axis; statistics per
 // (sample, group of channels_per_group adjacent channels).
@@ -362,8 +313,8 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeHalf(
   if (spec.mode == NormMode::kLayerNorm || spec.mode == NormMode::kRmsNorm) {
     absl::StatusOr<RowLayout> rows =
         ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
-    if (rows.ok() && rows->row_size <= kMaxHalfPieceRow) {
-      // Short rows: streamed through per-thread fp32 buffers (HalfRows).
+    if (rows.ok() && rows->row_size <= kMaxHalfKernelRow) {
+      // Short rows: through per-thread fp32 buffers (LayerNormHalfKernel).
       if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
       return std::nullopt;
     }
@@ -422,8 +373,9 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
   }
   if (in.size == 0) return absl::OkStatus();
   if (IsHalf(in.dtype)) {
-    HalfRows(in, output, *rows, *eps, style, ValuesOrNull(spec.weight),
-             ValuesOrNull(spec.bias));
+    LayerNormHalfKernel(in.dtype, static_cast<const uint16_t*>(in.data),
+                        static_cast<uint16_t*>(output), *rows, *eps, style,
+                        ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
     return absl::OkStatus();
   }
   VisitDType(in.dtype, [&](auto* type) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "server/core/half_avx512.h"
 #include "server/core/simd.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -23,37 +24,6 @@ namespace {
 #ifdef NORMD_F16C_KERNELS
 // Elements ahead that the widening loops prefetch (16 KB of 16-bit input).
 constexpr int64_t kPrefetchAhead = 8192;
-
-// AVX-512F kernels: float16 with the CPU's conversion instructions, bfloat16
-// with integer ops; both round to nearest even like the scalar code, which
-// takes the tails. (F16C's 8-wide float16 forms are further down.)
-
-// 16 floats to float16 (round to nearest even).
-[[gnu::target("avx512f")]] inline __m256i Float16x16(__m512 f) {
-  return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
-// 16 floats to bfloat16: adds 0x7fff plus the lowest kept bit (round to
-// nearest even) and quiets NaNs, as FloatToBFloat16.
-[[gnu::target("avx512f")]] inline __m256i BFloat16x16(__m512 f) {
-  const __m512i bits = _mm512_castps_si512(f);
-  const __m512i lsb =
-      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded =
-      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(
-      rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x00400000)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-}
-
-// 16 float16 / bfloat16 patterns to floats.
-[[gnu::target("avx512f")]] inline __m512 FloatsOfFloat16x16(__m256i h) {
-  return _mm512_cvtph_ps(h);
-}
-[[gnu::target("avx512f")]] inline __m512 FloatsOfBFloat16x16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
 
 // Widening 16 at a time, prefetching the input kPrefetchAhead ahead.
 template <__m512 (*kConvert)(__m256i), float (*kScalar)(uint16_t)>
@@ -119,10 +89,13 @@ template <__m256i (*kConvert)(__m512), uint16_t (*kScalar)(float)>
 [[gnu::target("avx2,f16c")]] void NarrowFloat16F16c(const float* src,
                                                     uint16_t* dst, int64_t n) {
   int64_t i = 0;
+  const __m256 canonical_nan =
+      _mm256_castsi256_ps(_mm256_set1_epi32(kFloatNaNOfCanonicalFloat16));
   for (; i + 8 <= n; i += 8) {
+    __m256 f = _mm256_loadu_ps(src + i);
+    f = _mm256_blendv_ps(f, canonical_nan, _mm256_cmp_ps(f, f, _CMP_UNORD_Q));
     const __m128i h =
-        _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
-                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
   }
   for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);

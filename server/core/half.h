@@ -1,8 +1,10 @@
 // Conversions between fp32 and the 16-bit storage formats bfloat16 and IEEE
 // binary16 (float16). normd computes half-precision tensors in fp32/fp64:
 // inputs are widened (exactly), results narrowed with round-to-nearest-even,
-// as PyTorch and NumPy do. NaN stays NaN (quieted), infinities and signed
-// zeros are kept, float16 subnormals are handled exactly. Pure functions,
+// as PyTorch and NumPy do. Every NaN narrows to one canonical quiet NaN
+// (payloads and signs of NaNs depend on operand order, which compilers are
+// free to change); infinities and signed zeros are kept, float16 subnormals
+// are handled exactly. Pure functions,
 // safe from any thread; the bulk forms are vectorized for the widest ISA.
 #ifndef NORMD_SERVER_CORE_HALF_H_
 #define NORMD_SERVER_CORE_HALF_H_
@@ -20,12 +22,19 @@ inline float BFloat16ToFloat(uint16_t h) {
   return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
-// fp32 -> bfloat16, round to nearest even; NaN becomes a quiet NaN.
+// The quiet NaN every NaN narrows to, whatever its sign and payload (as
+// PyTorch's bfloat16), so that results never depend on which NaN operand an
+// instruction happened to propagate.
+inline constexpr uint16_t kCanonicalBFloat16NaN = 0x7fc0;
+inline constexpr uint16_t kCanonicalFloat16NaN = 0x7e00;
+// The fp32 quiet NaN that the CPU's conversion narrows to
+// kCanonicalFloat16NaN (its payload's top bits are the float16 mantissa).
+inline constexpr uint32_t kFloatNaNOfCanonicalFloat16 = 0x7fc00000;
+
+// fp32 -> bfloat16, round to nearest even; NaN becomes kCanonicalBFloat16NaN.
 inline uint16_t FloatToBFloat16(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return kCanonicalBFloat16NaN;
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
@@ -48,9 +57,9 @@ inline float Float16ToFloat(uint16_t h) {
   return std::bit_cast<float>(sign | magnitude);
 }
 
-// fp32 -> float16, round to nearest even; overflow gives infinity, NaN a
-// quiet NaN. Relies on fp32 arithmetic rounding to nearest (the default; the
-// core never changes the mode or sets flush-to-zero).
+// fp32 -> float16, round to nearest even; overflow gives infinity, NaN
+// kCanonicalFloat16NaN. Relies on fp32 arithmetic rounding to nearest (the
+// default; the core never changes the mode or sets flush-to-zero).
 inline uint16_t FloatToFloat16(float f) {
   float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
   const uint32_t w = std::bit_cast<uint32_t>(f);
@@ -63,8 +72,8 @@ inline uint16_t FloatToFloat16(float f) {
   const uint32_t exp_bits = (bits >> 13) & 0x00007c00u;
   const uint32_t mantissa_bits = bits & 0x00000fffu;
   const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) |
-                               (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
+  if (shl1_w > 0xff000000u) return kCanonicalFloat16NaN;
+  return static_cast<uint16_t>((sign >> 16) | nonsign);
 }
 
 // True for the 16-bit dtypes.

@@ -12,10 +12,18 @@
 #include <type_traits>
 #include <vector>
 
+#include "server/core/half.h"
+#include "server/core/half_avx512.h"
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
 #include "server/core/stream_copy.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
+// _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace normd {
 namespace {
@@ -115,6 +123,7 @@ struct StreamAffine {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NORMD_AVX512 __attribute__((target("avx512f")))
+#define NORMD_AVX512BW __attribute__((target("avx512f,avx512bw")))
 
 // Writes y[0..n) from compute(j, mask), the 16 results for elements
 // [j, j + 16) of which `mask` selects the valid ones (loads must be masked):
@@ -145,22 +154,38 @@ NORMD_AVX512 inline void StreamLinesAvx512(float* y, int64_t n,
   }
 }
 
-NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
-                                        const StreamAffine& a) {
-  const __m512 hi = _mm512_set1_ps(a.hi);
-  const __m512 lo = _mm512_set1_ps(a.lo);
-  const __m512 scale = _mm512_set1_ps(a.scale);
-  const __m512 shift = _mm512_set1_ps(a.shift);
-  StreamLinesAvx512(y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
+// A StreamAffine in registers: At(x, j, m) is its 16 results for x[j..j+16)
+// (the lanes `m` selects; loads are masked).
+struct StreamAffineLanes {
+  NORMD_AVX512 explicit StreamAffineLanes(const StreamAffine& affine)
+      : a(affine),
+        hi(_mm512_set1_ps(affine.hi)),
+        lo(_mm512_set1_ps(affine.lo)),
+        scale(_mm512_set1_ps(affine.scale)),
+        shift(_mm512_set1_ps(affine.shift)) {}
+
+  NORMD_AVX512 __m512 At(const float* x, int64_t j, __mmask16 m) const {
     __m512 t =
         _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), hi), lo);
     t = _mm512_mul_ps(t, scale);
     if (a.weight != nullptr) {
       t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, a.weight + j));
     }
-    if (a.bias != nullptr)
+    if (a.bias != nullptr) {
       return _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, a.bias + j));
+    }
     return a.has_shift ? _mm512_add_ps(t, shift) : t;
+  }
+
+  const StreamAffine& a;
+  __m512 hi, lo, scale, shift;
+};
+
+NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
+                                        const StreamAffine& a) {
+  const StreamAffineLanes lanes(a);
+  StreamLinesAvx512(y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
+    return lanes.At(x, j, m);
   });
 }
 
@@ -180,10 +205,57 @@ NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
   });
 }
 
+// StreamAffineRunAvx512 narrowed to 16-bit as it is written: `kNarrow32`
+// turns two vectors of results into one 64-byte line of y (32 values),
+// stored with a streaming store; a partial line at either end goes through
+// a small array.
+template <__m512i (*kNarrow32)(__m512, __m512)>
+NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
+                                                int64_t n,
+                                                const StreamAffine& a) {
+  const StreamAffineLanes lanes(a);
+  auto compute = [&](int64_t j, __mmask16 m)
+                     NORMD_AVX512BW { return lanes.At(x, j, m); };
+  // Values [j, j + count), count <= 32, with a masked store.
+  auto partial = [&](int64_t j, int64_t count) NORMD_AVX512BW {
+    const auto low =
+        static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
+    const auto high =
+        static_cast<__mmask16>(count <= 16 ? 0 : (1u << (count - 16)) - 1);
+    _mm512_mask_storeu_epi16(
+        y + j, count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1,
+        kNarrow32(compute(j, low), compute(j + 16, high)));
+  };
+  constexpr int64_t kLine = 32;
+  const auto address = reinterpret_cast<uintptr_t>(y);
+  // An odd address never reaches a line boundary: all partial.
+  const int64_t head =
+      address % 2 != 0
+          ? n
+          : std::min(n, static_cast<int64_t>((64 - address % 64) % 64 / 2));
+  int64_t j = 0;
+  for (; j < head; j += kLine) partial(j, std::min(kLine, head - j));
+  j = head;
+  for (; j + kLine <= n; j += kLine) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j),
+                        kNarrow32(compute(j, 0xFFFF), compute(j + 16, 0xFFFF)));
+  }
+  if (j < n) partial(j, n - j);
+}
+
 bool HasAvx512() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return has;
+}
+
+// AVX-512F and BW (the 16-bit word forms).
+bool HasAvx512Bw() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return HasAvx512() && __builtin_cpu_supports("avx512bw") != 0;
   }();
   return has;
 }
@@ -196,14 +268,27 @@ bool StreamAffineRun(const float* x, float* y, int64_t n,
   return true;
 }
 
+// StreamAffineRunToHalfAvx512 for `dtype`; only where HasAvx512Bw().
+void StreamAffineRunToHalf(DType dtype, const float* x, uint16_t* y, int64_t n,
+                           const StreamAffine& a) {
+  if (dtype == DType::kBFloat16) {
+    StreamAffineRunToHalfAvx512<BFloat16x32>(x, y, n, a);
+  } else {
+    StreamAffineRunToHalfAvx512<Float16x32>(x, y, n, a);
+  }
+}
+
 void StreamFence() { _mm_sfence(); }
 #else
 bool HasAvx512() { return false; }
+bool HasAvx512Bw() { return false; }
 void StreamChannelsLastRunAvx512(const float*, float*, int64_t, const float*,
                                  const float*, const float*, const float*) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&) {
   return false;
 }
+void StreamAffineRunToHalf(DType, const float*, uint16_t*, int64_t,
+                           const StreamAffine&) {}
 void StreamFence() {}
 #endif
 
@@ -461,6 +546,82 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
         }
         if (fence) StreamFence();
       });
+}
+
+namespace {
+
+// What every work item of LayerNormHalfKernel needs.
+struct HalfRowsJob {
+  DType dtype;
+  const uint16_t* x;
+  uint16_t* y;
+  int64_t n;  // Row length.
+  double eps;
+  LayerNormStyle style;
+  const AffineParams<float>& affine;
+  int64_t rows_per_piece;
+  bool fused;  // Narrow in registers and stream out (large outputs).
+
+  // Rows [begin, end), a piece at a time.
+  void Run(int64_t begin, int64_t end) const {
+    // The widened piece and (unless fused) its results; 64-byte aligned, so
+    // that full-vector loads never split lines.
+    const int64_t piece = (rows_per_piece * n + 15) / 16 * 16;
+    thread_local std::vector<float> storage;
+    if (static_cast<int64_t>(storage.size()) < 2 * piece + 16) {
+      storage.resize(2 * piece + 16);
+    }
+    float* const buffer = reinterpret_cast<float*>(
+        (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+    float* const results = buffer + piece;
+    for (int64_t r0 = begin; r0 < end; r0 += rows_per_piece) {
+      const int64_t count = std::min(end - r0, rows_per_piece);
+      for (int64_t r = 0; r < count; ++r) {
+        float* const row = buffer + r * n;
+        const Moments moments =
+            WidenWithMoments(dtype, x + (r0 + r) * n, row, n);
+        const SplitMean mean(RowCenter(moments, style));
+        const auto scale = static_cast<float>(RowScale(moments, eps, style));
+        if (fused) {
+          StreamAffineRunToHalf(
+              dtype, row, y + (r0 + r) * n, n,
+              StreamAffine{mean.hi, mean.lo, scale, affine.weight, affine.bias,
+                           false, 0.0f});
+        } else {
+          AffineRowF32(row, results + r * n, n, mean, scale, affine.weight,
+                       affine.bias);
+        }
+      }
+      if (!fused) NarrowToHalf(dtype, results, y + r0 * n, count * n);
+    }
+    // One fence per work item, as in LayerNormKernel.
+    if (fused) StreamFence();
+  }
+};
+
+}  // namespace
+
+void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
+                         const RowLayout& rows, double eps,
+                         LayerNormStyle style, const double* weight,
+                         const double* bias) {
+  const int64_t n = rows.row_size;
+  if (rows.rows == 0 || n == 0) return;
+  const AffineParams<float> affine(weight, bias, n);
+  const HalfRowsJob job{
+      dtype,
+      x,
+      y,
+      n,
+      eps,
+      style,
+      affine,
+      std::max<int64_t>(1, kStagingElements / n),
+      StreamOutput(rows.rows * n, sizeof(uint16_t)) && HasAvx512Bw()};
+  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, job.rows_per_piece),
+              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
+                job.Run(range.begin(), range.end());
+              });
 }
 
 // Channel affine of fp32 elements [begin, end), read from x[0..end - begin)

@@ -58,6 +58,18 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
 // Rows at least this long are reduced and written in parallel one at a time.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
+// LayerNormKernel for contiguous 16-bit rows (`dtype` bfloat16 or float16,
+// x != y), computed in fp32 with fp64 statistics and rounded once: a few rows
+// at a time are widened into a per-thread buffer, reduced there, and their
+// results narrowed as they are written (streaming stores for large outputs),
+// so the tensor crosses memory once each way. Rows of at most
+// kMaxHalfKernelRow values (the buffer holds one).
+void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
+                         const RowLayout& rows, double eps,
+                         LayerNormStyle style, const double* weight,
+                         const double* bias);
+inline constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
+
 // y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
 // tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
 // input is read in cache-sized pieces. `output_elements`, when larger, is

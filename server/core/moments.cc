@@ -7,8 +7,16 @@
 #include <limits>
 #include <type_traits>
 
+#include "server/core/half.h"
+#include "server/core/half_avx512.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
+// _mm512_undefined_* placeholders (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace normd {
 namespace {
@@ -191,6 +199,100 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
   if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(x, n);
   return result;
 }
+
+#ifdef NORMD_HALF_AVX512
+// Elements ahead that the widening loop prefetches (16 KB of 16-bit input).
+constexpr int64_t kHalfPrefetchAhead = 8192;
+
+// BlockMomentsF32 of the 16-bit block x[0..n) widened by kWiden (scalar:
+// kScalar) into out[0..n), in the same pass: the same shift, the same fp32
+// lanes (lane j of a 64-value step in register j / 16, element j % 16), the
+// same flushes, tail and fallback, hence the same bits.
+template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
+[[gnu::target("avx512f")]] Moments WidenBlockMomentsAvx512(const uint16_t* x,
+                                                           float* out,
+                                                           int64_t n) {
+  for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
+    out[i] = kScalar(x[i]);
+  }
+  const float center = ShiftCenter(out, n);
+  const __m512 shift = _mm512_set1_ps(center);
+  static_assert(kFloatLanes == 64);
+  __m512d wide_dev[8];  // Set by the first flush.
+  __m512d wide_sq[8];
+  int64_t i = 0;
+  while (i + kFloatLanes <= n) {
+    const int64_t len =
+        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
+    __m512 dev[4], sq[4];
+    for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
+    for (int64_t k = i; k < i + len; k += kFloatLanes) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + k + kHalfPrefetchAhead),
+                   _MM_HINT_T1);
+      _mm_prefetch(
+          reinterpret_cast<const char*>(x + k + 32 + kHalfPrefetchAhead),
+          _MM_HINT_T1);
+      for (int v = 0; v < 4; ++v) {
+        const __m512 f = kWiden(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v));
+        _mm512_storeu_ps(out + k + 16 * v, f);
+        const __m512 d = _mm512_sub_ps(f, shift);
+        dev[v] = _mm512_add_ps(dev[v], d);
+        sq[v] = _mm512_add_ps(sq[v], _mm512_mul_ps(d, d));
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      const __m512d dev_low = _mm512_cvtps_pd(_mm512_castps512_ps256(dev[v]));
+      const __m512d dev_high = _mm512_cvtps_pd(_mm256_castpd_ps(
+          _mm512_extractf64x4_pd(_mm512_castps_pd(dev[v]), 1)));
+      const __m512d sq_low = _mm512_cvtps_pd(_mm512_castps512_ps256(sq[v]));
+      const __m512d sq_high = _mm512_cvtps_pd(
+          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[v]), 1)));
+      if (i == 0) {
+        wide_dev[2 * v] = dev_low;
+        wide_dev[2 * v + 1] = dev_high;
+        wide_sq[2 * v] = sq_low;
+        wide_sq[2 * v + 1] = sq_high;
+      } else {
+        wide_dev[2 * v] = _mm512_add_pd(wide_dev[2 * v], dev_low);
+        wide_dev[2 * v + 1] = _mm512_add_pd(wide_dev[2 * v + 1], dev_high);
+        wide_sq[2 * v] = _mm512_add_pd(wide_sq[2 * v], sq_low);
+        wide_sq[2 * v + 1] = _mm512_add_pd(wide_sq[2 * v + 1], sq_high);
+      }
+    }
+    i += len;
+  }
+  double dev_lanes[kFloatLanes] = {};
+  double sq_lanes[kFloatLanes] = {};
+  if (i > 0) {
+    for (int w = 0; w < 8; ++w) {
+      _mm512_storeu_pd(dev_lanes + 8 * w, wide_dev[w]);
+      _mm512_storeu_pd(sq_lanes + 8 * w, wide_sq[w]);
+    }
+  }
+  double tail_dev = 0.0;
+  double tail_sq = 0.0;
+  for (; i < n; ++i) {
+    out[i] = kScalar(x[i]);
+    const double d = static_cast<double>(out[i]) - center;
+    tail_dev += d;
+    tail_sq += d * d;
+  }
+  const double squares = SumLanes(sq_lanes) + tail_sq;
+  Moments result =
+      Corrected(n, center, SumLanes(dev_lanes) + tail_dev, squares);
+  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(out, n);
+  return result;
+}
+
+bool HasAvx512F() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return has;
+}
+#endif  // NORMD_HALF_AVX512
 
 Moments BlockMoments(const float* x, int64_t n) {
   return BlockMomentsF32(x, n);
@@ -499,6 +601,29 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(x, layout);
   return ChannelMomentsShortRuns(x, layout);
+}
+
+Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
+                         int64_t n) {
+#ifdef NORMD_HALF_AVX512
+  if (HasAvx512F()) {
+    // ContiguousMoments' blocks, merged in the same order.
+    Moments total;
+    for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
+      const int64_t len = std::min(kMomentsBlock, n - begin);
+      MergeMoments(
+          total,
+          dtype == DType::kBFloat16
+              ? WidenBlockMomentsAvx512<FloatsOfBFloat16x16, BFloat16ToFloat>(
+                    x + begin, out + begin, len)
+              : WidenBlockMomentsAvx512<FloatsOfFloat16x16, Float16ToFloat>(
+                    x + begin, out + begin, len));
+    }
+    return total;
+  }
+#endif
+  WidenHalf(dtype, x, out, n);
+  return ContiguousMoments(out, n);
 }
 
 template Moments ContiguousMoments<float>(const float*, int64_t);

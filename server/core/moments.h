@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "server/core/layout.h"
+#include "server/core/tensor.h"
 
 namespace normd {
 
@@ -50,6 +51,11 @@ inline constexpr int64_t kMomentsBlock = 8192;
 // (oneTBB) when n spans several blocks.
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
+
+// Widens n values of the 16-bit `dtype` at x into out (as WidenHalf) and
+// returns ContiguousMoments(out, n), bit for bit; with AVX-512 in one pass
+// over x. Serial: for rows of a kernel that is parallel over rows.
+Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 
 // Per-channel moments of a tensor laid out as [outer, channels, inner]
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
