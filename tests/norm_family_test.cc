@@ -815,6 +815,42 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   }
 }
 
+// 16-bit GroupNorm / InstanceNorm / BatchNorm are computed in a widened
+// copy and narrowed at the end, with streaming stores for large outputs:
+// the same bits as the cached narrowing.
+TEST(HalfTensorTest, StreamedWidenedModesEqualCachedBitwise) {
+  Engine engine;
+  const Shape shape = {3, 8, 17, 19};
+  const int64_t n = NumElementsOf(shape);
+  const auto wide = RandomValues<double>(n, 31, -3.0, 2.0);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<uint16_t> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, wide[i]);
+    x[7] = dtype == DType::kBFloat16 ? 0x7f81 : 0x7c01;  // A NaN group.
+    for (NormMode mode : {NormMode::kGroupNorm, NormMode::kInstanceNorm}) {
+      NormalizeSpec spec;
+      spec.mode = mode;
+      spec.num_groups = mode == NormMode::kGroupNorm ? 4 : 0;
+      spec.input = View(x, shape, dtype);
+      auto run = [&](int64_t threshold, int64_t offset) {
+        SetStreamingOutputBytes(threshold);
+        std::vector<uint16_t> y(n + offset, 0x5555);
+        EXPECT_TRUE(engine.Normalize(spec, y.data() + offset).ok());
+        SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+        return std::vector<uint16_t>(y.begin() + offset, y.end());
+      };
+      const std::vector<uint16_t> cached =
+          run(std::numeric_limits<int64_t>::max(), 0);
+      EXPECT_EQ(cached[7], dtype == DType::kBFloat16 ? 0x7fc0 : 0x7e00);
+      for (int64_t offset : {0, 1, 3}) {
+        EXPECT_EQ(run(0, offset), cached)
+            << DTypeName(dtype) << " mode " << static_cast<int>(mode)
+            << " offset " << offset;
+      }
+    }
+  }
+}
+
 TEST(HalfTensorTest, SpecialValuesPassThroughLayerNorm) {
   // Inf/NaN in a row make that row NaN (IEEE, as PyTorch); other rows are
   // unaffected; values beyond the format after scaling become infinity.

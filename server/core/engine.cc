@@ -44,12 +44,15 @@ InputTensor Widened(const InputTensor& input,
   return out;
 }
 
-// n fp32 values narrowed to the 16-bit `dtype` at dst.
+// n fp32 values narrowed to the 16-bit `dtype` at dst; large outputs with
+// streaming stores (the same bits).
 void Narrow(DType dtype, const float* src, void* dst, int64_t n) {
   auto* out = static_cast<uint16_t*>(dst);
+  const bool stream = n * 2 >= StreamingOutputBytes();
   ParallelFor(tbb::blocked_range<int64_t>(0, n, kConvertChunk), n,
               [&](const tbb::blocked_range<int64_t>& r) {
-                NarrowToHalf(dtype, src + r.begin(), out + r.begin(), r.size());
+                (stream ? NarrowToHalfStreaming : NarrowToHalf)(
+                    dtype, src + r.begin(), out + r.begin(), r.size());
               });
 }
 

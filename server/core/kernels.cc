@@ -207,8 +207,8 @@ NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
 
 // StreamAffineRunAvx512 narrowed to 16-bit as it is written: `kNarrow32`
 // turns two vectors of results into one 64-byte line of y (32 values),
-// stored with a streaming store; a partial line at either end goes through
-// a small array.
+// stored with a streaming store; a partial line at either end with a masked
+// store.
 template <__m512i (*kNarrow32)(__m512, __m512)>
 NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
                                                 int64_t n,
