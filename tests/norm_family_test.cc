@@ -18,6 +18,7 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
+#include "server/core/kernels.h"
 #include "server/core/moments.h"
 #include "server/core/stream_copy.h"
 #include "tests/input_view.h"
@@ -812,6 +813,87 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
         }
       }
     }
+  }
+}
+
+// The 16-bit rows' fp32 affine has an AVX-512 and a scalar (std::fma) form
+// for CPUs without it; both must give the same bits, with and without
+// weight / bias, at every tail length.
+TEST(HalfTensorTest, HalfRowAffineVectorAndScalarAgreeBitwise) {
+  const auto wide = RandomValues<double>(3 * 67, 41, 100.0, 3.0);
+  const std::vector<float> x(wide.begin(), wide.begin() + 67);
+  const std::vector<float> w(wide.begin() + 67, wide.begin() + 134);
+  const std::vector<float> b(wide.begin() + 134, wide.end());
+  const double mean = 100.123456789;
+  const auto hi = static_cast<float>(mean);
+  const auto lo = static_cast<float>(mean - hi);
+  ASSERT_NE(lo, 0.0f);
+  for (int64_t n : {1, 15, 16, 17, 67}) {
+    for (const float* weight : {static_cast<const float*>(nullptr), w.data()}) {
+      for (const float* bias : {static_cast<const float*>(nullptr), b.data()}) {
+        std::vector<float> vector(n), scalar(n);
+        HalfRowAffine(x.data(), vector.data(), n, hi, lo, 0.3f, weight, bias,
+                      true);
+        HalfRowAffine(x.data(), scalar.data(), n, hi, lo, 0.3f, weight, bias,
+                      false);
+        for (int64_t j = 0; j < n; ++j) {
+          EXPECT_EQ(std::bit_cast<uint32_t>(vector[j]),
+                    std::bit_cast<uint32_t>(scalar[j]))
+              << "n " << n << " j " << j;
+          // And both are the fp64 value within fp32 rounding.
+          double expected = (x[j] - mean) * 0.3f;
+          if (weight != nullptr) expected *= weight[j];
+          if (bias != nullptr) expected += bias[j];
+          EXPECT_NEAR(scalar[j], expected, 1e-6 * (1.0 + std::abs(expected)));
+        }
+      }
+    }
+  }
+}
+
+// Finite inputs whose results are NaN: x - mean overflows fp32 (bfloat16
+// values near the largest finite one, times weight 0: -Inf * 0), or the scale
+// does (a constant row with eps 1e-300: 0 * Inf). The streamed rows skip the
+// canonical-NaN fix-up only for rows that provably give no NaN, so these
+// must still come out as the canonical NaN, as on the cached path.
+TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
+  Engine engine;
+  auto run = [&](const NormalizeSpec& spec, int64_t threshold) {
+    SetStreamingOutputBytes(threshold);
+    std::vector<uint16_t> y(spec.input.size, 0x5555);
+    EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
+    SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+    return y;
+  };
+  constexpr int64_t kN = 40;  // Longer than a line of 32 values.
+  const std::vector<double> zeros(kN, 0.0);
+  {
+    // Row 0: -max, then max: mean ~ 0.9 max, so -max - mean is -Inf in fp32.
+    std::vector<uint16_t> x(2 * kN, 0x3f80);  // Row 1: all 1.0.
+    x[0] = 0xff7f;
+    for (int64_t i = 1; i < kN; ++i) x[i] = 0x7f7f;
+    NormalizeSpec spec;
+    spec.mode = NormMode::kLayerNorm;
+    spec.input = View(x, {2, kN}, DType::kBFloat16);
+    spec.weight = Param(zeros);
+    const std::vector<uint16_t> cached =
+        run(spec, std::numeric_limits<int64_t>::max());
+    EXPECT_EQ(cached[0], 0x7fc0);
+    for (int64_t i = 1; i < 2 * kN; ++i) EXPECT_EQ(cached[i], 0) << i;
+    EXPECT_EQ(run(spec, 0), cached);
+  }
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const uint16_t one = dtype == DType::kBFloat16 ? 0x3f80 : 0x3c00;
+    const std::vector<uint16_t> x(kN, one);
+    NormalizeSpec spec;
+    spec.mode = NormMode::kLayerNorm;
+    spec.input = View(x, {1, kN}, dtype);
+    spec.eps = 1e-300;  // Valid (> 0), but 1 / sqrt(eps) is Inf in fp32.
+    const std::vector<uint16_t> cached =
+        run(spec, std::numeric_limits<int64_t>::max());
+    EXPECT_EQ(cached, std::vector<uint16_t>(
+                          kN, dtype == DType::kBFloat16 ? 0x7fc0 : 0x7e00));
+    EXPECT_EQ(run(spec, 0), cached) << DTypeName(dtype);
   }
 }
 

@@ -200,7 +200,7 @@ void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n) {
   static constexpr Conversion<void (*)(const float*, uint16_t*, int64_t)>
       kNarrow{NarrowBFloat16, NarrowAvx512<BFloat16x16, FloatToBFloat16>,
               NarrowFloat16, NarrowFloat16F16c,
-              NarrowAvx512<Float16x16, FloatToFloat16>};
+              NarrowAvx512<Float16x16<>, FloatToFloat16>};
   kNarrow.For(dtype)(src, dst, n);
 #else
   (dtype == DType::kBFloat16 ? NarrowBFloat16 : NarrowFloat16)(src, dst, n);
@@ -214,7 +214,7 @@ void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
     if (dtype == DType::kBFloat16) {
       return NarrowStreamingAvx512<BFloat16x16, FloatToBFloat16>(src, dst, n);
     }
-    return NarrowStreamingAvx512<Float16x16, FloatToFloat16>(src, dst, n);
+    return NarrowStreamingAvx512<Float16x16<>, FloatToFloat16>(src, dst, n);
   }
 #endif
   NarrowToHalf(dtype, src, dst, n);

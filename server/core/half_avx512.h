@@ -20,24 +20,32 @@ namespace normd {
 // float16 uses the CPU's conversion instructions, bfloat16 integer ops; both
 // round to nearest even like the scalar FloatToFloat16 / FloatToBFloat16.
 
+// kCanonicalNaN = false skips the NaN fix-up (two operations per vector):
+// only for values known not to be NaN.
+
 // 16 floats to float16 (round to nearest even; NaN: the canonical NaN).
+template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f")]] inline __m256i Float16x16(__m512 f) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-  f = _mm512_mask_mov_ps(
-      f, nan,
-      _mm512_castsi512_ps(_mm512_set1_epi32(kFloatNaNOfCanonicalFloat16)));
+  if constexpr (kCanonicalNaN) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    f = _mm512_mask_mov_ps(
+        f, nan,
+        _mm512_castsi512_ps(_mm512_set1_epi32(kFloatNaNOfCanonicalFloat16)));
+  }
   return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 // 16 floats to bfloat16 in the high halves of 32-bit lanes: adds 0x7fff
 // plus the lowest kept bit (round to nearest even); NaN lanes become the
 // canonical NaN, as FloatToBFloat16.
+template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f")]] inline __m512i BFloat16Rounded(__m512 f) {
   const __m512i bits = _mm512_castps_si512(f);
   const __m512i lsb =
       _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded =
       _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  if constexpr (!kCanonicalNaN) return rounded;
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
   return _mm512_mask_mov_epi32(rounded, nan,
                                _mm512_set1_epi32(kCanonicalBFloat16NaN << 16));
@@ -51,20 +59,23 @@ namespace normd {
 // 32 floats (two vectors) to 32 float16 / bfloat16 values, `low` first, as
 // Float16x16 / BFloat16x16 of each. bfloat16 packs the two vectors' rounded
 // high halves with one word permute instead of two narrowing moves.
+template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f,avx512bw")]] inline __m512i Float16x32(__m512 low,
                                                               __m512 high) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(Float16x16(low)),
-                            Float16x16(high), 1);
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(Float16x16<kCanonicalNaN>(low)),
+      Float16x16<kCanonicalNaN>(high), 1);
 }
+template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f,avx512bw")]] inline __m512i BFloat16x32(__m512 low,
                                                                __m512 high) {
   // Word 2i + 1 of the pair (low: 0..31, high: 32..63) for i = 0..31.
   alignas(64) static constexpr uint16_t kHighWords[32] = {
       1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
       33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  return _mm512_permutex2var_epi16(BFloat16Rounded(low),
+  return _mm512_permutex2var_epi16(BFloat16Rounded<kCanonicalNaN>(low),
                                    _mm512_load_si512(kHighWords),
-                                   BFloat16Rounded(high));
+                                   BFloat16Rounded<kCanonicalNaN>(high));
 }
 
 // 16 float16 / bfloat16 patterns to floats.
