@@ -41,10 +41,12 @@ template <bool kCanonicalNaN = true>
 template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f")]] inline __m512i BFloat16Rounded(__m512 f) {
   const __m512i bits = _mm512_castps_si512(f);
-  const __m512i lsb =
-      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  // Lanes whose lowest kept bit is set get 0x8000: three operations.
+  const __mmask16 odd =
+      _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x10000));
   const __m512i rounded =
-      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+      _mm512_mask_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)),
+                            odd, bits, _mm512_set1_epi32(0x8000));
   if constexpr (!kCanonicalNaN) return rounded;
   const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
   return _mm512_mask_mov_epi32(rounded, nan,
