@@ -27,8 +27,8 @@ constexpr int64_t kPrefetchAhead = 8192;
 
 // Widening 16 at a time, prefetching the input kPrefetchAhead ahead.
 template <__m512 (*kConvert)(__m256i), float (*kScalar)(uint16_t)>
-[[gnu::target("avx512f")]] void WidenAvx512(const uint16_t* src, float* dst,
-                                            int64_t n) {
+[[gnu::target("avx512f,avx512bw")]] void WidenAvx512(const uint16_t* src,
+                                                     float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     if (i % 32 == 0) {
@@ -101,12 +101,12 @@ template <__m256i (*kConvert)(__m512), uint16_t (*kScalar)(float)>
   for (; i < n; ++i) dst[i] = FloatToFloat16(src[i]);
 }
 
-// 2: AVX-512F, 1: F16C, 0: neither (portable loops). bfloat16 uses the
-// AVX-512F forms or the portable loops.
+// 2: AVX-512F and BW, 1: F16C, 0: neither (portable loops). bfloat16 uses
+// the AVX-512 forms or the portable loops.
 int Float16Level() {
   static const int level = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (CpuHasAvx512Bw()) return 2;
     // F16C by CPUID (leaf 1, ECX bit 29): not every compiler's
     // __builtin_cpu_supports knows it (clang 14 does not).
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

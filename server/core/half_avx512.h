@@ -1,8 +1,7 @@
-// AVX-512F conversions of 16 lanes between fp32 and the 16-bit storage
-// formats, shared by the bulk conversions (half.cc) and the kernels that
-// narrow their results as they write them (kernels.cc). Internal to the core;
-// call only where the CPU has AVX-512F (half.cc's level check, HasAvx512).
-// Pure functions.
+// AVX-512 (F and BW) conversions of 16 lanes between fp32 and the 16-bit
+// storage formats, shared by the bulk conversions (half.cc) and the kernels
+// that narrow their results as they write them (kernels.cc). Internal to the
+// core; call only where CpuHasAvx512Bw() (simd.h). Pure functions.
 #ifndef NORMD_SERVER_CORE_HALF_AVX512_H_
 #define NORMD_SERVER_CORE_HALF_AVX512_H_
 
@@ -84,8 +83,16 @@ template <bool kCanonicalNaN = true>
 [[gnu::target("avx512f")]] inline __m512 FloatsOfFloat16x16(__m256i h) {
   return _mm512_cvtph_ps(h);
 }
-[[gnu::target("avx512f")]] inline __m512 FloatsOfBFloat16x16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// bfloat16: one word permute puts value i in the high half of lane i and
+// zeroes the low halves (half the operations of zero-extend and shift).
+[[gnu::target("avx512f,avx512bw")]] inline __m512 FloatsOfBFloat16x16(
+    __m256i h) {
+  // Word 2i + 1 takes word i of h; even words are zeroed by the mask.
+  alignas(64) static constexpr uint16_t kHighHalves[32] = {
+      0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
+      0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+      0xAAAAAAAAu, _mm512_load_si512(kHighHalves), _mm512_castsi256_si512(h)));
 }
 
 }  // namespace normd

@@ -305,32 +305,15 @@ NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
   if (j < n) partial(j, n - j);
 }
 
-bool HasAvx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return has;
-}
-
-// AVX-512F and BW (the 16-bit word forms).
-bool HasAvx512Bw() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return HasAvx512() && __builtin_cpu_supports("avx512bw") != 0;
-  }();
-  return has;
-}
-
 // Streams one run if the CPU can; false means the caller must write it.
 bool StreamAffineRun(const float* x, float* y, int64_t n,
                      const StreamAffine& a) {
-  if (!HasAvx512()) return false;
+  if (!CpuHasAvx512F()) return false;
   StreamAffineRunAvx512(x, y, n, a);
   return true;
 }
 
-// StreamAffineRunToHalfAvx512 for `dtype`; only where HasAvx512Bw().
+// StreamAffineRunToHalfAvx512 for `dtype`; only where CpuHasAvx512Bw().
 // `never_nan`: the caller proved that no result is NaN (see
 // HalfRowsJob::NeverNaN), so narrowing skips the canonical-NaN fix-up.
 void StreamAffineRunToHalf(DType dtype, const float* x, uint16_t* y, int64_t n,
@@ -346,7 +329,7 @@ void StreamAffineRunToHalf(DType dtype, const float* x, uint16_t* y, int64_t n,
 
 // HalfAffineLanes over y[0..n) with plain stores, AVX-512 or scalar.
 void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
-  if (HasAvx512()) {
+  if (CpuHasAvx512F()) {
     AffineRowHalfAvx512(x, y, n, a);
     return;
   }
@@ -355,8 +338,6 @@ void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
 
 void StreamFence() { _mm_sfence(); }
 #else
-bool HasAvx512() { return false; }
-bool HasAvx512Bw() { return false; }
 void StreamChannelsLastRunAvx512(const float*, float*, int64_t, const float*,
                                  const float*, const float*, const float*) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&) {
@@ -728,7 +709,7 @@ void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
       style,
       affine,
       std::max<int64_t>(1, kStagingElements / n),
-      StreamOutput(rows.rows * n, sizeof(uint16_t)) && HasAvx512Bw(),
+      StreamOutput(rows.rows * n, sizeof(uint16_t)) && CpuHasAvx512Bw(),
       AllFinite(affine.weight, n) && AllFinite(affine.bias, n)};
   ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, job.rows_per_piece),
               rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
@@ -759,7 +740,7 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,
                             const ChannelParamsF32& p) {
-  if (!HasAvx512()) return false;
+  if (!CpuHasAvx512F()) return false;
   for (int64_t pos = begin; pos < end; pos += period) {
     const int64_t phase = pos % channels;
     StreamChannelsLastRunAvx512(x + (pos - begin), y + pos,

@@ -209,9 +209,8 @@ constexpr int64_t kHalfPrefetchAhead = 8192;
 // lanes (lane j of a 64-value step in register j / 16, element j % 16), the
 // same flushes, tail and fallback, hence the same bits.
 template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
-[[gnu::target("avx512f")]] Moments WidenBlockMomentsAvx512(const uint16_t* x,
-                                                           float* out,
-                                                           int64_t n) {
+[[gnu::target("avx512f,avx512bw")]] Moments WidenBlockMomentsAvx512(
+    const uint16_t* x, float* out, int64_t n) {
   for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
     out[i] = kScalar(x[i]);
   }
@@ -285,13 +284,6 @@ template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
   return result;
 }
 
-bool HasAvx512F() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return has;
-}
 #endif  // NORMD_HALF_AVX512
 
 Moments BlockMoments(const float* x, int64_t n) {
@@ -606,7 +598,7 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
                          int64_t n) {
 #ifdef NORMD_HALF_AVX512
-  if (HasAvx512F()) {
+  if (CpuHasAvx512Bw()) {
     // ContiguousMoments' blocks, merged in the same order.
     Moments total;
     for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {

@@ -27,4 +27,34 @@
 #define NORMD_INLINE_INTO_CLONES inline
 #endif
 
+namespace normd {
+
+// What the CPU offers the hand-written AVX-512 kernels, checked once (thread-
+// safe static initialization): AVX-512F for the fp32 ones, F and BW (word
+// permutes, masked word stores) for the 16-bit ones. False off x86-64.
+inline bool CpuHasAvx512F() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+inline bool CpuHasAvx512Bw() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return CpuHasAvx512F() && __builtin_cpu_supports("avx512bw") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+}  // namespace normd
+
 #endif  // NORMD_SERVER_CORE_SIMD_H_
