@@ -90,6 +90,10 @@ def main():
           f"({64 / 1024 / normd['BM_Copy']:.1f} GiB/s), read-only sum "
           f"{normd['BM_ReadSum'] * 1e3:.2f} ms; torch copy "
           f"{torch['BM_Copy'] * 1e3:.2f} ms")
+    if "BM_StreamCopy" in normd and "BM_TwoPassFloor" in normd:
+        print(f"reference: streaming-store copy "
+              f"{normd['BM_StreamCopy'] * 1e3:.2f} ms; two-pass floor over "
+              f"4 MiB samples {normd['BM_TwoPassFloor'] * 1e3:.2f} ms")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
     if len(sys.argv) > 3:
         print()
