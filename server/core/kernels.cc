@@ -515,6 +515,19 @@ double RowCenter(const Moments& moments, LayerNormStyle style) {
   return style == LayerNormStyle::kRms ? 0.0 : moments.mean;
 }
 
+// The fp32 affine of one row with these moments.
+StreamAffine RowAffine(const Moments& moments, double eps, LayerNormStyle style,
+                       const AffineParams<float>& affine) {
+  const SplitMean mean(RowCenter(moments, style));
+  return StreamAffine{mean.hi,
+                      mean.lo,
+                      static_cast<float>(RowScale(moments, eps, style)),
+                      affine.weight,
+                      affine.bias,
+                      false,
+                      0.0f};
+}
+
 }  // namespace
 
 // LayerNorm of `count` fp32 rows from x straight to y with streaming stores
@@ -523,14 +536,7 @@ bool StreamRows(const float* x, float* y, int64_t count, int64_t n, double eps,
                 LayerNormStyle style, const AffineParams<float>& affine) {
   for (int64_t r = 0; r < count; ++r) {
     const Moments moments = ContiguousMoments(x + r * n, n);
-    const SplitMean mean(RowCenter(moments, style));
-    const StreamAffine run{mean.hi,
-                           mean.lo,
-                           static_cast<float>(RowScale(moments, eps, style)),
-                           affine.weight,
-                           affine.bias,
-                           false,
-                           0.0f};
+    const StreamAffine run = RowAffine(moments, eps, style, affine);
     if (!StreamAffineRun(x + r * n, y + r * n, n, run)) return false;
   }
   return true;
@@ -668,15 +674,7 @@ struct HalfRowsJob {
         float* const row = buffer + r * n;
         const Moments moments =
             WidenWithMoments(dtype, x + (r0 + r) * n, row, n);
-        const SplitMean mean(RowCenter(moments, style));
-        const StreamAffine run{
-            mean.hi,
-            mean.lo,
-            static_cast<float>(RowScale(moments, eps, style)),
-            affine.weight,
-            affine.bias,
-            false,
-            0.0f};
+        const StreamAffine run = RowAffine(moments, eps, style, affine);
         if (fused) {
           StreamAffineRunToHalf(dtype, row, y + (r0 + r) * n, n, run,
                                 NeverNaN(moments, run));
