@@ -148,6 +148,26 @@ NORMD_INLINE_INTO_CLONES float ShiftCenter(const float* x, int64_t n) {
   return lanes[0] / static_cast<float>(kShiftSample);
 }
 
+// The end of a fast-path block x[0..n) whose first i values are summed in
+// the fp64 lanes: the tail x[i..n) in fp64, the lanes summed in their fixed
+// order, and the exact path if fp32 lost accuracy (see NeedsExactPath).
+NORMD_INLINE_INTO_CLONES Moments
+FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
+                const double (&wide_dev)[kFloatLanes],
+                const double (&wide_sq)[kFloatLanes]) {
+  double tail_dev = 0.0;
+  double tail_sq = 0.0;
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - center;
+    tail_dev += d;
+    tail_sq += d * d;
+  }
+  const double squares = SumLanes(wide_sq) + tail_sq;
+  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev, squares);
+  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(x, n);
+  return result;
+}
+
 // The fp32 fast path: one pass over the block accumulating d = x - shift and
 // d^2 in fp32 SIMD lanes that are flushed into fp64 every kFloatFlush
 // elements; Corrected() turns the shifted sums into (mean, M2) exactly as it
@@ -187,17 +207,7 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
     std::fill(wide_dev, wide_dev + kFloatLanes, 0.0);
     std::fill(wide_sq, wide_sq + kFloatLanes, 0.0);
   }
-  double tail_dev = 0.0;
-  double tail_sq = 0.0;
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(x[i]) - center;
-    tail_dev += d;
-    tail_sq += d * d;
-  }
-  const double squares = SumLanes(wide_sq) + tail_sq;
-  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev, squares);
-  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(x, n);
-  return result;
+  return FinishFastBlock(x, i, n, center, wide_dev, wide_sq);
 }
 
 #ifdef NORMD_HALF_AVX512
@@ -269,19 +279,8 @@ template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
       _mm512_storeu_pd(sq_lanes + 8 * w, wide_sq[w]);
     }
   }
-  double tail_dev = 0.0;
-  double tail_sq = 0.0;
-  for (; i < n; ++i) {
-    out[i] = kScalar(x[i]);
-    const double d = static_cast<double>(out[i]) - center;
-    tail_dev += d;
-    tail_sq += d * d;
-  }
-  const double squares = SumLanes(sq_lanes) + tail_sq;
-  Moments result =
-      Corrected(n, center, SumLanes(dev_lanes) + tail_dev, squares);
-  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(out, n);
-  return result;
+  for (int64_t k = i; k < n; ++k) out[k] = kScalar(x[k]);
+  return FinishFastBlock(out, i, n, center, dev_lanes, sq_lanes);
 }
 
 #endif  // NORMD_HALF_AVX512
