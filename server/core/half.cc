@@ -22,17 +22,14 @@ namespace normd {
 namespace {
 
 #ifdef NORMD_F16C_KERNELS
-// Elements ahead that the widening loops prefetch (16 KB of 16-bit input).
-constexpr int64_t kPrefetchAhead = 8192;
-
-// Widening 16 at a time, prefetching the input kPrefetchAhead ahead.
+// Widening 16 at a time, prefetching the input kWidenPrefetchAhead ahead.
 template <__m512 (*kConvert)(__m256i), float (*kScalar)(uint16_t)>
 [[gnu::target("avx512f,avx512bw")]] void WidenAvx512(const uint16_t* src,
                                                      float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     if (i % 32 == 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(src + i + kPrefetchAhead),
+      _mm_prefetch(reinterpret_cast<const char*>(src + i + kWidenPrefetchAhead),
                    _MM_HINT_T1);
     }
     _mm512_storeu_ps(dst + i, kConvert(_mm256_loadu_si256(

@@ -16,6 +16,10 @@
 
 namespace normd {
 
+// 16-bit elements ahead of the loads that the widening loops prefetch (16 KB
+// of input), in half.cc and moments.cc alike.
+inline constexpr int64_t kWidenPrefetchAhead = 8192;
+
 // float16 uses the CPU's conversion instructions, bfloat16 integer ops; both
 // round to nearest even like the scalar FloatToFloat16 / FloatToBFloat16.
 

@@ -211,9 +211,6 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 }
 
 #ifdef NORMD_HALF_AVX512
-// Elements ahead that the widening loop prefetches (16 KB of 16-bit input).
-constexpr int64_t kHalfPrefetchAhead = 8192;
-
 // BlockMomentsF32 of the 16-bit block x[0..n) widened by kWiden (scalar:
 // kScalar) into out[0..n), in the same pass: the same shift, the same fp32
 // lanes (lane j of a 64-value step in register j / 16, element j % 16), the
@@ -236,10 +233,10 @@ template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
     __m512 dev[4], sq[4];
     for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
     for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + k + kHalfPrefetchAhead),
+      _mm_prefetch(reinterpret_cast<const char*>(x + k + kWidenPrefetchAhead),
                    _MM_HINT_T1);
       _mm_prefetch(
-          reinterpret_cast<const char*>(x + k + 32 + kHalfPrefetchAhead),
+          reinterpret_cast<const char*>(x + k + 32 + kWidenPrefetchAhead),
           _MM_HINT_T1);
       for (int v = 0; v < 4; ++v) {
         const __m512 f = kWiden(
