@@ -498,6 +498,7 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
     Shape shape;
     int32_t axis_or_k;
     bool affine;
+    int64_t groups = 0;  // GroupNorm.
   };
   const Case cases[] = {
       {NormMode::kLayerNorm, {4096, 768}, 1, true},
@@ -509,8 +510,24 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
       {NormMode::kLayerNorm, {4099, 771}, 1, true},
       {NormMode::kBatchNorm, {8, 128, 128, 3}, -1, true},
       {NormMode::kBatchNorm, {1500, 1500}, 1, true},
+      // Channels-last counts whose parameters repeat within 64 values (held
+      // in registers: 1, 2, 3 or 4 vectors), ones that do not (5, 80), and a
+      // period shorter than the repeat (6 channels, 6 rows: 36 < 48).
+      {NormMode::kBatchNorm, {4, 100, 99, 64}, -1, true},
+      {NormMode::kBatchNorm, {4, 100, 99, 24}, -1, true},
+      {NormMode::kBatchNorm, {4, 100, 99, 32}, -1, false},
+      {NormMode::kBatchNorm, {4, 100, 99, 1}, -1, true},
+      {NormMode::kBatchNorm, {4, 100, 99, 5}, -1, true},
+      {NormMode::kBatchNorm, {4, 100, 99, 80}, -1, true},
+      {NormMode::kBatchNorm, {6, 6}, -1, true},
+      {NormMode::kGroupNorm, {4, 60, 61, 64}, -1, true, 8},
+      {NormMode::kGroupNorm, {4, 60, 61, 48}, -1, false, 4},
+      {NormMode::kInstanceNorm, {4, 60, 61, 64}, -1, true},
   };
   for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << "mode " << static_cast<int>(c.mode) << " last dim "
+                 << c.shape.back() << " axis/k " << c.axis_or_k);
     int64_t n = 1;
     for (int64_t d : c.shape) n *= d;
     const auto x = RandomValues<float>(n, 5, 100.0, 3.0);
@@ -522,6 +539,8 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
       NormalizeSpec spec = TrainingSpec("s", x, c.shape, c.axis_or_k);
       spec.mode = c.mode;
       spec.normalized_ndim = c.axis_or_k;
+      spec.num_groups = c.groups;
+      if (c.mode != NormMode::kBatchNorm) spec.model.clear();  // Stateless.
       const int64_t params = c.mode == NormMode::kLayerNorm || c.axis_or_k < 0
                                  ? c.shape.back()
                                  : c.shape[1];
