@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -27,6 +28,7 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::DTypeOf;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelNormalize;
 using ::normd::testing::ReferenceChannelStats;
@@ -288,51 +290,62 @@ int64_t NumElementsOf(const Shape& shape) {
   return n;
 }
 
+// Every case twice: as the machine runs it, and on one thread, where the
+// batches of 4 or more samples of several rows (the last three cases) take
+// the one-sample-per-task path (FusedGroupSamples).
 template <typename T>
 void CheckGroupNorm(NormMode mode, double tolerance) {
   const GroupCase cases[] = {
       {{3, 6, 5, 7}, 1, 3},    {{2, 5, 6, 4}, -1, 2},    {{2, 3, 8, 5}, 2, 4},
       {{4, 8, 3000}, 1, 2},    {{2, 64, 64, 32}, -1, 8}, {{5, 12}, 1, 3},
-      {{1, 4, 3, 3, 3}, 1, 4}, {{2, 6, 2}, 1, 1},
+      {{1, 4, 3, 3, 3}, 1, 4}, {{2, 6, 2}, 1, 1},        {{5, 9, 7, 6}, -1, 3},
+      {{4, 3, 6, 5}, 2, 2},    {{6, 40, 33, 16}, -1, 4},
   };
   Engine engine;
-  for (const GroupCase& c : cases) {
-    const int axis = ResolvedAxis(c);
-    const int64_t channels = c.shape[axis];
-    const int64_t groups = mode == NormMode::kGroupNorm ? c.groups : channels;
-    if (mode == NormMode::kInstanceNorm &&
-        NumElementsOf(c.shape) / (c.shape[0] * channels) == 1) {
-      continue;  // One spatial value: refused (OneValuePerGroup...).
+  for (int threads : {0, 1}) {
+    std::optional<tbb::global_control> one_thread;
+    if (threads == 1) {
+      one_thread.emplace(tbb::global_control::max_allowed_parallelism, 1);
     }
-    SCOPED_TRACE(::testing::Message()
-                 << "shape dims " << c.shape.size() << " axis " << c.axis
-                 << " C " << channels << " G " << groups);
-    const auto x = RandomValues<T>(NumElementsOf(c.shape), 5, 3.0, 2.0);
-    std::vector<double> w(channels), b(channels);
-    for (int64_t ch = 0; ch < channels; ++ch) {
-      w[ch] = 0.5 + 0.25 * ch;
-      b[ch] = -1.0 + 0.5 * ch;
+    for (const GroupCase& c : cases) {
+      const int axis = ResolvedAxis(c);
+      const int64_t channels = c.shape[axis];
+      const int64_t groups = mode == NormMode::kGroupNorm ? c.groups : channels;
+      if (mode == NormMode::kInstanceNorm &&
+          NumElementsOf(c.shape) / (c.shape[0] * channels) == 1) {
+        continue;  // One spatial value: refused (OneValuePerGroup...).
+      }
+      SCOPED_TRACE(::testing::Message()
+                   << "shape dims " << c.shape.size() << " N " << c.shape[0]
+                   << " axis " << c.axis << " C " << channels << " G " << groups
+                   << " threads " << threads);
+      const auto x = RandomValues<T>(NumElementsOf(c.shape), 5, 3.0, 2.0);
+      std::vector<double> w(channels), b(channels);
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        w[ch] = 0.5 + 0.25 * ch;
+        b[ch] = -1.0 + 0.5 * ch;
+      }
+      NormalizeSpec spec;
+      spec.mode = mode;
+      spec.input = View(x, c.shape);
+      spec.channel_axis = c.axis;
+      if (mode == NormMode::kGroupNorm) spec.num_groups = groups;
+      spec.weight = Param(w);
+      spec.bias = Param(b);
+      std::vector<T> y(x.size());
+      auto result = engine.Normalize(spec, y.data());
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_FALSE(result->has_value());  // Stateless.
+      const auto ref = ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5, w, b);
+      EXPECT_LE(MaxAbsDiff(y, ref), tolerance);
+      // Without affine parameters: plain normalized values.
+      spec.weight.reset();
+      spec.bias.reset();
+      ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+      EXPECT_LE(MaxAbsDiff(y, ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5,
+                                                 {}, {})),
+                tolerance);
     }
-    NormalizeSpec spec;
-    spec.mode = mode;
-    spec.input = View(x, c.shape);
-    spec.channel_axis = c.axis;
-    if (mode == NormMode::kGroupNorm) spec.num_groups = groups;
-    spec.weight = Param(w);
-    spec.bias = Param(b);
-    std::vector<T> y(x.size());
-    auto result = engine.Normalize(spec, y.data());
-    ASSERT_TRUE(result.ok()) << result.status();
-    EXPECT_FALSE(result->has_value());  // Stateless.
-    const auto ref = ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5, w, b);
-    EXPECT_LE(MaxAbsDiff(y, ref), tolerance);
-    // Without affine parameters: plain normalized values.
-    spec.weight.reset();
-    spec.bias.reset();
-    ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
-    EXPECT_LE(MaxAbsDiff(y, ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5,
-                                               {}, {})),
-              tolerance);
   }
 }
 
@@ -453,6 +466,79 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
           << threads;
     }
   }
+}
+
+// Batches of several samples per thread run one sample per task, reduced and
+// then written backwards (FusedGroupSamples); a batch of one sample takes the
+// two-pass path. Each sample of a batch must come out with the bits it gets
+// alone, streamed or not, channels-last (parameters in registers or not) or
+// with the channel axis in the middle.
+template <typename T>
+void CheckFusedSamplesMatchOneSampleRuns() {
+  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism,
+                                 1);
+  struct Case {
+    NormMode mode;
+    GroupCase shape;
+  };
+  const Case cases[] = {
+      {NormMode::kGroupNorm, {{6, 40, 33, 64}, -1, 16}},
+      {NormMode::kInstanceNorm, {{5, 20, 21, 24}, -1, 0}},
+      {NormMode::kGroupNorm, {{4, 30, 17, 10}, -1, 5}},
+      {NormMode::kGroupNorm, {{4, 3, 6, 500}, 2, 3}},
+  };
+  for (const Case& c : cases) {
+    const Shape& shape = c.shape.shape;
+    const int64_t channels = shape[ResolvedAxis(c.shape)];
+    const int64_t n = NumElementsOf(shape);
+    const int64_t sample = n / shape[0];
+    const auto x = RandomValues<T>(n, 9, 1e3, 5.0);
+    std::vector<double> w(channels), b(channels);
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      w[ch] = 0.75 + 0.01 * static_cast<double>(ch);
+      b[ch] = 0.5 - 0.02 * static_cast<double>(ch);
+    }
+    for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "mode " << static_cast<int>(c.mode) << " C " << channels
+                   << " streamed " << (threshold == 0));
+      SetStreamingOutputBytes(threshold);
+      Engine engine;
+      auto run = [&](const T* input, Shape s, T* y) {
+        NormalizeSpec spec;
+        spec.mode = c.mode;
+        spec.num_groups = c.shape.groups;
+        spec.channel_axis = c.shape.axis;
+        const int64_t size = NumElementsOf(s);
+        spec.input = InputTensor{DTypeOf<T>(), std::move(s), input, size};
+        spec.weight = Param(w);
+        spec.bias = Param(b);
+        spec.eps = 1e-3;
+        EXPECT_TRUE(engine.Normalize(spec, y).ok());
+      };
+      std::vector<T> batch(n), alone(n);
+      run(x.data(), shape, batch.data());
+      Shape one = shape;
+      one[0] = 1;
+      for (int64_t i = 0; i < shape[0]; ++i) {
+        run(x.data() + i * sample, one, alone.data() + i * sample);
+      }
+      EXPECT_EQ(std::memcmp(batch.data(), alone.data(), n * sizeof(T)), 0);
+      // And the values are GroupNorm's (the fp64 reference).
+      const int64_t groups =
+          c.mode == NormMode::kGroupNorm ? c.shape.groups : channels;
+      const auto ref = ReferenceGroupNorm(x, shape, ResolvedAxis(c.shape),
+                                          groups, 1e-3, w, b);
+      const double tolerance = std::is_same_v<T, float> ? 5e-6 : 1e-12;
+      EXPECT_LE(MaxAbsDiff(batch, ref), tolerance);
+    }
+    SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+  }
+}
+
+TEST(GroupNormTest, BatchesEqualOneSampleRunsBitwise) {
+  CheckFusedSamplesMatchOneSampleRuns<float>();
+  CheckFusedSamplesMatchOneSampleRuns<double>();
 }
 
 // ---- InstanceNorm with a model's running statistics -----------------------

@@ -121,38 +121,45 @@ struct GroupGeometry {
   }
 };
 
-// Moments per (sample, group), sample-major. NCHW-like layouts (nothing
-// between the batch and channel axes): every group is one contiguous run.
-// Channels-last: per-(sample, channel) moments with the channels-last
+// The moments of sample n's groups into group[0..groups), for sample_outer
+// > 1. Channels-last: per-(sample, channel) moments with the channels-last
 // kernels, then each group's channels merged in order (Chan, fp64). Else a
 // sample is [sample_outer, groups, one group's values per outer index].
 template <typename T>
-std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
+void SampleGroupMoments(const T* x, const GroupGeometry& g, int64_t n,
+                        Moments* group) {
   const int64_t per_group = g.ChannelsPerGroup();
-  const int64_t group_inner = per_group * g.layout.inner;
-  if (g.sample_outer == 1) {
-    return ChannelMoments(x,
-                          ChannelLayout{1, g.samples * g.groups, group_inner});
-  }
   const bool channels_last = g.layout.inner == 1;
   const ChannelLayout sample =
-      channels_last ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
-                    : ChannelLayout{g.sample_outer, g.groups, group_inner};
+      channels_last
+          ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
+          : ChannelLayout{g.sample_outer, g.groups, per_group * g.layout.inner};
+  const std::vector<Moments> m = ChannelMoments(x + n * g.SampleSize(), sample);
+  if (!channels_last) {
+    std::copy(m.begin(), m.end(), group);
+    return;
+  }
+  for (int64_t c = 0; c < g.layout.channels; ++c) {
+    MergeMoments(group[c / per_group], m[c]);
+  }
+}
+
+// Moments per (sample, group), sample-major. NCHW-like layouts (nothing
+// between the batch and channel axes): every group is one contiguous run.
+// Else per sample (SampleGroupMoments).
+template <typename T>
+std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
+  if (g.sample_outer == 1) {
+    return ChannelMoments(x,
+                          ChannelLayout{1, g.samples * g.groups,
+                                        g.ChannelsPerGroup() * g.layout.inner});
+  }
   std::vector<Moments> out(g.samples * g.groups);
   ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
               g.layout.NumElements(),
               [&](const tbb::blocked_range<int64_t>& range) {
                 for (int64_t n = range.begin(); n < range.end(); ++n) {
-                  const std::vector<Moments> m =
-                      ChannelMoments(x + n * g.SampleSize(), sample);
-                  Moments* group = out.data() + n * g.groups;
-                  if (!channels_last) {
-                    std::copy(m.begin(), m.end(), group);
-                    continue;
-                  }
-                  for (int64_t c = 0; c < g.layout.channels; ++c) {
-                    MergeMoments(group[c / per_group], m[c]);
-                  }
+                  SampleGroupMoments(x, g, n, out.data() + n * g.groups);
                 }
               });
   return out;
@@ -216,6 +223,42 @@ void FusedGroupRows(const T* x, T* y, const GroupGeometry& g,
                       mean.data(), scale.data(), shift.data(), total);
                 }
               });
+}
+
+// Samples per thread from which stateless GroupNorm / InstanceNorm with
+// samples of several rows (channels-last, say) runs one sample per task.
+constexpr int64_t kFusedSamplesPerThread = 4;
+
+// Stateless GroupNorm / InstanceNorm with sample_outer > 1, one sample per
+// task: its moments, then its output written backwards (see
+// Traversal::kBackwardsOnThisThread), so the part of the sample still in
+// this core's cache is read from there: ~15% faster than two passes over
+// the whole tensor for 16 samples of 4 MiB on 2 cores (paired runs of both
+// in one process). Each sample's output is written by one thread, so this
+// needs kFusedSamplesPerThread samples per thread. The same moments and
+// per-element formula as the two-pass path: the same bits.
+template <typename T>
+void FusedGroupSamples(const T* x, T* y, const GroupGeometry& g,
+                       const std::vector<double>& weight,
+                       const std::vector<double>& bias, double eps) {
+  const int64_t channels = g.layout.channels;
+  const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, g.samples, 1), g.layout.NumElements(),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        std::vector<Moments> moments(g.groups);
+        std::vector<double> mean(channels), scale(channels), shift(channels);
+        for (int64_t n = range.begin(); n < range.end(); ++n) {
+          std::fill(moments.begin(), moments.end(), Moments{});
+          SampleGroupMoments(x, g, n, moments.data());
+          GroupParams(moments.data(), n * g.groups, g.groups, g, weight, bias,
+                      eps, mean.data(), scale.data(), shift.data());
+          const int64_t at = n * g.SampleSize();
+          ChannelAffineKernel(x + at, y + at, sample, mean.data(), scale.data(),
+                              shift.data(), g.layout.NumElements(),
+                              Traversal::kBackwardsOnThisThread);
+        }
+      });
 }
 
 // y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
@@ -571,16 +614,26 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   }
   const std::vector<double> no_weight(channels, 1.0);
   const std::vector<double> no_bias(channels, 0.0);
-  if (!with_model && g.sample_outer == 1) {
-    // Groups are contiguous rows: each is reduced and written while cached.
+  // Stateless with groups of contiguous rows: each is reduced and written
+  // while cached. With larger samples and a large enough batch: one sample
+  // per task, reduced then written backwards.
+  if (!with_model &&
+      (g.sample_outer == 1 ||
+       g.samples >= kFusedSamplesPerThread * ComputeConcurrency())) {
     const std::vector<double>& weight =
         spec.weight.has_value() ? spec.weight->values : no_weight;
     const std::vector<double>& bias =
         spec.bias.has_value() ? spec.bias->values : no_bias;
+    const double eps = spec.eps.value_or(kDefaultEps);
     VisitDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      FusedGroupRows(static_cast<const T*>(in.data), static_cast<T*>(output), g,
-                     weight, bias, spec.eps.value_or(kDefaultEps));
+      const T* x = static_cast<const T*>(in.data);
+      T* y = static_cast<T*>(output);
+      if (g.sample_outer == 1) {
+        FusedGroupRows(x, y, g, weight, bias, eps);
+      } else {
+        FusedGroupSamples(x, y, g, weight, bias, eps);
+      }
     });
     return std::optional<BatchNormModel>();
   }

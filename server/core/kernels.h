@@ -79,6 +79,16 @@ void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
                    float scale, const float* weight, const float* bias,
                    bool vector);
 
+// How ChannelAffineKernel walks its tensor. The output is the same.
+enum class Traversal {
+  kParallel,  // Cache-sized pieces in parallel.
+  // The pieces from the last to the first on the calling thread: for a
+  // caller that has just read x forwards (say for its statistics) and runs
+  // one such call per task, so that the end of x, still in this core's
+  // cache, is read again first.
+  kBackwardsOnThisThread,
+};
+
 // y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
 // tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
 // input is read in cache-sized pieces. `output_elements`, when larger, is
@@ -88,13 +98,15 @@ template <typename T>
 void ChannelAffineKernel(const InputSource<T>& x, T* y,
                          const ChannelLayout& layout, const double* mean,
                          const double* scale, const double* shift,
-                         int64_t output_elements = 0);
+                         int64_t output_elements = 0,
+                         Traversal traversal = Traversal::kParallel);
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
-                         const double* shift, int64_t output_elements = 0) {
+                         const double* shift, int64_t output_elements = 0,
+                         Traversal traversal = Traversal::kParallel) {
   ChannelAffineKernel(InputSource<T>{x, nullptr}, y, layout, mean, scale, shift,
-                      output_elements);
+                      output_elements, traversal);
 }
 
 }  // namespace normd

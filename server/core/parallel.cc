@@ -1,5 +1,9 @@
 #include "server/core/parallel.h"
 
+#include <tbb/global_control.h>
+
+#include <algorithm>
+
 namespace normd {
 
 tbb::task_arena& ComputeArena() {
@@ -10,6 +14,13 @@ tbb::task_arena& ComputeArena() {
     return a;
   }();
   return *arena;
+}
+
+int ComputeConcurrency() {
+  const auto limit = tbb::global_control::active_value(
+      tbb::global_control::max_allowed_parallelism);
+  return static_cast<int>(std::min<size_t>(
+      static_cast<size_t>(ComputeArena().max_concurrency()), limit));
 }
 
 }  // namespace normd

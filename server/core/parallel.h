@@ -27,6 +27,10 @@ inline constexpr int64_t kSerialWorkElements = 32 * 1024;
 
 tbb::task_arena& ComputeArena();
 
+// How many threads compute work can use now: the arena's size, or less
+// under a tbb::global_control limit (normd's --tbb_threads).
+int ComputeConcurrency();
+
 // Runs `task` (any callable, move-only is fine) in the compute arena on some
 // worker thread, later; returns at once. `task` must not throw.
 template <typename Task>
