@@ -986,6 +986,67 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 // 16-bit GroupNorm / InstanceNorm / BatchNorm are computed in a widened
 // copy and narrowed at the end, with streaming stores for large outputs:
 // the same bits as the cached narrowing.
+// Stateless 16-bit GroupNorm / InstanceNorm runs a few groups or samples at
+// a time through small fp32 buffers: the result must be the bits of the
+// whole tensor widened to fp32, normalized as fp32 and narrowed (the test
+// does that through the fp32 API), in every layout, streamed or not.
+TEST(HalfTensorTest, BufferedGroupModesEqualWholeTensorWidenedBitwise) {
+  struct Case {
+    NormMode mode;
+    GroupCase shape;
+  };
+  const Case cases[] = {
+      {NormMode::kGroupNorm, {{6, 8, 40, 41}, 1, 4}},  // Contiguous groups.
+      {NormMode::kInstanceNorm, {{3, 5, 70, 300}, 1, 0}},
+      {NormMode::kGroupNorm, {{9, 30, 31, 16}, -1, 4}},  // Channels-last.
+      {NormMode::kInstanceNorm, {{4, 20, 21, 24}, -1, 0}},
+      {NormMode::kGroupNorm, {{5, 3, 6, 200}, 2, 3}},  // Axis 2.
+  };
+  for (const Case& c : cases) {
+    const Shape& shape = c.shape.shape;
+    const int64_t channels = shape[ResolvedAxis(c.shape)];
+    const int64_t n = NumElementsOf(shape);
+    const auto values = RandomValues<double>(n, 37, 50.0, 4.0);
+    std::vector<double> w(channels), b(channels);
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      w[ch] = 1.5 - 0.03 * static_cast<double>(ch);
+      b[ch] = -0.25 + 0.05 * static_cast<double>(ch);
+    }
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      std::vector<uint16_t> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, values[i]);
+      std::vector<float> wide(n);
+      WidenHalf(dtype, x.data(), wide.data(), n);
+      Engine engine;
+      auto spec_for = [&](const InputTensor& input) {
+        NormalizeSpec spec;
+        spec.mode = c.mode;
+        spec.num_groups = c.shape.groups;
+        spec.channel_axis = c.shape.axis;
+        spec.input = input;
+        spec.weight = Param(w);
+        spec.bias = Param(b);
+        return spec;
+      };
+      std::vector<float> y_wide(n);
+      ASSERT_TRUE(
+          engine.Normalize(spec_for(View(wide, shape)), y_wide.data()).ok());
+      std::vector<uint16_t> expected(n);
+      NarrowToHalf(dtype, y_wide.data(), expected.data(), n);
+      for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+        SetStreamingOutputBytes(threshold);
+        std::vector<uint16_t> y(n);
+        EXPECT_TRUE(
+            engine.Normalize(spec_for(View(x, shape, dtype)), y.data()).ok());
+        SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+        EXPECT_EQ(y, expected)
+            << DTypeName(dtype) << " mode " << static_cast<int>(c.mode) << " C "
+            << channels << " streamed " << (threshold == 0);
+      }
+    }
+  }
+}
+
 TEST(HalfTensorTest, StreamedWidenedModesEqualCachedBitwise) {
   Engine engine;
   const Shape shape = {3, 8, 17, 19};

@@ -190,6 +190,29 @@ void GroupParams(const Moments* moments, int64_t first, int64_t count,
 // elements, so that the writing pass reads from cache.
 constexpr int64_t kFusedGroupElements = 64 * 1024;
 
+// Sets [first, first + count) of a GroupNorm / InstanceNorm whose groups are
+// contiguous runs (see FusedGroupRows) from xs to ys (both at set `first`):
+// their moments, then their output. `output_elements` as for
+// ChannelAffineKernel; mean / scale / shift are scratch.
+template <typename T>
+void GroupRowsChunk(const T* xs, T* ys, const GroupGeometry& g, int64_t first,
+                    int64_t count, const std::vector<double>& weight,
+                    const std::vector<double>& bias, double eps,
+                    int64_t output_elements, std::vector<double>& mean,
+                    std::vector<double>& scale, std::vector<double>& shift) {
+  const int64_t per_group = g.ChannelsPerGroup();
+  const std::vector<Moments> m =
+      ChannelMoments(xs, ChannelLayout{1, count, g.PerGroup()});
+  mean.resize(count * per_group);
+  scale.resize(mean.size());
+  shift.resize(mean.size());
+  GroupParams(m.data(), first, count, g, weight, bias, eps, mean.data(),
+              scale.data(), shift.data());
+  ChannelAffineKernel(xs, ys,
+                      ChannelLayout{1, count * per_group, g.layout.inner},
+                      mean.data(), scale.data(), shift.data(), output_elements);
+}
+
 // Stateless GroupNorm / InstanceNorm when every group is one contiguous run
 // (nothing between the batch and channel axes): chunks of whole groups are
 // reduced and then written while still in cache, one pass over memory. Same
@@ -199,28 +222,16 @@ void FusedGroupRows(const T* x, T* y, const GroupGeometry& g,
                     const std::vector<double>& weight,
                     const std::vector<double>& bias, double eps) {
   const int64_t row = g.PerGroup();
-  const int64_t sets = g.samples * g.groups;
   const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / row);
-  const int64_t per_group = g.ChannelsPerGroup();
   const int64_t total = g.layout.NumElements();
-  ParallelFor(tbb::blocked_range<int64_t>(0, sets, per_chunk), total,
-              [&](const tbb::blocked_range<int64_t>& range) {
+  ParallelFor(tbb::blocked_range<int64_t>(0, g.samples * g.groups, per_chunk),
+              total, [&](const tbb::blocked_range<int64_t>& range) {
                 std::vector<double> mean, scale, shift;
                 for (int64_t s0 = range.begin(); s0 < range.end();
                      s0 += per_chunk) {
-                  const int64_t count = std::min(per_chunk, range.end() - s0);
-                  const T* xs = x + s0 * row;
-                  const std::vector<Moments> m =
-                      ChannelMoments(xs, ChannelLayout{1, count, row});
-                  mean.resize(count * per_group);
-                  scale.resize(mean.size());
-                  shift.resize(mean.size());
-                  GroupParams(m.data(), s0, count, g, weight, bias, eps,
-                              mean.data(), scale.data(), shift.data());
-                  ChannelAffineKernel(
-                      xs, y + s0 * row,
-                      ChannelLayout{1, count * per_group, g.layout.inner},
-                      mean.data(), scale.data(), shift.data(), total);
+                  GroupRowsChunk(x + s0 * row, y + s0 * row, g, s0,
+                                 std::min(per_chunk, range.end() - s0), weight,
+                                 bias, eps, total, mean, scale, shift);
                 }
               });
 }
@@ -257,6 +268,60 @@ void FusedGroupSamples(const T* x, T* y, const GroupGeometry& g,
           ChannelAffineKernel(x + at, y + at, sample, mean.data(), scale.data(),
                               shift.data(), g.layout.NumElements(),
                               Traversal::kBackwardsOnThisThread);
+        }
+      });
+}
+
+// 16-bit stateless GroupNorm / InstanceNorm goes through fp32 buffers of
+// the tasks' own when what one buffer must hold (a group whose values are
+// contiguous, else a sample) has at most this many values; larger ones widen
+// the whole input (Engine::NormalizeWidened).
+constexpr int64_t kMaxBufferedHalfValues = 4 << 20;
+
+// What HalfGroupSamples buffers at least: one contiguous group, or a sample.
+int64_t HalfGroupUnit(const GroupGeometry& g) {
+  return g.sample_outer == 1 ? g.PerGroup() : g.SampleSize();
+}
+
+// Stateless GroupNorm / InstanceNorm of 16-bit x into y (HalfGroupUnit(g) <=
+// kMaxBufferedHalfValues): per task, whole groups (contiguous ones,
+// kFusedGroupElements at a time) or whole samples are widened into an fp32
+// buffer, normalized there in place exactly as fp32 input is
+// (GroupRowsChunk / FusedGroupSamples) and narrowed into y, so that no
+// tensor-sized buffer is allocated and faulted in. The same bits as widening
+// the whole tensor first: every set's statistics and outputs depend on its
+// own values only.
+void HalfGroupSamples(DType dtype, const uint16_t* x, uint16_t* y,
+                      const GroupGeometry& g, const std::vector<double>& weight,
+                      const std::vector<double>& bias, double eps) {
+  const bool rows = g.sample_outer == 1;
+  // Units: sets (sample, group) for contiguous groups, else samples.
+  const int64_t unit = HalfGroupUnit(g);
+  const int64_t units = rows ? g.samples * g.groups : g.samples;
+  const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / unit);
+  const int64_t total = g.layout.NumElements();
+  const bool stream = total * 2 >= StreamingOutputBytes();
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, units, per_chunk), total,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        std::vector<double> mean, scale, shift;
+        for (int64_t u0 = range.begin(); u0 < range.end(); u0 += per_chunk) {
+          const int64_t count = std::min(per_chunk, range.end() - u0);
+          const int64_t n = count * unit;
+          const auto buffer = std::make_unique_for_overwrite<float[]>(n);
+          WidenHalf(dtype, x + u0 * unit, buffer.get(), n);
+          if (rows) {
+            GroupRowsChunk(buffer.get(), buffer.get(), g, u0, count, weight,
+                           bias, eps, n, mean, scale, shift);
+          } else {
+            GroupGeometry chunk = g;
+            chunk.samples = count;
+            chunk.layout.outer = count * g.sample_outer;
+            FusedGroupSamples(buffer.get(), buffer.get(), chunk, weight, bias,
+                              eps);
+          }
+          (stream ? NarrowToHalfStreaming : NarrowToHalf)(dtype, buffer.get(),
+                                                          y + u0 * unit, n);
         }
       });
 }
@@ -365,8 +430,18 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeHalf(
       return std::nullopt;
     }
   }
-  // Everything else: computed in fp32 in one widened copy, in place, and
-  // rounded once at the end.
+  if (spec.mode == NormMode::kGroupNorm ||
+      (spec.mode == NormMode::kInstanceNorm && spec.model.empty())) {
+    // Stateless: a few samples at a time (NormalizeGroups).
+    return NormalizeGroups(spec, output);
+  }
+  return NormalizeWidened(spec, output);
+}
+
+absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWidened(
+    const NormalizeSpec& spec, void* output) {
+  // Computed in fp32 in one widened copy, in place, and rounded once at the
+  // end.
   std::unique_ptr<float[]> wide;
   NormalizeSpec widened = spec;
   widened.input = Widened(spec.input, wide);
@@ -614,17 +689,26 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   }
   const std::vector<double> no_weight(channels, 1.0);
   const std::vector<double> no_bias(channels, 0.0);
+  if (IsHalf(in.dtype) &&
+      (with_model || HalfGroupUnit(g) > kMaxBufferedHalfValues)) {
+    return NormalizeWidened(spec, output);
+  }
   // Stateless with groups of contiguous rows: each is reduced and written
   // while cached. With larger samples and a large enough batch: one sample
-  // per task, reduced then written backwards.
+  // per task, reduced then written backwards. 16-bit: through small buffers.
   if (!with_model &&
-      (g.sample_outer == 1 ||
+      (IsHalf(in.dtype) || g.sample_outer == 1 ||
        g.samples >= kFusedSamplesPerThread * ComputeConcurrency())) {
     const std::vector<double>& weight =
         spec.weight.has_value() ? spec.weight->values : no_weight;
     const std::vector<double>& bias =
         spec.bias.has_value() ? spec.bias->values : no_bias;
     const double eps = spec.eps.value_or(kDefaultEps);
+    if (IsHalf(in.dtype)) {
+      HalfGroupSamples(in.dtype, static_cast<const uint16_t*>(in.data),
+                       static_cast<uint16_t*>(output), g, weight, bias, eps);
+      return std::optional<BatchNormModel>();
+    }
     VisitDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       const T* x = static_cast<const T*>(in.data);

@@ -101,6 +101,9 @@ class Engine {
       const NormalizeSpec& spec, void* output);
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeHalf(
       const NormalizeSpec& spec, void* output);
+  // A 16-bit spec computed in fp32 in one widened copy of the whole input.
+  absl::StatusOr<std::optional<BatchNormModel>> NormalizeWidened(
+      const NormalizeSpec& spec, void* output);
   absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
   absl::StatusOr<BatchNormModel> NormalizeBatch(const NormalizeSpec& spec,
                                                 void* output);
