@@ -121,7 +121,8 @@ BENCHMARK(BM_ReadSum)->UseRealTime();
 // that must read their input twice. A copy with streaming stores (the output
 // path of every large kernel), and the floor of a two-pass kernel over 4 MiB
 // samples (GroupNorm / InstanceNorm NHWC): each sample read once for
-// statistics, then read again and streamed out, one sample per task.
+// statistics, then read again backwards and streamed out, one sample per
+// task.
 void BM_StreamCopy(benchmark::State& state) {
   const float* src = Input().data();
   float* dst = Output().data();
@@ -147,8 +148,12 @@ void BM_TwoPassFloor(benchmark::State& state) {
         [&](const tbb::blocked_range<int64_t>& r) {
           for (int64_t s = r.begin(); s < r.end(); ++s) {
             benchmark::DoNotOptimize(SumLoop(src + s * kSample, kSample));
-            StreamCopy(dst + s * kSample, src + s * kSample,
-                       kSample * sizeof(float));
+            // Backwards, as GroupNorm does: the sample's tail is in L2.
+            constexpr int64_t kPiece = 16 * 1024;
+            for (int64_t p = kSample - kPiece; p >= 0; p -= kPiece) {
+              StreamCopy(dst + s * kSample + p, src + s * kSample + p,
+                         kPiece * sizeof(float));
+            }
           }
         });
     benchmark::ClobberMemory();
@@ -195,9 +200,8 @@ BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseRealTime();
 // 16-bit LayerNorm / RMSNorm over D = 4096 of [1, T, 4096]: 32 Mi elements
 // (64 MiB of bf16 / fp16, so the bytes moved match BM_Copy's). Arg 0 =
 // bfloat16, 1 = float16; `rms` picks RMSNorm.
-void BM_HalfRows(benchmark::State& state) {
-  const DType dtype = state.range(0) == 0 ? DType::kBFloat16 : DType::kFloat16;
-  const bool rms = state.range(1) != 0;
+// 32 Mi bf16 values of Input() (64 MiB), built once.
+const std::vector<uint16_t>& Halves() {
   static const std::vector<uint16_t>* halves = [] {
     auto* v = new std::vector<uint16_t>(2 * kElements);
     const std::vector<float>& src = Input();
@@ -206,6 +210,13 @@ void BM_HalfRows(benchmark::State& state) {
     }
     return v;
   }();
+  return *halves;
+}
+
+void BM_HalfRows(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kBFloat16 : DType::kFloat16;
+  const bool rms = state.range(1) != 0;
+  const std::vector<uint16_t>* halves = &Halves();
   Engine engine;
   NormalizeSpec spec;
   spec.mode = rms ? NormMode::kRmsNorm : NormMode::kLayerNorm;
@@ -219,6 +230,28 @@ BENCHMARK(BM_HalfRows)
     ->Args({0, 0})
     ->Args({1, 0})
     ->Args({0, 1})
+    ->UseRealTime();
+
+// bf16 GroupNorm (32 groups) of [32, 64, 128, 128] or channels-last
+// [32, 128, 128, 64]: 64 MiB, as BM_Copy.
+void BM_HalfGroupNorm(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kGroupNorm;
+  spec.num_groups = 32;
+  spec.channel_axis = channels_last ? -1 : 1;
+  spec.input = InputTensor{
+      DType::kBFloat16,
+      channels_last ? Shape{32, 128, 128, 64} : Shape{32, 64, 128, 128},
+      Halves().data(), 2 * kElements};
+  TimeNormalize(state, engine, spec);
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfGroupNorm)
+    ->ArgNames({"channels_last"})
+    ->Arg(0)
+    ->Arg(1)
     ->UseRealTime();
 
 // GroupNorm (32 groups) / InstanceNorm of [16, 64, 128, 128] or channels-last

@@ -42,6 +42,10 @@ ROWS = [
      0.9, "bw"),
     ("BM_HalfRows/float16:0/rms:1", "RMSNorm bf16 [B,T,4096]", "BM_Copy",
      0.9, "bw"),
+    ("BM_HalfGroupNorm/channels_last:0", "GroupNorm(32) bf16 NCHW",
+     "BM_Copy", 0.9, "bw"),
+    ("BM_HalfGroupNorm/channels_last:1", "GroupNorm(32) bf16 NHWC",
+     "BM_Copy", 0.9, "bw"),
 ]
 
 

@@ -49,7 +49,11 @@ def main():
     results["BM_HalfRows/float16:0/rms:1"] = median_seconds(
         lambda t=t: t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True)
                                     + 1e-5).to(t.dtype))
-    del big
+    for cl, shape in ((0, (32, 64, 128, 128)), (1, (32, 128, 128, 64))):
+        g = t.view(shape) if cl == 0 else t.view(shape).permute(0, 3, 1, 2)
+        results[f"BM_HalfGroupNorm/channels_last:{cl}"] = median_seconds(
+            lambda g=g: F.group_norm(g, 32))
+    del big, t
     nchw = x.view(16, 64, 128, 128)
     nhwc = x.view(16, 128, 128, 64).permute(0, 3, 1, 2)  # channels_last strides
     assert nhwc.is_contiguous(memory_format=torch.channels_last)
