@@ -122,8 +122,9 @@ BENCHMARK(BM_ReadSum)->UseRealTime();
 // path of every large kernel), and the floor of a two-pass kernel over 4 MiB
 // samples (GroupNorm / InstanceNorm NHWC): each sample read once for
 // statistics, then read again forwards and streamed out, one sample per
-// task. (A version that wrote each sample backwards in 64 KiB StreamCopy
-// calls, a fence each, measured 6.9-7.8 ms against this one's ~4: not kept.)
+// task. (A version writing each sample backwards in 64 KiB StreamCopy
+// calls, a fence each, read 4.3 ms in one run and 6.9-7.8 ms in two more:
+// not kept.)
 void BM_StreamCopy(benchmark::State& state) {
   const float* src = Input().data();
   float* dst = Output().data();
