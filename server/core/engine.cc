@@ -48,7 +48,7 @@ InputTensor Widened(const InputTensor& input,
 // streaming stores (the same bits).
 void Narrow(DType dtype, const float* src, void* dst, int64_t n) {
   auto* out = static_cast<uint16_t*>(dst);
-  const bool stream = n * 2 >= StreamingOutputBytes();
+  const bool stream = StreamOutput(n, sizeof(uint16_t));
   ParallelFor(tbb::blocked_range<int64_t>(0, n, kConvertChunk), n,
               [&](const tbb::blocked_range<int64_t>& r) {
                 (stream ? NarrowToHalfStreaming : NarrowToHalf)(
@@ -300,7 +300,7 @@ void HalfGroupSamples(DType dtype, const uint16_t* x, uint16_t* y,
   const int64_t units = rows ? g.samples * g.groups : g.samples;
   const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / unit);
   const int64_t total = g.layout.NumElements();
-  const bool stream = total * 2 >= StreamingOutputBytes();
+  const bool stream = StreamOutput(total, sizeof(uint16_t));
   ParallelFor(
       tbb::blocked_range<int64_t>(0, units, per_chunk), total,
       [&](const tbb::blocked_range<int64_t>& range) {

@@ -537,11 +537,6 @@ T* Staging(int64_t elements) {
   return buffer.data();
 }
 
-bool StreamOutput(int64_t elements, size_t element_size) {
-  return elements * static_cast<int64_t>(element_size) >=
-         StreamingOutputBytes();
-}
-
 double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
   switch (style) {
     case LayerNormStyle::kBertUnbiasedStd:

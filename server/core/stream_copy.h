@@ -20,6 +20,13 @@ inline constexpr int64_t kDefaultStreamingOutputBytes = 8 << 20;
 int64_t StreamingOutputBytes();
 void SetStreamingOutputBytes(int64_t bytes);
 
+// Whether an output of `elements` values of `element_size` bytes is written
+// with streaming stores (at least StreamingOutputBytes()).
+inline bool StreamOutput(int64_t elements, size_t element_size) {
+  return elements * static_cast<int64_t>(element_size) >=
+         StreamingOutputBytes();
+}
+
 // memcpy(dst, src, bytes) with streaming stores where the CPU has them, then a
 // store fence so that the data is visible to other threads afterwards.
 void StreamCopy(void* dst, const void* src, size_t bytes);
