@@ -301,29 +301,30 @@ void HalfGroupSamples(DType dtype, const uint16_t* x, uint16_t* y,
   const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / unit);
   const int64_t total = g.layout.NumElements();
   const bool stream = StreamOutput(total, sizeof(uint16_t));
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, units, per_chunk), total,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        std::vector<double> mean, scale, shift;
-        for (int64_t u0 = range.begin(); u0 < range.end(); u0 += per_chunk) {
-          const int64_t count = std::min(per_chunk, range.end() - u0);
-          const int64_t n = count * unit;
-          const auto buffer = std::make_unique_for_overwrite<float[]>(n);
-          WidenHalf(dtype, x + u0 * unit, buffer.get(), n);
-          if (rows) {
-            GroupRowsChunk(buffer.get(), buffer.get(), g, u0, count, weight,
-                           bias, eps, n, mean, scale, shift);
-          } else {
-            GroupGeometry chunk = g;
-            chunk.samples = count;
-            chunk.layout.outer = count * g.sample_outer;
-            FusedGroupSamples(buffer.get(), buffer.get(), chunk, weight, bias,
-                              eps);
-          }
-          (stream ? NarrowToHalfStreaming : NarrowToHalf)(dtype, buffer.get(),
-                                                          y + u0 * unit, n);
-        }
-      });
+  ParallelFor(tbb::blocked_range<int64_t>(0, units, per_chunk), total,
+              [&](const tbb::blocked_range<int64_t>& range) {
+                std::vector<double> mean, scale, shift;
+                const auto buffer = std::make_unique_for_overwrite<float[]>(
+                    std::min(per_chunk, range.end() - range.begin()) * unit);
+                for (int64_t u0 = range.begin(); u0 < range.end();
+                     u0 += per_chunk) {
+                  const int64_t count = std::min(per_chunk, range.end() - u0);
+                  const int64_t n = count * unit;
+                  WidenHalf(dtype, x + u0 * unit, buffer.get(), n);
+                  if (rows) {
+                    GroupRowsChunk(buffer.get(), buffer.get(), g, u0, count,
+                                   weight, bias, eps, n, mean, scale, shift);
+                  } else {
+                    GroupGeometry chunk = g;
+                    chunk.samples = count;
+                    chunk.layout.outer = count * g.sample_outer;
+                    FusedGroupSamples(buffer.get(), buffer.get(), chunk, weight,
+                                      bias, eps);
+                  }
+                  (stream ? NarrowToHalfStreaming : NarrowToHalf)(
+                      dtype, buffer.get(), y + u0 * unit, n);
+                }
+              });
 }
 
 // y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
