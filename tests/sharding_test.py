@@ -7,9 +7,10 @@ HAProxy routing on the x-normd-model header that the clients send.
    state exists on exactly one replica and its num_batches_tracked equals the
    acknowledged Fits; responses name their replica (x-normd-replica);
    LayerNorm (no header) spreads over all replicas (per-replica metrics).
-2. One replica is killed (SIGKILL) while the clients keep fitting: only its
-   models move (the fraction is measured), their clients see UNAVAILABLE and
-   then success, never another code; the other models never fail or move.
+2. One replica is killed (SIGKILL) while the clients keep fitting (until
+   each of its models has succeeded again): only its models move (the
+   fraction is measured), their clients see UNAVAILABLE and then success,
+   never another code; the other models never fail or move.
 3. It restarts on its state directory: its models' statistics are back
    (every acknowledged Fit) and its models route back to it.
 4. The Fits that landed elsewhere meanwhile are folded back with
@@ -210,6 +211,17 @@ class FitLoad:
         for t in self.threads:
             t.join()
 
+    def recovered(self, models, since):
+        """Whether each model has an OK after `since` and after its last
+        failure."""
+        with self.lock:
+            for m in models:
+                after = [(t, code) for t, code in self.outcomes[m]
+                         if t > since]
+                if not after or after[-1][1] != grpc.StatusCode.OK:
+                    return False
+        return True
+
     def _run(self, index):
         rng = np.random.default_rng(index)
         order = random.Random(index)
@@ -307,7 +319,11 @@ def main():
         victim.kill()
         wait_for(lambda: proxy.server_status().get(victim.name) not in
                  (None, "UP"), 10, "HAProxy to mark the killed replica down")
-        time.sleep(1.0)
+        # Keep fitting until every one of its models has succeeded after its
+        # last failure: a fixed pause is too short when a slow (sanitizer)
+        # build's clients have not come round to a model again yet.
+        wait_for(lambda: load.recovered(victims_models, killed_at), 60,
+                 "every model of the killed replica to succeed again")
         load.stop()
         unavailable = collections.Counter()
         recovery = {}
