@@ -7,13 +7,16 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "server/core/engine.h"
 #include "server/core/moments.h"
+#include "server/core/parallel.h"
 #include "server/core/stream_copy.h"
 #include "tests/input_view.h"
 #include "tests/reference.h"
@@ -734,6 +737,49 @@ TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
       EXPECT_EQ(std::get<3>(one), std::get<3>(many));
     }
   }
+}
+
+TEST(ParallelTest, SerialLoopsScopeRunsLoopsWholeOnTheCallingThread) {
+  const tbb::blocked_range<int64_t> range(0, 1 << 20, 1024);
+  struct Call {
+    int64_t begin, end;
+    std::thread::id thread;
+  };
+  auto calls_of = [&] {
+    std::vector<Call> calls;
+    std::mutex mutex;
+    ParallelFor(range, range.size(), [&](const tbb::blocked_range<int64_t>& r) {
+      std::lock_guard<std::mutex> lock(mutex);
+      calls.push_back({r.begin(), r.end(), std::this_thread::get_id()});
+    });
+    return calls;
+  };
+  EXPECT_FALSE(SerialLoopsScope::Active());
+  {
+    const SerialLoopsScope serial;
+    EXPECT_TRUE(SerialLoopsScope::Active());
+    {
+      const SerialLoopsScope inactive(false);  // Nested: stays serial.
+      EXPECT_TRUE(SerialLoopsScope::Active());
+    }
+    const std::vector<Call> calls = calls_of();
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].begin, 0);
+    EXPECT_EQ(calls[0].end, 1 << 20);
+    EXPECT_EQ(calls[0].thread, std::this_thread::get_id());
+  }
+  EXPECT_FALSE(SerialLoopsScope::Active());
+  {
+    const SerialLoopsScope inactive(false);
+    EXPECT_FALSE(SerialLoopsScope::Active());
+  }
+  // Without a scope the loop is split (into many pieces, whatever the
+  // number of threads), covering the range once.
+  std::vector<Call> calls = calls_of();
+  EXPECT_GT(calls.size(), 1u);
+  int64_t covered = 0;
+  for (const Call& c : calls) covered += c.end - c.begin;
+  EXPECT_EQ(covered, 1 << 20);
 }
 
 }  // namespace

@@ -16,6 +16,18 @@ tbb::task_arena& ComputeArena() {
   return *arena;
 }
 
+namespace {
+thread_local bool serial_loops = false;
+}  // namespace
+
+SerialLoopsScope::SerialLoopsScope(bool active) : previous_(serial_loops) {
+  serial_loops = previous_ || active;
+}
+
+SerialLoopsScope::~SerialLoopsScope() { serial_loops = previous_; }
+
+bool SerialLoopsScope::Active() { return serial_loops; }
+
 int ComputeConcurrency() {
   const auto limit = tbb::global_control::active_value(
       tbb::global_control::max_allowed_parallelism);

@@ -38,12 +38,34 @@ void EnqueueCompute(Task&& task) {
   ComputeArena().enqueue(std::forward<Task>(task));
 }
 
+// While one is alive (and `active`), ParallelFor on this thread runs its
+// loop serially: for the bodies of an outer parallel loop that already has
+// several tasks per thread, where nested loops would only add TBB's
+// overhead and move cached data to other cores. Scopes nest; results are
+// the same either way (bodies compute fixed blocks). Thread-compatible: it
+// changes only its own thread's state.
+class SerialLoopsScope {
+ public:
+  explicit SerialLoopsScope(bool active = true);
+  ~SerialLoopsScope();
+  SerialLoopsScope(const SerialLoopsScope&) = delete;
+  SerialLoopsScope& operator=(const SerialLoopsScope&) = delete;
+
+  // Whether a scope is active on this thread.
+  static bool Active();
+
+ private:
+  bool previous_;
+};
+
 // tbb::parallel_for over `range` in the compute arena, or body(range) on this
-// thread when `work_elements` (what the whole loop touches) is small.
+// thread when `work_elements` (what the whole loop touches) is small or a
+// SerialLoopsScope is active.
 template <typename Body>
 void ParallelFor(const tbb::blocked_range<int64_t>& range,
                  int64_t work_elements, const Body& body) {
-  if (work_elements < kSerialWorkElements || !range.is_divisible()) {
+  if (work_elements < kSerialWorkElements || !range.is_divisible() ||
+      SerialLoopsScope::Active()) {
     body(range);
     return;
   }
