@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/core/engine.h"
 #include "server/core/half.h"
 #include "server/core/kernels.h"
@@ -981,26 +982,86 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
                           kN, dtype == DType::kBFloat16 ? 0x7fc0 : 0x7e00));
     EXPECT_EQ(run(spec, 0), cached) << DTypeName(dtype);
   }
+  // The channel modes: channel (or group) 0 holds -max, then max, with
+  // weight 0: x - mean overflows to -Inf and -Inf * 0 is NaN, although every
+  // input and parameter is finite (bfloat16 only: float16 values are far
+  // from fp32's overflow). Channel 1 is all 1.0 (output 0).
+  {
+    const DType dtype = DType::kBFloat16;
+    const uint16_t max = 0x7f7f;
+    const uint16_t one = 0x3f80;
+    const uint16_t nan = 0x7fc0;
+    struct Case {
+      NormMode mode;
+      Shape shape;
+      int32_t axis;
+    };
+    for (const Case& c : {Case{NormMode::kGroupNorm, {1, 2, kN}, 1},
+                          Case{NormMode::kGroupNorm, {1, kN, 2}, -1},
+                          Case{NormMode::kInstanceNorm, {1, 2, kN}, 1},
+                          Case{NormMode::kBatchNorm, {kN, 2}, 1}}) {
+      const bool last = c.axis == -1;
+      std::vector<uint16_t> x(2 * kN, one);
+      for (int64_t i = 0; i < kN; ++i) {
+        x[last ? 2 * i : i] =
+            i == 0 ? static_cast<uint16_t>(max | 0x8000) : max;
+      }
+      // BatchNorm: channel c of row i is x[2i + c], as channels-last.
+      if (c.mode == NormMode::kBatchNorm) {
+        for (int64_t i = 0; i < kN; ++i) {
+          x[2 * i] = i == 0 ? static_cast<uint16_t>(max | 0x8000) : max;
+          x[2 * i + 1] = one;
+        }
+      }
+      NormalizeSpec spec;
+      spec.mode = c.mode;
+      spec.num_groups = c.mode == NormMode::kGroupNorm ? 2 : 0;
+      spec.model = c.mode == NormMode::kBatchNorm ? "nan" : "";
+      spec.training = c.mode == NormMode::kBatchNorm;
+      spec.channel_axis = c.axis;
+      spec.input = View(x, c.shape, dtype);
+      spec.weight = Param({0.0, 0.0});
+      const std::vector<uint16_t> cached =
+          run(spec, std::numeric_limits<int64_t>::max());
+      const bool transposed = last || c.mode == NormMode::kBatchNorm;
+      EXPECT_EQ(cached[0], nan) << DTypeName(dtype);
+      EXPECT_EQ(cached[transposed ? 1 : kN], 0) << DTypeName(dtype);
+      EXPECT_EQ(run(spec, 0), cached)
+          << DTypeName(dtype) << " mode " << static_cast<int>(c.mode);
+    }
+  }
 }
 
-// 16-bit GroupNorm / InstanceNorm / BatchNorm are computed in a widened
-// copy and narrowed at the end, with streaming stores for large outputs:
-// the same bits as the cached narrowing.
-// Stateless 16-bit GroupNorm / InstanceNorm runs a few groups or samples at
-// a time through small fp32 buffers: the result must be the bits of the
-// whole tensor widened to fp32, normalized as fp32 and narrowed (the test
-// does that through the fp32 API), in every layout, streamed or not.
-TEST(HalfTensorTest, BufferedGroupModesEqualWholeTensorWidenedBitwise) {
+// Every channel mode of a 16-bit tensor (GroupNorm, InstanceNorm stateless
+// and with a model, BatchNorm training and eval, Fit) reads the 16-bit values
+// in place (HalfChannelMoments, ChannelAffineHalfKernel): outputs and models
+// must be the bits of the whole tensor widened to fp32, run as fp32 and
+// narrowed (the test does that through the fp32 API and NarrowToHalf), in
+// every layout and channel count (the kernels' register paths and their
+// per-element fallback), streamed or not, into aligned, unaligned and
+// in-place outputs.
+TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
   struct Case {
     NormMode mode;
     GroupCase shape;
+    bool with_model = false;
+    bool training = false;
   };
   const Case cases[] = {
       {NormMode::kGroupNorm, {{6, 8, 40, 41}, 1, 4}},  // Contiguous groups.
       {NormMode::kInstanceNorm, {{3, 5, 70, 300}, 1, 0}},
       {NormMode::kGroupNorm, {{9, 30, 31, 16}, -1, 4}},  // Channels-last.
       {NormMode::kInstanceNorm, {{4, 20, 21, 24}, -1, 0}},
+      {NormMode::kGroupNorm, {{2, 33, 35, 64}, -1, 32}},
+      {NormMode::kGroupNorm, {{16, 5, 7, 48}, -1, 16}},  // Sample per task.
+      {NormMode::kInstanceNorm, {{5, 11, 13, 5}, -1, 0}},
       {NormMode::kGroupNorm, {{5, 3, 6, 200}, 2, 3}},  // Axis 2.
+      {NormMode::kBatchNorm, {{4, 6, 30, 30}, 1, 0}, true, false},
+      {NormMode::kBatchNorm, {{4, 30, 30, 64}, -1, 0}, true, false},
+      {NormMode::kBatchNorm, {{3, 7, 300}, 1, 0}, true, true},
+      {NormMode::kBatchNorm, {{4, 30, 9, 24}, -1, 0}, true, true},
+      {NormMode::kInstanceNorm, {{3, 5, 20, 20}, 1, 0}, true, true},
+      {NormMode::kInstanceNorm, {{3, 20, 20, 12}, -1, 0}, true, false},
   };
   for (const Case& c : cases) {
     const Shape& shape = c.shape.shape;
@@ -1017,10 +1078,11 @@ TEST(HalfTensorTest, BufferedGroupModesEqualWholeTensorWidenedBitwise) {
       for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, values[i]);
       std::vector<float> wide(n);
       WidenHalf(dtype, x.data(), wide.data(), n);
-      Engine engine;
       auto spec_for = [&](const InputTensor& input) {
         NormalizeSpec spec;
         spec.mode = c.mode;
+        spec.model = c.with_model ? "m" : "";
+        spec.training = c.training;
         spec.num_groups = c.shape.groups;
         spec.channel_axis = c.shape.axis;
         spec.input = input;
@@ -1028,20 +1090,51 @@ TEST(HalfTensorTest, BufferedGroupModesEqualWholeTensorWidenedBitwise) {
         spec.bias = Param(b);
         return spec;
       };
+      // A fresh engine with model "m" fitted on `input` (if the case has
+      // one), then one Normalize into `output`: its model.
+      auto run = [&](const InputTensor& input, void* output) {
+        Engine engine;
+        if (c.with_model) {
+          FitSpec fit;
+          fit.model = "m";
+          fit.input = input;
+          fit.channel_axis = c.shape.axis;
+          EXPECT_TRUE(engine.Fit(fit).ok());
+        }
+        auto result = engine.Normalize(spec_for(input), output);
+        EXPECT_TRUE(result.ok()) << result.status();
+        return result.ok() ? *result : std::nullopt;
+      };
       std::vector<float> y_wide(n);
-      ASSERT_TRUE(
-          engine.Normalize(spec_for(View(wide, shape)), y_wide.data()).ok());
+      const std::optional<BatchNormModel> model_wide =
+          run(View(wide, shape), y_wide.data());
       std::vector<uint16_t> expected(n);
       NarrowToHalf(dtype, y_wide.data(), expected.data(), n);
       for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
-        SetStreamingOutputBytes(threshold);
-        std::vector<uint16_t> y(n);
-        EXPECT_TRUE(
-            engine.Normalize(spec_for(View(x, shape, dtype)), y.data()).ok());
-        SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-        EXPECT_EQ(y, expected)
-            << DTypeName(dtype) << " mode " << static_cast<int>(c.mode) << " C "
-            << channels << " streamed " << (threshold == 0);
+        for (int64_t offset : {0, 1, -1}) {  // -1: in place.
+          SetStreamingOutputBytes(threshold);
+          std::vector<uint16_t> buffer = x;
+          buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
+          uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
+          const std::optional<BatchNormModel> model = run(
+              offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
+              y);
+          SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+          const std::string what = absl::StrCat(
+              DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
+              channels, " streamed ", threshold == 0, " offset ", offset);
+          EXPECT_EQ(std::vector<uint16_t>(y, y + n), expected) << what;
+          ASSERT_EQ(model.has_value(), model_wide.has_value()) << what;
+          if (model.has_value()) {
+            EXPECT_EQ(model->running_mean, model_wide->running_mean) << what;
+            EXPECT_EQ(model->running_var, model_wide->running_var) << what;
+            ASSERT_EQ(model->pooled.size(), model_wide->pooled.size());
+            for (size_t k = 0; k < model->pooled.size(); ++k) {
+              EXPECT_EQ(model->pooled[k].mean, model_wide->pooled[k].mean);
+              EXPECT_EQ(model->pooled[k].m2, model_wide->pooled[k].m2);
+            }
+          }
+        }
       }
     }
   }

@@ -25,6 +25,76 @@ decltype(auto) VisitDType(DType dtype, F&& f) {
   return f(static_cast<double*>(nullptr));
 }
 
+// The element types of the channel paths (BatchNorm, GroupNorm,
+// InstanceNorm, Fit): fp32, fp64, and the 16-bit dtypes, stored as their
+// bits (Storage<Half<...>> is uint16_t) and computed as their fp32 widening
+// by HalfChannelMoments and ChannelAffineHalfKernel, so that a 16-bit tensor
+// gets the bits of a widened copy normalized and narrowed, without the copy.
+template <DType kType>
+struct Half {
+  static constexpr DType kDType = kType;
+};
+template <typename T>
+struct StorageOf {
+  using type = T;
+};
+template <DType kType>
+struct StorageOf<Half<kType>> {
+  using type = uint16_t;
+};
+template <typename T>
+using Storage = typename StorageOf<T>::type;
+template <typename T>
+constexpr bool kIsHalf = !std::is_floating_point_v<T>;
+
+// Calls f with a null pointer of the channel-path element type of `dtype`.
+template <typename F>
+decltype(auto) VisitChannelDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return f(static_cast<Half<DType::kBFloat16>*>(nullptr));
+    case DType::kFloat16:
+      return f(static_cast<Half<DType::kFloat16>*>(nullptr));
+    case DType::kFloat32:
+      return f(static_cast<float*>(nullptr));
+    case DType::kFloat64:
+      break;
+  }
+  return f(static_cast<double*>(nullptr));
+}
+
+// ChannelMoments / ChannelAffineKernel for element type T (contiguous).
+template <typename T>
+std::vector<Moments> ChannelMomentsOf(const Storage<T>* x,
+                                      const ChannelLayout& layout) {
+  if constexpr (kIsHalf<T>) {
+    return HalfChannelMoments(T::kDType, x, layout);
+  } else {
+    return ChannelMoments(x, layout);
+  }
+}
+// `deviations_bounded` as for ChannelAffineHalfKernel.
+template <typename T>
+void ChannelAffineOf(const Storage<T>* x, Storage<T>* y,
+                     const ChannelLayout& layout, const double* mean,
+                     const double* scale, const double* shift,
+                     int64_t output_elements = 0,
+                     Traversal traversal = Traversal::kParallel,
+                     bool deviations_bounded = false) {
+  if constexpr (kIsHalf<T>) {
+    ChannelAffineHalfKernel(T::kDType, x, y, layout, mean, scale, shift,
+                            output_elements, traversal, deviations_bounded);
+  } else {
+    ChannelAffineKernel(x, y, layout, mean, scale, shift, output_elements,
+                        traversal);
+  }
+}
+
+// DeviationsBounded for every one of `moments`.
+bool AllDeviationsBounded(absl::Span<const Moments> moments) {
+  return std::all_of(moments.begin(), moments.end(), DeviationsBounded);
+}
+
 // Elements converted per task when widening / narrowing 16-bit tensors.
 constexpr int64_t kConvertChunk = 64 * 1024;
 
@@ -126,7 +196,7 @@ struct GroupGeometry {
 // kernels, then each group's channels merged in order (Chan, fp64). Else a
 // sample is [sample_outer, groups, one group's values per outer index].
 template <typename T>
-void SampleGroupMoments(const T* x, const GroupGeometry& g, int64_t n,
+void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
                         Moments* group) {
   const int64_t per_group = g.ChannelsPerGroup();
   const bool channels_last = g.layout.inner == 1;
@@ -134,7 +204,8 @@ void SampleGroupMoments(const T* x, const GroupGeometry& g, int64_t n,
       channels_last
           ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
           : ChannelLayout{g.sample_outer, g.groups, per_group * g.layout.inner};
-  const std::vector<Moments> m = ChannelMoments(x + n * g.SampleSize(), sample);
+  const std::vector<Moments> m =
+      ChannelMomentsOf<T>(x + n * g.SampleSize(), sample);
   if (!channels_last) {
     std::copy(m.begin(), m.end(), group);
     return;
@@ -148,18 +219,18 @@ void SampleGroupMoments(const T* x, const GroupGeometry& g, int64_t n,
 // between the batch and channel axes): every group is one contiguous run.
 // Else per sample (SampleGroupMoments).
 template <typename T>
-std::vector<Moments> GroupMoments(const T* x, const GroupGeometry& g) {
+std::vector<Moments> GroupMoments(const Storage<T>* x, const GroupGeometry& g) {
   if (g.sample_outer == 1) {
-    return ChannelMoments(x,
-                          ChannelLayout{1, g.samples * g.groups,
-                                        g.ChannelsPerGroup() * g.layout.inner});
+    return ChannelMomentsOf<T>(
+        x, ChannelLayout{1, g.samples * g.groups,
+                         g.ChannelsPerGroup() * g.layout.inner});
   }
   std::vector<Moments> out(g.samples * g.groups);
   ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
               g.layout.NumElements(),
               [&](const tbb::blocked_range<int64_t>& range) {
                 for (int64_t n = range.begin(); n < range.end(); ++n) {
-                  SampleGroupMoments(x, g, n, out.data() + n * g.groups);
+                  SampleGroupMoments<T>(x, g, n, out.data() + n * g.groups);
                 }
               });
   return out;
@@ -192,48 +263,64 @@ constexpr int64_t kFusedGroupElements = 64 * 1024;
 
 // Sets [first, first + count) of a GroupNorm / InstanceNorm whose groups are
 // contiguous runs (see FusedGroupRows) from xs to ys (both at set `first`):
-// their moments, then their output. `output_elements` as for
-// ChannelAffineKernel; mean / scale / shift are scratch.
+// their moments, then their output. `output_elements` and `traversal` as
+// for ChannelAffineKernel; mean / scale / shift are scratch.
 template <typename T>
-void GroupRowsChunk(const T* xs, T* ys, const GroupGeometry& g, int64_t first,
-                    int64_t count, const std::vector<double>& weight,
+void GroupRowsChunk(const Storage<T>* xs, Storage<T>* ys,
+                    const GroupGeometry& g, int64_t first, int64_t count,
+                    const std::vector<double>& weight,
                     const std::vector<double>& bias, double eps,
-                    int64_t output_elements, std::vector<double>& mean,
-                    std::vector<double>& scale, std::vector<double>& shift) {
+                    int64_t output_elements, Traversal traversal,
+                    std::vector<double>& mean, std::vector<double>& scale,
+                    std::vector<double>& shift) {
   const int64_t per_group = g.ChannelsPerGroup();
   const std::vector<Moments> m =
-      ChannelMoments(xs, ChannelLayout{1, count, g.PerGroup()});
+      ChannelMomentsOf<T>(xs, ChannelLayout{1, count, g.PerGroup()});
   mean.resize(count * per_group);
   scale.resize(mean.size());
   shift.resize(mean.size());
   GroupParams(m.data(), first, count, g, weight, bias, eps, mean.data(),
               scale.data(), shift.data());
-  ChannelAffineKernel(xs, ys,
-                      ChannelLayout{1, count * per_group, g.layout.inner},
-                      mean.data(), scale.data(), shift.data(), output_elements);
+  ChannelAffineOf<T>(xs, ys,
+                     ChannelLayout{1, count * per_group, g.layout.inner},
+                     mean.data(), scale.data(), shift.data(), output_elements,
+                     traversal, AllDeviationsBounded(m));
 }
+
+// Chunks per thread from which FusedGroupRows runs each chunk's loops
+// serially (SerialLoopsScope): with fewer, the chunks' own parallel loops
+// keep every core busy.
+constexpr int64_t kFusedChunksPerThread = 4;
 
 // Stateless GroupNorm / InstanceNorm when every group is one contiguous run
 // (nothing between the batch and channel axes): chunks of whole groups are
 // reduced and then written while still in cache, one pass over memory. Same
 // per-set moments and per-element formula as the two-pass path.
 template <typename T>
-void FusedGroupRows(const T* x, T* y, const GroupGeometry& g,
+void FusedGroupRows(const Storage<T>* x, Storage<T>* y, const GroupGeometry& g,
                     const std::vector<double>& weight,
                     const std::vector<double>& bias, double eps) {
   const int64_t row = g.PerGroup();
   const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / row);
   const int64_t total = g.layout.NumElements();
-  ParallelFor(tbb::blocked_range<int64_t>(0, g.samples * g.groups, per_chunk),
-              total, [&](const tbb::blocked_range<int64_t>& range) {
-                std::vector<double> mean, scale, shift;
-                for (int64_t s0 = range.begin(); s0 < range.end();
-                     s0 += per_chunk) {
-                  GroupRowsChunk(x + s0 * row, y + s0 * row, g, s0,
-                                 std::min(per_chunk, range.end() - s0), weight,
-                                 bias, eps, total, mean, scale, shift);
-                }
-              });
+  const int64_t chunks = (g.samples * g.groups + per_chunk - 1) / per_chunk;
+  // With several chunks per thread, each chunk's loops run on its thread.
+  const bool serial_chunks =
+      chunks >= kFusedChunksPerThread * ComputeConcurrency();
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, g.samples * g.groups, per_chunk), total,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        const SerialLoopsScope serial(serial_chunks);
+        std::vector<double> mean, scale, shift;
+        for (int64_t s0 = range.begin(); s0 < range.end(); s0 += per_chunk) {
+          GroupRowsChunk<T>(x + s0 * row, y + s0 * row, g, s0,
+                            std::min(per_chunk, range.end() - s0), weight, bias,
+                            eps, total,
+                            serial_chunks ? Traversal::kBackwardsOnThisThread
+                                          : Traversal::kParallel,
+                            mean, scale, shift);
+        }
+      });
 }
 
 // Samples per thread from which stateless GroupNorm / InstanceNorm with
@@ -249,7 +336,8 @@ constexpr int64_t kFusedSamplesPerThread = 4;
 // needs kFusedSamplesPerThread samples per thread. The same moments and
 // per-element formula as the two-pass path: the same bits.
 template <typename T>
-void FusedGroupSamples(const T* x, T* y, const GroupGeometry& g,
+void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
+                       const GroupGeometry& g,
                        const std::vector<double>& weight,
                        const std::vector<double>& bias, double eps) {
   const int64_t channels = g.layout.channels;
@@ -257,87 +345,37 @@ void FusedGroupSamples(const T* x, T* y, const GroupGeometry& g,
   ParallelFor(
       tbb::blocked_range<int64_t>(0, g.samples, 1), g.layout.NumElements(),
       [&](const tbb::blocked_range<int64_t>& range) {
+        // Several samples per thread (see the caller): each on its thread.
+        const SerialLoopsScope serial;
         std::vector<Moments> moments(g.groups);
         std::vector<double> mean(channels), scale(channels), shift(channels);
         for (int64_t n = range.begin(); n < range.end(); ++n) {
           std::fill(moments.begin(), moments.end(), Moments{});
-          SampleGroupMoments(x, g, n, moments.data());
+          SampleGroupMoments<T>(x, g, n, moments.data());
           GroupParams(moments.data(), n * g.groups, g.groups, g, weight, bias,
                       eps, mean.data(), scale.data(), shift.data());
           const int64_t at = n * g.SampleSize();
-          ChannelAffineKernel(x + at, y + at, sample, mean.data(), scale.data(),
-                              shift.data(), g.layout.NumElements(),
-                              Traversal::kBackwardsOnThisThread);
+          ChannelAffineOf<T>(x + at, y + at, sample, mean.data(), scale.data(),
+                             shift.data(), g.layout.NumElements(),
+                             Traversal::kBackwardsOnThisThread,
+                             AllDeviationsBounded(moments));
         }
       });
 }
 
-// 16-bit stateless GroupNorm / InstanceNorm goes through fp32 buffers of
-// the tasks' own when what one buffer must hold (a group whose values are
-// contiguous, else a sample) has at most this many values; larger ones widen
-// the whole input (Engine::NormalizeWidened).
-constexpr int64_t kMaxBufferedHalfValues = 4 << 20;
-
-// What HalfGroupSamples buffers at least: one contiguous group, or a sample.
-int64_t HalfGroupUnit(const GroupGeometry& g) {
-  return g.sample_outer == 1 ? g.PerGroup() : g.SampleSize();
-}
-
-// Stateless GroupNorm / InstanceNorm of 16-bit x into y (HalfGroupUnit(g) <=
-// kMaxBufferedHalfValues): per task, whole groups (contiguous ones,
-// kFusedGroupElements at a time) or whole samples are widened into an fp32
-// buffer, normalized there in place exactly as fp32 input is
-// (GroupRowsChunk / FusedGroupSamples) and narrowed into y, so that no
-// tensor-sized buffer is allocated and faulted in. The same bits as widening
-// the whole tensor first: every set's statistics and outputs depend on its
-// own values only.
-void HalfGroupSamples(DType dtype, const uint16_t* x, uint16_t* y,
-                      const GroupGeometry& g, const std::vector<double>& weight,
-                      const std::vector<double>& bias, double eps) {
-  const bool rows = g.sample_outer == 1;
-  // Units: sets (sample, group) for contiguous groups, else samples.
-  const int64_t unit = HalfGroupUnit(g);
-  const int64_t units = rows ? g.samples * g.groups : g.samples;
-  const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / unit);
-  const int64_t total = g.layout.NumElements();
-  const bool stream = StreamOutput(total, sizeof(uint16_t));
-  ParallelFor(tbb::blocked_range<int64_t>(0, units, per_chunk), total,
-              [&](const tbb::blocked_range<int64_t>& range) {
-                std::vector<double> mean, scale, shift;
-                const auto buffer = std::make_unique_for_overwrite<float[]>(
-                    std::min(per_chunk, range.end() - range.begin()) * unit);
-                for (int64_t u0 = range.begin(); u0 < range.end();
-                     u0 += per_chunk) {
-                  const int64_t count = std::min(per_chunk, range.end() - u0);
-                  const int64_t n = count * unit;
-                  WidenHalf(dtype, x + u0 * unit, buffer.get(), n);
-                  if (rows) {
-                    GroupRowsChunk(buffer.get(), buffer.get(), g, u0, count,
-                                   weight, bias, eps, n, mean, scale, shift);
-                  } else {
-                    GroupGeometry chunk = g;
-                    chunk.samples = count;
-                    chunk.layout.outer = count * g.sample_outer;
-                    FusedGroupSamples(buffer.get(), buffer.get(), chunk, weight,
-                                      bias, eps);
-                  }
-                  (stream ? NarrowToHalfStreaming : NarrowToHalf)(
-                      dtype, buffer.get(), y + u0 * unit, n);
-                }
-              });
-}
-
 // y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
 // channel c); the arrays are sample-major with `channels` entries a sample.
+// `deviations_bounded` as for ChannelAffineHalfKernel.
 template <typename T>
-void SampleChannelAffine(const T* x, T* y, const GroupGeometry& g,
-                         const double* mean, const double* scale,
-                         const double* shift) {
+void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
+                         const GroupGeometry& g, const double* mean,
+                         const double* scale, const double* shift,
+                         bool deviations_bounded) {
   const int64_t channels = g.layout.channels;
   if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
-    ChannelAffineKernel(x, y,
-                        ChannelLayout{1, g.samples * channels, g.layout.inner},
-                        mean, scale, shift);
+    ChannelAffineOf<T>(
+        x, y, ChannelLayout{1, g.samples * channels, g.layout.inner}, mean,
+        scale, shift, 0, Traversal::kParallel, deviations_bounded);
     return;
   }
   const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
@@ -346,9 +384,10 @@ void SampleChannelAffine(const T* x, T* y, const GroupGeometry& g,
       [&](const tbb::blocked_range<int64_t>& range) {
         for (int64_t n = range.begin(); n < range.end(); ++n) {
           const int64_t at = n * g.SampleSize();
-          ChannelAffineKernel(x + at, y + at, sample, mean + n * channels,
-                              scale + n * channels, shift + n * channels,
-                              g.layout.NumElements());
+          ChannelAffineOf<T>(x + at, y + at, sample, mean + n * channels,
+                             scale + n * channels, shift + n * channels,
+                             g.layout.NumElements(), Traversal::kParallel,
+                             deviations_bounded);
         }
       });
 }
@@ -371,10 +410,12 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
             ? "training needs more than 1 value per channel (as PyTorch)"
             : "statistics need at least one value per channel"));
   }
-  std::vector<Moments> moments = VisitDType(input.dtype, [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    return ChannelMoments(static_cast<const T*>(input.data), layout);
-  });
+  std::vector<Moments> moments =
+      VisitChannelDType(input.dtype, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return ChannelMomentsOf<T>(static_cast<const Storage<T>*>(input.data),
+                                   layout);
+      });
   for (size_t c = 0; c < moments.size(); ++c) {
     if (!moments[c].IsFinite()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -416,27 +457,16 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
     return absl::InvalidArgumentError(
         "layer_norm_style: only LAYER_NORM takes a style");
   }
-  if (IsHalf(spec.input.dtype)) return NormalizeHalf(spec, output);
-  return NormalizeWide(spec, output);
-}
-
-absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeHalf(
-    const NormalizeSpec& spec, void* output) {
-  if (spec.mode == NormMode::kLayerNorm || spec.mode == NormMode::kRmsNorm) {
+  if (IsHalf(spec.input.dtype) &&
+      (spec.mode == NormMode::kLayerNorm || spec.mode == NormMode::kRmsNorm)) {
     absl::StatusOr<RowLayout> rows =
         ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
-    if (rows.ok() && rows->row_size <= kMaxHalfKernelRow) {
-      // Short rows: through per-thread fp32 buffers (LayerNormHalfKernel).
-      if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
-      return std::nullopt;
+    // Rows longer than LayerNormHalfKernel's buffers: widened whole.
+    if (rows.ok() && rows->row_size > kMaxHalfKernelRow) {
+      return NormalizeWidened(spec, output);
     }
   }
-  if (spec.mode == NormMode::kGroupNorm ||
-      (spec.mode == NormMode::kInstanceNorm && spec.model.empty())) {
-    // Stateless: a few samples at a time (NormalizeGroups).
-    return NormalizeGroups(spec, output);
-  }
-  return NormalizeWidened(spec, output);
+  return NormalizeByMode(spec, output);
 }
 
 absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWidened(
@@ -447,13 +477,13 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWidened(
   NormalizeSpec widened = spec;
   widened.input = Widened(spec.input, wide);
   absl::StatusOr<std::optional<BatchNormModel>> result =
-      NormalizeWide(widened, wide.get());
+      NormalizeByMode(widened, wide.get());
   if (result.ok())
     Narrow(spec.input.dtype, wide.get(), output, spec.input.size);
   return result;
 }
 
-absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWide(
+absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeByMode(
     const NormalizeSpec& spec, void* output) {
   switch (spec.mode) {
     case NormMode::kLayerNorm:
@@ -531,6 +561,8 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   // Statistics to normalize with, and the model after the call.
   std::vector<double> mean;
   std::vector<double> var;
+  // Training: the batch's own moments, which may prove x - mean bounded.
+  bool deviations_bounded = false;
   absl::StatusOr<BatchNormModel> model;
   if (spec.training) {
     absl::StatusOr<std::vector<Moments>> batch =
@@ -542,6 +574,7 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
       mean.push_back(m.mean);
       var.push_back(m.BiasedVariance());
     }
+    deviations_bounded = AllDeviationsBounded(*batch);
   } else {
     model = store_.GetForEval(spec.model, channels);
     if (!model.ok()) return model.status();
@@ -569,10 +602,17 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
     scale[c] = weight[c] / std::sqrt(var[c] + eps);
   }
   if (in.size > 0) {
-    VisitDType(in.dtype, [&](auto* type) {
+    VisitChannelDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      ChannelAffineKernel(SourceOf<T>(in), static_cast<T*>(output), *layout,
-                          mean.data(), scale.data(), bias.data());
+      if constexpr (kIsHalf<T>) {
+        ChannelAffineHalfKernel(
+            T::kDType, static_cast<const uint16_t*>(in.data),
+            static_cast<uint16_t*>(output), *layout, mean.data(), scale.data(),
+            bias.data(), 0, Traversal::kParallel, deviations_bounded);
+      } else {  // Contiguous or scattered (ReadsScatteredInPlace).
+        ChannelAffineKernel(SourceOf<T>(in), static_cast<T*>(output), *layout,
+                            mean.data(), scale.data(), bias.data());
+      }
     });
   }
   return model;
@@ -690,42 +730,34 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   }
   const std::vector<double> no_weight(channels, 1.0);
   const std::vector<double> no_bias(channels, 0.0);
-  if (IsHalf(in.dtype) &&
-      (with_model || HalfGroupUnit(g) > kMaxBufferedHalfValues)) {
-    return NormalizeWidened(spec, output);
-  }
   // Stateless with groups of contiguous rows: each is reduced and written
   // while cached. With larger samples and a large enough batch: one sample
-  // per task, reduced then written backwards. 16-bit: through small buffers.
+  // per task, reduced then written backwards.
   if (!with_model &&
-      (IsHalf(in.dtype) || g.sample_outer == 1 ||
+      (g.sample_outer == 1 ||
        g.samples >= kFusedSamplesPerThread * ComputeConcurrency())) {
     const std::vector<double>& weight =
         spec.weight.has_value() ? spec.weight->values : no_weight;
     const std::vector<double>& bias =
         spec.bias.has_value() ? spec.bias->values : no_bias;
     const double eps = spec.eps.value_or(kDefaultEps);
-    if (IsHalf(in.dtype)) {
-      HalfGroupSamples(in.dtype, static_cast<const uint16_t*>(in.data),
-                       static_cast<uint16_t*>(output), g, weight, bias, eps);
-      return std::optional<BatchNormModel>();
-    }
-    VisitDType(in.dtype, [&](auto* type) {
+    VisitChannelDType(in.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      const T* x = static_cast<const T*>(in.data);
-      T* y = static_cast<T*>(output);
+      const auto* x = static_cast<const Storage<T>*>(in.data);
+      auto* y = static_cast<Storage<T>*>(output);
       if (g.sample_outer == 1) {
-        FusedGroupRows(x, y, g, weight, bias, eps);
+        FusedGroupRows<T>(x, y, g, weight, bias, eps);
       } else {
-        FusedGroupSamples(x, y, g, weight, bias, eps);
+        FusedGroupSamples<T>(x, y, g, weight, bias, eps);
       }
     });
     return std::optional<BatchNormModel>();
   }
-  const std::vector<Moments> moments = VisitDType(in.dtype, [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    return GroupMoments(static_cast<const T*>(in.data), g);
-  });
+  const std::vector<Moments> moments =
+      VisitChannelDType(in.dtype, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return GroupMoments<T>(static_cast<const Storage<T>*>(in.data), g);
+      });
 
   std::optional<BatchNormModel> model;
   if (with_model) {
@@ -753,10 +785,12 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   std::vector<double> shift(mean.size());
   GroupParams(moments.data(), 0, g.samples * groups, g, weight, bias, eps,
               mean.data(), scale.data(), shift.data());
-  VisitDType(in.dtype, [&](auto* type) {
+  VisitChannelDType(in.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    SampleChannelAffine(static_cast<const T*>(in.data), static_cast<T*>(output),
-                        g, mean.data(), scale.data(), shift.data());
+    SampleChannelAffine<T>(static_cast<const Storage<T>*>(in.data),
+                           static_cast<Storage<T>*>(output), g, mean.data(),
+                           scale.data(), shift.data(),
+                           AllDeviationsBounded(moments));
   });
   return model;
 }
@@ -767,12 +801,6 @@ absl::StatusOr<BatchNormModel> Engine::Fit(const FitSpec& spec) {
     FitSpec gathered = spec;
     gathered.input = Contiguous(spec.input, storage);
     return Fit(gathered);
-  }
-  if (IsHalf(spec.input.dtype)) {
-    std::unique_ptr<float[]> wide;
-    FitSpec widened = spec;
-    widened.input = Widened(spec.input, wide);
-    return Fit(widened);
   }
   if (absl::Status s = ValidateModelName(spec.model, "model"); !s.ok()) {
     return s;

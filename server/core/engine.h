@@ -97,11 +97,12 @@ class Engine {
   const ModelStore& store() const { return store_; }
 
  private:
-  absl::StatusOr<std::optional<BatchNormModel>> NormalizeWide(
+  // Normalize by spec.mode, for any dtype (16-bit LayerNorm / RMSNorm rows
+  // up to kMaxHalfKernelRow).
+  absl::StatusOr<std::optional<BatchNormModel>> NormalizeByMode(
       const NormalizeSpec& spec, void* output);
-  absl::StatusOr<std::optional<BatchNormModel>> NormalizeHalf(
-      const NormalizeSpec& spec, void* output);
-  // A 16-bit spec computed in fp32 in one widened copy of the whole input.
+  // A 16-bit spec computed in fp32 in one widened copy of the whole input
+  // (LayerNorm / RMSNorm rows too long for LayerNormHalfKernel).
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeWidened(
       const NormalizeSpec& spec, void* output);
   absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
@@ -115,7 +116,8 @@ class Engine {
 
 // Per-channel moments of a batch for a training step: INVALID_ARGUMENT unless
 // every channel has at least `min_per_channel` values and all are finite.
-// `input` is contiguous fp32 or fp64.
+// `input` is contiguous, of any dtype (16-bit: the moments of its fp32
+// widening, bit for bit).
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
     const InputTensor& input, const ChannelLayout& layout,
     int64_t min_per_channel);

@@ -122,6 +122,28 @@ struct StreamAffine {
   float shift;
 };
 
+// y = ((x - hi[c]) - lo[c]) * scale[c] + shift[c] in fp32.
+struct ChannelParamsF32 {
+  const float* hi;
+  const float* lo;
+  const float* scale;
+  const float* shift;
+  struct One {
+    float hi, lo, scale, shift;
+    float Apply(float x) const { return ((x - hi) - lo) * scale + shift; }
+  };
+  float Apply(float x, int64_t c) const {
+    return ((x - hi[c]) - lo[c]) * scale[c] + shift[c];
+  }
+  One Constants(int64_t c) const { return {hi[c], lo[c], scale[c], shift[c]}; }
+};
+
+// True if p is null or p[0..n) are all finite.
+bool AllFinite(const float* p, int64_t n) {
+  return p == nullptr ||
+         std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
+}
+
 // HalfAffineLanes' computation one value at a time (std::fma: exactly
 // rounded, so the same bits); for CPUs without AVX-512.
 void AffineRowHalfScalar(const float* x, float* y, int64_t n,
@@ -310,17 +332,14 @@ NORMD_AVX512 void AffineRowHalfAvx512(const float* x, float* y, int64_t n,
   }
 }
 
-// The HalfAffineLanes computation narrowed to 16-bit as it is written:
-// `kNarrow32` turns two vectors of results into one 64-byte line of y (32
-// values), stored with a streaming store; a partial line at either end with
-// a masked store.
-template <__m512i (*kNarrow32)(__m512, __m512)>
-NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
-                                                int64_t n,
-                                                const StreamAffine& a) {
-  const HalfAffineLanes lanes(a);
-  auto compute = [&](int64_t j, __mmask16 m)
-                     NORMD_AVX512BW { return lanes.At(x, j, m); };
+// Writes the 16-bit y[0..n) from compute(j, mask), the 16 fp32 results for
+// elements [j, j + 16) of which `mask` selects the valid ones (loads must be
+// masked), narrowed as they are written: `kNarrow32` turns two vectors into
+// one 64-byte line of y (32 values), stored with a streaming store; a
+// partial line at either end with a masked store.
+template <__m512i (*kNarrow32)(__m512, __m512), typename Compute>
+NORMD_AVX512BW void StreamHalfLinesAvx512(uint16_t* y, int64_t n,
+                                          const Compute& compute) {
   // Values [j, j + count), count <= 32, with a masked store.
   auto partial = [&](int64_t j, int64_t count) NORMD_AVX512BW {
     const auto low =
@@ -346,6 +365,283 @@ NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
                         kNarrow32(compute(j, 0xFFFF), compute(j + 16, 0xFFFF)));
   }
   if (j < n) partial(j, n - j);
+}
+
+// The HalfAffineLanes computation narrowed to 16-bit as it is written.
+template <__m512i (*kNarrow32)(__m512, __m512)>
+NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
+                                                int64_t n,
+                                                const StreamAffine& a) {
+  const HalfAffineLanes lanes(a);
+  StreamHalfLinesAvx512<kNarrow32>(
+      y, n,
+      [&](int64_t j, __mmask16 m) NORMD_AVX512BW { return lanes.At(x, j, m); });
+}
+
+// 16 values of a 16-bit x from x[j], the lanes `m` selects (others 0),
+// widened by kWiden.
+template <__m512 (*kWiden)(__m256i)>
+NORMD_AVX512BW inline __m512 WidenLanes(const uint16_t* x, int64_t j,
+                                        __mmask16 m) {
+  return kWiden(_mm512_castsi512_si256(
+      _mm512_maskz_loadu_epi16(static_cast<__mmask32>(m), x + j)));
+}
+
+// ((x - hi) - lo) * scale + shift: ChannelParamsF32's operations.
+NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 lo,
+                                              __m512 scale, __m512 shift) {
+  const __m512 t = _mm512_sub_ps(_mm512_sub_ps(x, hi), lo);
+  return _mm512_add_ps(_mm512_mul_ps(t, scale), shift);
+}
+
+// The channel affine of 16-bit to 16-bit values, widened (kWiden) and
+// narrowed (kNarrow32) in registers and streamed out; the same operations on
+// the same fp32 values as the fp32 kernels, so the bits of widening, the
+// fp32 kernel and narrowing. Runs of one channel (inner > 1): x[0..n) of
+// channel constants k into y[0..n).
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
+                                               int64_t n,
+                                               const ChannelParamsF32::One& k) {
+  const __m512 hi = _mm512_set1_ps(k.hi);
+  const __m512 lo = _mm512_set1_ps(k.lo);
+  const __m512 scale = _mm512_set1_ps(k.scale);
+  const __m512 shift = _mm512_set1_ps(k.shift);
+  StreamHalfLinesAvx512<kNarrow32>(
+      y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
+        return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m), hi, lo, scale,
+                                  shift);
+      });
+}
+
+// Channels-last, parameters per element (the expanded arrays from the
+// phase of x[0]).
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(
+    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
+    const float* scale, const float* shift) {
+  StreamHalfLinesAvx512<kNarrow32>(
+      y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
+        return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m),
+                                  _mm512_maskz_loadu_ps(m, hi + j),
+                                  _mm512_maskz_loadu_ps(m, lo + j),
+                                  _mm512_maskz_loadu_ps(m, scale + j),
+                                  _mm512_maskz_loadu_ps(m, shift + j));
+      });
+}
+
+// Channels-last with the parameters in registers, as
+// StreamChannelsLastRegistersAvx512: `n` is a multiple of 16 * kVectors
+// (kVectors even: whole 64-byte lines of y), y is 64-byte aligned and the
+// parameters repeat every 16 * kVectors elements.
+template <int kVectors, __m512 (*kWiden)(__m256i),
+          __m512i (*kNarrow32)(__m512, __m512)>
+NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
+    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
+    const float* scale, const float* shift) {
+  static_assert(kVectors % 2 == 0);
+  __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
+  for (int k = 0; k < kVectors; ++k) {
+    h[k] = _mm512_loadu_ps(hi + 16 * k);
+    l[k] = _mm512_loadu_ps(lo + 16 * k);
+    s[k] = _mm512_loadu_ps(scale + 16 * k);
+    b[k] = _mm512_loadu_ps(shift + 16 * k);
+  }
+  auto lanes = [&](int64_t j, int k) NORMD_AVX512BW {
+    const __m512 v = kWiden(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16 * k)));
+    return ChannelAffineLanes(v, h[k], l[k], s[k], b[k]);
+  };
+  for (int64_t j = 0; j < n; j += 16 * kVectors) {
+#pragma GCC unroll 3
+    for (int k = 0; k < kVectors; k += 2) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j + 16 * k),
+                          kNarrow32(lanes(j, k), lanes(j, k + 1)));
+    }
+  }
+}
+
+// Writes the bfloat16 y[0..n) from compute(v, j), the fp32 results (a
+// BFloat16Pair) of the widened values v = WidenBFloat16Pair(32 values from
+// x[j], masked: zeros past the ends), 64-byte lines with streaming stores,
+// a partial line at either end with masked ones.
+template <bool kCanonicalNaN, typename Compute>
+NORMD_AVX512BW void StreamBFloat16PairsAvx512(const uint16_t* x, uint16_t* y,
+                                              int64_t n,
+                                              const Compute& compute) {
+  auto narrowed = [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+    const BFloat16Pair r =
+        compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
+    return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
+  };
+  auto partial = [&](int64_t j, int64_t count) NORMD_AVX512BW {
+    const __mmask32 m =
+        count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
+    _mm512_mask_storeu_epi16(y + j, m, narrowed(j, m));
+  };
+  constexpr int64_t kLine = 32;
+  const auto address = reinterpret_cast<uintptr_t>(y);
+  const int64_t head =
+      address % 2 != 0
+          ? n
+          : std::min(n, static_cast<int64_t>((64 - address % 64) % 64 / 2));
+  int64_t j = 0;
+  for (; j < head; j += kLine) partial(j, std::min(kLine, head - j));
+  j = head;
+  for (; j + kLine <= n; j += kLine) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j),
+                        narrowed(j, ~__mmask32{0}));
+  }
+  if (j < n) partial(j, n - j);
+}
+
+// StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs.
+template <bool kCanonicalNaN>
+NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
+    const uint16_t* x, uint16_t* y, int64_t n, const ChannelParamsF32::One& k) {
+  const __m512 hi = _mm512_set1_ps(k.hi);
+  const __m512 lo = _mm512_set1_ps(k.lo);
+  const __m512 scale = _mm512_set1_ps(k.scale);
+  const __m512 shift = _mm512_set1_ps(k.shift);
+  StreamBFloat16PairsAvx512<kCanonicalNaN>(
+      x, y, n, [&](const BFloat16Pair& v, int64_t) NORMD_AVX512BW {
+        return BFloat16Pair{ChannelAffineLanes(v.even, hi, lo, scale, shift),
+                            ChannelAffineLanes(v.odd, hi, lo, scale, shift)};
+      });
+}
+
+// StreamHalfChannelsLastRegistersAvx512 for bfloat16 in BFloat16Pairs: the
+// parameters of each 32-value line split into even and odd vectors once.
+template <int kLines, bool kCanonicalNaN>
+NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
+    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
+    const float* scale, const float* shift) {
+  alignas(64) static constexpr int32_t kEven[16] = {
+      0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  alignas(64) static constexpr int32_t kOdd[16] = {
+      1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i even = _mm512_load_si512(kEven);
+  const __m512i odd = _mm512_load_si512(kOdd);
+  // Parameter p of line k: [2k] even, [2k + 1] odd values.
+  auto split = [&](const float* p, __m512* out) NORMD_AVX512BW {
+    for (int k = 0; k < kLines; ++k) {
+      const __m512 a = _mm512_loadu_ps(p + 32 * k);
+      const __m512 b = _mm512_loadu_ps(p + 32 * k + 16);
+      out[2 * k] = _mm512_permutex2var_ps(a, even, b);
+      out[2 * k + 1] = _mm512_permutex2var_ps(a, odd, b);
+    }
+  };
+  __m512 h[2 * kLines], l[2 * kLines], s[2 * kLines], b[2 * kLines];
+  split(hi, h);
+  split(lo, l);
+  split(scale, s);
+  split(shift, b);
+  for (int64_t j = 0; j < n; j += 32 * kLines) {
+#pragma GCC unroll 3
+    for (int k = 0; k < kLines; ++k) {
+      const BFloat16Pair v = WidenBFloat16Pair(
+          _mm512_loadu_si512(reinterpret_cast<const void*>(x + j + 32 * k)));
+      _mm512_stream_si512(
+          reinterpret_cast<__m512i*>(y + j + 32 * k),
+          NarrowBFloat16Pair<kCanonicalNaN>(
+              ChannelAffineLanes(v.even, h[2 * k], l[2 * k], s[2 * k],
+                                 b[2 * k]),
+              ChannelAffineLanes(v.odd, h[2 * k + 1], l[2 * k + 1],
+                                 s[2 * k + 1], b[2 * k + 1])));
+    }
+  }
+}
+
+// The three half channel-affine bodies for one 16-bit dtype.
+struct HalfChannelStreams {
+  void (*run)(const uint16_t*, uint16_t*, int64_t,
+              const ChannelParamsF32::One&);
+  void (*channels_last)(const uint16_t*, uint16_t*, int64_t, const float*,
+                        const float*, const float*, const float*);
+  // Registers, by lcm(channels, 32) / 32 - 1 (1, 2 or 3 lines).
+  void (*registers[3])(const uint16_t*, uint16_t*, int64_t, const float*,
+                       const float*, const float*, const float*);
+};
+
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+constexpr HalfChannelStreams kHalfChannelStreamsOf = {
+    StreamHalfChannelRunAvx512<kWiden, kNarrow32>,
+    StreamHalfChannelsLastRunAvx512<kWiden, kNarrow32>,
+    {StreamHalfChannelsLastRegistersAvx512<2, kWiden, kNarrow32>,
+     StreamHalfChannelsLastRegistersAvx512<4, kWiden, kNarrow32>,
+     StreamHalfChannelsLastRegistersAvx512<6, kWiden, kNarrow32>}};
+
+template <bool kCanonicalNaN>
+constexpr HalfChannelStreams kBFloat16ChannelStreams = {
+    StreamBFloat16ChannelRunAvx512<kCanonicalNaN>,
+    StreamHalfChannelsLastRunAvx512<FloatsOfBFloat16x16,
+                                    BFloat16x32<kCanonicalNaN>>,
+    {StreamBFloat16ChannelsLastRegistersAvx512<1, kCanonicalNaN>,
+     StreamBFloat16ChannelsLastRegistersAvx512<2, kCanonicalNaN>,
+     StreamBFloat16ChannelsLastRegistersAvx512<3, kCanonicalNaN>}};
+
+// Only where CpuHasAvx512Bw(). `never_nan`: no result can be NaN, so the
+// canonical-NaN fix-up is skipped (see ChannelAffineHalfKernel).
+const HalfChannelStreams& HalfChannelStreamsFor(DType dtype, bool never_nan) {
+  if (dtype == DType::kBFloat16) {
+    return never_nan ? kBFloat16ChannelStreams<false>
+                     : kBFloat16ChannelStreams<true>;
+  }
+  return never_nan
+             ? kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<false>>
+             : kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<true>>;
+}
+
+// The channel affine of the 16-bit elements [begin, end) of x into y
+// (same positions) with streaming stores (the caller fences); false if the
+// CPU cannot. Channels-last (inner == 1) as StreamChannelsLastRuns: the
+// 64-byte-aligned middle with the parameters in registers when they repeat
+// within 96 elements (lcm(channels, 32) <= 96: 1-4, 6, 8, 12, 16, 24, 32, 48
+// or 64 channels), else (and at the ends) per-element parameter loads.
+bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
+                            int64_t begin, int64_t end,
+                            const ChannelLayout& layout, int64_t period,
+                            const ChannelParamsF32& p, bool never_nan) {
+  if (!CpuHasAvx512Bw()) return false;
+  const HalfChannelStreams& f = HalfChannelStreamsFor(dtype, never_nan);
+  const int64_t channels = layout.channels;
+  if (layout.inner > 1) {
+    for (int64_t pos = begin; pos < end;) {
+      const int64_t c = (pos / layout.inner) % channels;
+      const int64_t run =
+          std::min(layout.inner - pos % layout.inner, end - pos);
+      f.run(x + pos, y + pos, run, p.Constants(c));
+      pos += run;
+    }
+    return true;
+  }
+  auto per_element = [&](int64_t from, int64_t to) {
+    for (int64_t pos = from; pos < to; pos += period) {
+      const int64_t phase = pos % channels;
+      f.channels_last(x + pos, y + pos, std::min(period, to - pos),
+                      p.hi + phase, p.lo + phase, p.scale + phase,
+                      p.shift + phase);
+    }
+  };
+  const int64_t repeat = std::lcm(channels, int64_t{32});
+  const auto address = reinterpret_cast<uintptr_t>(y + begin);
+  if (repeat > 96 || repeat > period || address % sizeof(uint16_t) != 0) {
+    per_element(begin, end);
+    return true;
+  }
+  const int64_t head = std::min<int64_t>(
+      end - begin, (64 - address % 64) % 64 / sizeof(uint16_t));
+  const int64_t middle = begin + head;
+  const int64_t tail = middle + (end - middle) / repeat * repeat;
+  per_element(begin, middle);
+  if (tail > middle) {
+    const int64_t phase = middle % channels;
+    f.registers[repeat / 32 - 1](x + middle, y + middle, tail - middle,
+                                 p.hi + phase, p.lo + phase, p.scale + phase,
+                                 p.shift + phase);
+  }
+  per_element(tail, end);
+  return true;
 }
 
 // Streams one run if the CPU can; false means the caller must write it.
@@ -387,6 +683,11 @@ void StreamChannelsLastRepeating(const float*, float*, int64_t, int64_t,
                                  const float*, const float*, const float*,
                                  const float*) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&) {
+  return false;
+}
+bool StreamHalfChannelRange(DType, const uint16_t*, uint16_t*, int64_t, int64_t,
+                            const ChannelLayout&, int64_t,
+                            const ChannelParamsF32&, bool) {
   return false;
 }
 void StreamAffineRunToHalf(DType, const float*, uint16_t*, int64_t,
@@ -493,22 +794,6 @@ struct ChannelParamsF64 {
     return (x - mean[c]) * scale[c] + shift[c];
   }
   One Constants(int64_t c) const { return {mean[c], scale[c], shift[c]}; }
-};
-
-// y = ((x - hi[c]) - lo[c]) * scale[c] + shift[c] in fp32.
-struct ChannelParamsF32 {
-  const float* hi;
-  const float* lo;
-  const float* scale;
-  const float* shift;
-  struct One {
-    float hi, lo, scale, shift;
-    float Apply(float x) const { return ((x - hi) - lo) * scale + shift; }
-  };
-  float Apply(float x, int64_t c) const {
-    return ((x - hi[c]) - lo[c]) * scale[c] + shift[c];
-  }
-  One Constants(int64_t c) const { return {hi[c], lo[c], scale[c], shift[c]}; }
 };
 
 NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* out,
@@ -667,12 +952,6 @@ void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
 
 namespace {
 
-// True if p is null or p[0..n) are all finite.
-bool AllFinite(const float* p, int64_t n) {
-  return p == nullptr ||
-         std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
-}
-
 // What every work item of LayerNormHalfKernel needs.
 struct HalfRowsJob {
   DType dtype;
@@ -686,14 +965,14 @@ struct HalfRowsJob {
   bool fused;          // Narrow in registers and stream out (large outputs).
   bool finite_affine;  // Every weight and bias (as float) is finite.
 
-  // True when no result of a row can be NaN: its values are finite (finite
-  // moments) and deviate from the mean by less than 1e37 (M2 < 1e74), so
-  // x - hi is finite; scale and lo * scale are finite; the affine
+  // True when no result of a row can be NaN: its values are finite and
+  // deviate from the mean by less than 1e37 (DeviationsBounded), so x - hi
+  // is finite; scale and lo * scale are finite; the affine
   // parameters are finite. Every operation of HalfAffineLanes then has
   // finite operands, and such operations give finite or infinite results,
   // never NaN (RMSNorm subtracts 0: x itself is finite).
   bool NeverNaN(const Moments& moments, const StreamAffine& run) const {
-    return finite_affine && moments.IsFinite() && moments.m2 < 1e74 &&
+    return finite_affine && DeviationsBounded(moments) &&
            std::isfinite(run.scale) && std::isfinite(run.lo * run.scale);
   }
 
@@ -812,6 +1091,55 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
   return true;
 }
 
+// Calls write(range) for the kApplyChunk-element pieces of [0, total) in
+// parallel, or backwards on this thread (see Traversal); write returns true
+// when it left streaming stores unfenced, and they are fenced.
+template <typename Write>
+void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
+  if (traversal == Traversal::kParallel) {
+    ParallelFor(tbb::blocked_range<int64_t>(0, total, kApplyChunk), total,
+                [&](const tbb::blocked_range<int64_t>& range) {
+                  if (write(range)) StreamFence();
+                });
+    return;
+  }
+  // One fence at the end: a fence per piece costs ~2% here.
+  bool fence = false;
+  for (int64_t b = (total - 1) / kApplyChunk * kApplyChunk; b >= 0;
+       b -= kApplyChunk) {
+    fence |=
+        write(tbb::blocked_range<int64_t>(b, std::min(total, b + kApplyChunk)));
+  }
+  if (fence) StreamFence();
+}
+
+// Per-channel fp32 parameters of ChannelParamsF32 (mean split into hi + lo),
+// expanded for channels-last (inner == 1) to `period` + channels entries.
+struct ChannelParamsF32Storage {
+  ChannelParamsF32Storage(const ChannelLayout& layout, int64_t period,
+                          const double* mean, const double* scale,
+                          const double* shift) {
+    const int64_t channels = layout.channels;
+    for (std::vector<float>* v : {&hi, &lo, &s, &b}) v->resize(channels);
+    for (int64_t c = 0; c < channels; ++c) {
+      const SplitMean split(mean[c]);
+      hi[c] = split.hi;
+      lo[c] = split.lo;
+      s[c] = static_cast<float>(scale[c]);
+      b[c] = static_cast<float>(shift[c]);
+    }
+    if (layout.inner == 1) {
+      for (std::vector<float>* v : {&hi, &lo, &s, &b}) {
+        *v = ExpandChannelsLast(std::move(*v), period);
+      }
+    }
+  }
+  ChannelParamsF32 params() const {
+    return {hi.data(), lo.data(), s.data(), b.data()};
+  }
+  std::vector<float> hi, lo, s, b;
+};
+
 template <typename T>
 void ChannelAffineKernel(const InputSource<T>& source, T* y,
                          const ChannelLayout& layout, const double* mean,
@@ -864,33 +1192,11 @@ void ChannelAffineKernel(const InputSource<T>& source, T* y,
       }
       return fence;
     };
-    if (traversal == Traversal::kParallel) {
-      ParallelFor(tbb::blocked_range<int64_t>(0, total, kApplyChunk), total,
-                  [&](const tbb::blocked_range<int64_t>& range) {
-                    if (write(range)) StreamFence();
-                  });
-      return;
-    }
-    // One fence at the end: a fence per piece costs ~2% here.
-    bool fence = false;
-    for (int64_t b = (total - 1) / kApplyChunk * kApplyChunk; b >= 0;
-         b -= kApplyChunk) {
-      fence |= write(
-          tbb::blocked_range<int64_t>(b, std::min(total, b + kApplyChunk)));
-    }
-    if (fence) StreamFence();
+    TraversePieces(total, traversal, write);
   };
   if constexpr (std::is_same_v<T, float>) {
-    const std::vector<float> hi = channel_values(
-        +[](double m) { return SplitMean(m).hi; }, mean);
-    const std::vector<float> lo = channel_values(
-        +[](double m) { return SplitMean(m).lo; }, mean);
-    const std::vector<float> s = channel_values(
-        +[](double v) { return static_cast<float>(v); }, scale);
-    const std::vector<float> b = channel_values(
-        +[](double v) { return static_cast<float>(v); }, shift);
-    run(ChannelParamsF32{hi.data(), lo.data(), s.data(), b.data()},
-        ChannelAffineRangeF32);
+    const ChannelParamsF32Storage params(layout, period, mean, scale, shift);
+    run(params.params(), ChannelAffineRangeF32);
   } else {
     auto same = +[](double v) { return v; };
     const std::vector<double> m = channel_values(same, mean);
@@ -898,6 +1204,47 @@ void ChannelAffineKernel(const InputSource<T>& source, T* y,
     const std::vector<double> b = channel_values(same, shift);
     run(ChannelParamsF64{m.data(), s.data(), b.data()}, ChannelAffineRangeF64);
   }
+}
+
+void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
+                             const ChannelLayout& layout, const double* mean,
+                             const double* scale, const double* shift,
+                             int64_t output_elements, Traversal traversal,
+                             bool deviations_bounded) {
+  const int64_t total = layout.NumElements();
+  if (total == 0) return;
+  const bool stream =
+      StreamOutput(std::max(total, output_elements), sizeof(uint16_t));
+  const int64_t period = layout.inner == 1
+                             ? ChannelsLastPeriod(layout.channels, layout.outer)
+                             : layout.channels;
+  const ChannelParamsF32Storage storage(layout, period, mean, scale, shift);
+  const ChannelParamsF32 params = storage.params();
+  // Every operation of ChannelAffineLanes then has finite operands (x - hi
+  // cannot overflow), and such operations give finite or infinite results,
+  // never NaN.
+  const bool never_nan = deviations_bounded &&
+                         AllFinite(storage.hi.data(), layout.channels) &&
+                         AllFinite(storage.lo.data(), layout.channels) &&
+                         AllFinite(storage.s.data(), layout.channels) &&
+                         AllFinite(storage.b.data(), layout.channels);
+  TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
+    if (stream && StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(),
+                                         layout, period, params, never_nan)) {
+      return true;
+    }
+    // Widen a staging piece, run the fp32 kernel's loop on it, narrow.
+    float* wide = Staging<float, kInputSlot>(kStagingElements);
+    float* out = Staging<float>(kStagingElements);
+    for (int64_t k = r.begin(); k < r.end(); k += kStagingElements) {
+      const int64_t k_end = std::min(r.end(), k + kStagingElements);
+      WidenHalf(dtype, x + k, wide, k_end - k);
+      ChannelAffineRangeF32(wide, out, k, k_end, layout.channels, layout.inner,
+                            period, params);
+      NarrowToHalf(dtype, out, y + k, k_end - k);
+    }
+    return false;
+  });
 }
 
 template void LayerNormKernel<float>(const InputSource<float>&, float*,

@@ -109,6 +109,21 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                       output_elements, traversal);
 }
 
+// ChannelAffineKernel<float> of a contiguous 16-bit tensor (`dtype`
+// bfloat16 or float16; x == y allowed): the bits of widening x to fp32,
+// running ChannelAffineKernel<float> and narrowing (round to nearest even,
+// canonical NaN), without an fp32 copy: values are widened, computed and
+// narrowed in registers (large outputs, streamed) or a small staging piece
+// at a time. `deviations_bounded`: the caller knows every value to be
+// finite and within 1e37 of its channel's `mean` (DeviationsBounded of the
+// moments it normalizes with), which spares the NaN fix-up of narrowing.
+void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
+                             const ChannelLayout& layout, const double* mean,
+                             const double* scale, const double* shift,
+                             int64_t output_elements = 0,
+                             Traversal traversal = Traversal::kParallel,
+                             bool deviations_bounded = false);
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_KERNELS_H_

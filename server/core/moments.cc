@@ -117,10 +117,31 @@ NORMD_MULTIVERSION Moments BlockMomentsF64(const double* x, int64_t n) {
 
 // Prefetches the cache lines of p[0..n) for reading (a hint: never faults,
 // even past the end of the data).
-NORMD_INLINE_INTO_CLONES void PrefetchLines(const float* p, int64_t n) {
-  constexpr int64_t kLineFloats = 64 / sizeof(float);
-  for (int64_t k = 0; k < n; k += kLineFloats) __builtin_prefetch(p + k, 0, 3);
+template <typename T>
+NORMD_INLINE_INTO_CLONES void PrefetchLines(const T* p, int64_t n) {
+  constexpr int64_t kLineElements = 64 / sizeof(T);
+  for (int64_t k = 0; k < n; k += kLineElements) {
+    __builtin_prefetch(p + k, 0, 3);
+  }
 }
+
+// How the channel reductions read their elements: fp32 / fp64 as stored,
+// 16-bit bits widened to fp32 (exactly) as they are loaded, so that the
+// moments of a 16-bit tensor are those of its fp32 widening, bit for bit.
+template <typename T>
+struct Stored {
+  using Storage = T;
+  using Value = T;
+  NORMD_INLINE_INTO_CLONES static T Load(T v) { return v; }
+};
+template <float (*kWiden)(uint16_t)>
+struct Widening {
+  using Storage = uint16_t;
+  using Value = float;
+  NORMD_INLINE_INTO_CLONES static float Load(uint16_t v) { return kWiden(v); }
+};
+using BFloat16Values = Widening<BFloat16ToFloat>;
+using Float16Values = Widening<Float16ToFloat>;
 
 // True when an fp32 fast-path result may have lost accuracy: non-finite
 // (overflow or NaN/Inf input), a variance so small that fp32 squares of the
@@ -150,11 +171,14 @@ NORMD_INLINE_INTO_CLONES float ShiftCenter(const float* x, int64_t n) {
 
 // The end of a fast-path block x[0..n) whose first i values are summed in
 // the fp64 lanes: the tail x[i..n) in fp64, the lanes summed in their fixed
-// order, and the exact path if fp32 lost accuracy (see NeedsExactPath).
+// order, and the exact path if fp32 lost accuracy (see NeedsExactPath):
+// exact(), by default BlockMomentsExactF32(x, n) (only the tail of x need
+// be there before that).
+template <typename Exact>
 NORMD_INLINE_INTO_CLONES Moments
 FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
                 const double (&wide_dev)[kFloatLanes],
-                const double (&wide_sq)[kFloatLanes]) {
+                const double (&wide_sq)[kFloatLanes], const Exact& exact) {
   double tail_dev = 0.0;
   double tail_sq = 0.0;
   for (; i < n; ++i) {
@@ -164,8 +188,15 @@ FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
   }
   const double squares = SumLanes(wide_sq) + tail_sq;
   Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev, squares);
-  if (NeedsExactPath(result, squares)) return BlockMomentsExactF32(x, n);
+  if (NeedsExactPath(result, squares)) return exact();
   return result;
+}
+NORMD_INLINE_INTO_CLONES Moments
+FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
+                const double (&wide_dev)[kFloatLanes],
+                const double (&wide_sq)[kFloatLanes]) {
+  return FinishFastBlock(x, i, n, center, wide_dev, wide_sq,
+                         [&] { return BlockMomentsExactF32(x, n); });
 }
 
 // The fp32 fast path: one pass over the block accumulating d = x - shift and
@@ -280,7 +311,136 @@ template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
   return FinishFastBlock(out, i, n, center, dev_lanes, sq_lanes);
 }
 
+// WidenBlockMomentsAvx512's moments (the same bits) of a block that need not
+// be kept widened: `scratch` (n floats) gets only what the scalar code reads
+// (the shift sample, the tail, and on the exact path the whole block).
+// bfloat16 is loaded as BFloat16Pairs, 64 values a step: register 0 sums
+// values 0, 2, .., 30 of each step, 1 values 1, 3, .., 31, 2 and 3 the same
+// for 32..63. Lane e of register v thus sums exactly what lane kLane(v, e)
+// of the fp32 path does, in the same order; the lanes are put back in that
+// order at the end.
+template <bool kBFloat16>
+[[gnu::target("avx512f,avx512bw")]] Moments HalfBlockMomentsAvx512(
+    const uint16_t* x, float* scratch, int64_t n) {
+  auto scalar = kBFloat16 ? BFloat16ToFloat : Float16ToFloat;
+  for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
+    scratch[i] = scalar(x[i]);
+  }
+  const float center = ShiftCenter(scratch, n);
+  const __m512 shift = _mm512_set1_ps(center);
+  static_assert(kFloatLanes == 64);
+  __m512d wide_dev[8];  // Set by the first flush.
+  __m512d wide_sq[8];
+  int64_t i = 0;
+  while (i + kFloatLanes <= n) {
+    const int64_t len =
+        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
+    __m512 dev[4], sq[4];
+    for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
+    for (int64_t k = i; k < i + len; k += kFloatLanes) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + k + kWidenPrefetchAhead),
+                   _MM_HINT_T1);
+      _mm_prefetch(
+          reinterpret_cast<const char*>(x + k + 32 + kWidenPrefetchAhead),
+          _MM_HINT_T1);
+      __m512 f[4];
+      if constexpr (kBFloat16) {
+        for (int h = 0; h < 2; ++h) {
+          const BFloat16Pair p =
+              WidenBFloat16Pair(_mm512_loadu_si512(x + k + 32 * h));
+          f[2 * h] = p.even;
+          f[2 * h + 1] = p.odd;
+        }
+      } else {
+        for (int v = 0; v < 4; ++v) {
+          f[v] = _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v));
+        }
+      }
+      for (int v = 0; v < 4; ++v) {
+        const __m512 d = _mm512_sub_ps(f[v], shift);
+        dev[v] = _mm512_add_ps(dev[v], d);
+        sq[v] = _mm512_add_ps(sq[v], _mm512_mul_ps(d, d));
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      const __m512d dev_low = _mm512_cvtps_pd(_mm512_castps512_ps256(dev[v]));
+      const __m512d dev_high = _mm512_cvtps_pd(_mm256_castpd_ps(
+          _mm512_extractf64x4_pd(_mm512_castps_pd(dev[v]), 1)));
+      const __m512d sq_low = _mm512_cvtps_pd(_mm512_castps512_ps256(sq[v]));
+      const __m512d sq_high = _mm512_cvtps_pd(
+          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[v]), 1)));
+      if (i == 0) {
+        wide_dev[2 * v] = dev_low;
+        wide_dev[2 * v + 1] = dev_high;
+        wide_sq[2 * v] = sq_low;
+        wide_sq[2 * v + 1] = sq_high;
+      } else {
+        wide_dev[2 * v] = _mm512_add_pd(wide_dev[2 * v], dev_low);
+        wide_dev[2 * v + 1] = _mm512_add_pd(wide_dev[2 * v + 1], dev_high);
+        wide_sq[2 * v] = _mm512_add_pd(wide_sq[2 * v], sq_low);
+        wide_sq[2 * v + 1] = _mm512_add_pd(wide_sq[2 * v + 1], sq_high);
+      }
+    }
+    i += len;
+  }
+  double dev_lanes[kFloatLanes] = {};
+  double sq_lanes[kFloatLanes] = {};
+  if (i > 0) {
+    double dev_registers[kFloatLanes];
+    double sq_registers[kFloatLanes];
+    for (int w = 0; w < 8; ++w) {
+      _mm512_storeu_pd(dev_registers + 8 * w, wide_dev[w]);
+      _mm512_storeu_pd(sq_registers + 8 * w, wide_sq[w]);
+    }
+    for (int v = 0; v < 4; ++v) {
+      for (int e = 0; e < 16; ++e) {
+        const int lane = kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
+        dev_lanes[lane] = dev_registers[16 * v + e];
+        sq_lanes[lane] = sq_registers[16 * v + e];
+      }
+    }
+  }
+  for (int64_t k = i; k < n; ++k) scratch[k] = scalar(x[k]);
+  return FinishFastBlock(scratch, i, n, center, dev_lanes, sq_lanes, [&] {
+    for (int64_t k = 0; k < i; ++k) scratch[k] = scalar(x[k]);
+    return BlockMomentsExactF32(scratch, n);
+  });
+}
+
 #endif  // NORMD_HALF_AVX512
+
+// BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
+// into scratch[0..n), which is not left holding the widened values.
+Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* scratch,
+                         int64_t n) {
+#ifdef NORMD_HALF_AVX512
+  if (CpuHasAvx512Bw()) {
+    return dtype == DType::kBFloat16
+               ? HalfBlockMomentsAvx512<true>(x, scratch, n)
+               : HalfBlockMomentsAvx512<false>(x, scratch, n);
+  }
+#endif
+  WidenHalf(dtype, x, scratch, n);
+  return BlockMomentsF32(scratch, n);
+}
+
+// BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
+// into out[0..n): in one pass with AVX-512, else widened first.
+Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
+                            int64_t n) {
+#ifdef NORMD_HALF_AVX512
+  if (CpuHasAvx512Bw()) {
+    return dtype == DType::kBFloat16
+               ? WidenBlockMomentsAvx512<FloatsOfBFloat16x16, BFloat16ToFloat>(
+                     x, out, n)
+               : WidenBlockMomentsAvx512<FloatsOfFloat16x16, Float16ToFloat>(
+                     x, out, n);
+  }
+#endif
+  WidenHalf(dtype, x, out, n);
+  return BlockMomentsF32(out, n);
+}
 
 Moments BlockMoments(const float* x, int64_t n) {
   return BlockMomentsF32(x, n);
@@ -321,6 +481,37 @@ std::vector<Moments> ChannelMomentsLongRuns(const T* x,
   return result;
 }
 
+// ChannelMomentsLongRuns of a 16-bit tensor, as of its fp32 widening: each
+// run in ContiguousMoments' blocks, widened a block at a time into a
+// per-task buffer; the blocks of all runs in parallel, folded in order.
+std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
+                                                const ChannelLayout& layout) {
+  const int64_t runs = layout.outer * layout.channels;
+  const int64_t per_run = (layout.inner + kMomentsBlock - 1) / kMomentsBlock;
+  std::vector<Moments> per_block(runs * per_run);
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, runs * per_run), layout.NumElements(),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        thread_local std::vector<float> buffer(kMomentsBlock);
+        for (int64_t i = range.begin(); i < range.end(); ++i) {
+          const int64_t begin = (i % per_run) * kMomentsBlock;
+          per_block[i] = HalfBlockMoments(
+              dtype, x + (i / per_run) * layout.inner + begin, buffer.data(),
+              std::min(kMomentsBlock, layout.inner - begin));
+        }
+      });
+  std::vector<Moments> result(layout.channels);
+  for (int64_t c = 0; c < layout.channels; ++c) {
+    for (int64_t o = 0; o < layout.outer; ++o) {
+      MergeMoments(
+          result[c],
+          FoldInOrder(per_block.data() + (o * layout.channels + c) * per_run,
+                      per_run, 1));
+    }
+  }
+  return result;
+}
+
 // A block of a short-run layout: channels [c0, c1) over rows [r0, r1).
 struct RowBlock {
   int64_t c0, c1, r0, r1;
@@ -342,35 +533,37 @@ struct RowScratch {
 constexpr int kTile = 64;
 constexpr int64_t kTileFlush = 32;
 
-NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const float* __restrict x,
-                                               int64_t row_stride, int64_t c,
-                                               int64_t r0, int64_t r1,
-                                               double* __restrict center_out,
-                                               double* __restrict dev_out,
-                                               double* __restrict sq_out) {
+template <typename E>
+NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
+    const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
+    int64_t r0, int64_t r1, double* __restrict center_out,
+    double* __restrict dev_out, double* __restrict sq_out) {
   // The shift need only be near the mean: fp32 sums suffice (an overflow
   // gives a non-finite shift, which NeedsExactPath catches).
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
   float center[kTile] = {};
   for (int64_t r = r0; r < sample_end; ++r) {
-    const float* __restrict row = x + r * row_stride + c;
-    for (int j = 0; j < kTile; ++j) center[j] += row[j];
+    const auto* __restrict row = x + r * row_stride + c;
+    for (int j = 0; j < kTile; ++j) center[j] += E::Load(row[j]);
   }
   const float inverse = 1.0f / static_cast<float>(sample_end - r0);
   for (int j = 0; j < kTile; ++j) center[j] *= inverse;
   double dev[kTile] = {};
   double sq[kTile] = {};
+  // kPrefetchAhead floats' worth of bytes.
+  const int64_t ahead =
+      kPrefetchAhead * static_cast<int64_t>(sizeof(float) / sizeof(*x));
   const int64_t rows_ahead =
-      std::max<int64_t>(1, kPrefetchAhead / row_stride) * row_stride;
+      std::max<int64_t>(1, ahead / row_stride) * row_stride;
   for (int64_t f = r0; f < r1; f += kTileFlush) {
     const int64_t f_end = std::min(r1, f + kTileFlush);
     float dev_acc[kTile] = {};
     float sq_acc[kTile] = {};
     for (int64_t r = f; r < f_end; ++r) {
-      const float* __restrict row = x + r * row_stride + c;
+      const auto* __restrict row = x + r * row_stride + c;
       PrefetchLines(row + rows_ahead, kTile);
       for (int j = 0; j < kTile; ++j) {
-        const float d = row[j] - center[j];
+        const float d = E::Load(row[j]) - center[j];
         dev_acc[j] += d;
         sq_acc[j] += d * d;
       }
@@ -387,17 +580,103 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(const float* __restrict x,
   }
 }
 
+#ifdef NORMD_HALF_AVX512
+// ChannelsLastTile<BFloat16Values> (the same bits) with each row's 64
+// values loaded as two BFloat16Pairs: register 0 holds channels 0, 2, ..,
+// 30 of the tile, 1 channels 1, 3, .., 31, 2 and 3 the same for 32..63; each
+// lane does what the generic loop does for its channel, and the results are
+// put back in channel order at the end.
+[[gnu::target("avx512f,avx512bw")]] void BFloat16ChannelsLastTileAvx512(
+    const uint16_t* x, int64_t row_stride, int64_t c, int64_t r0, int64_t r1,
+    double* center_out, double* dev_out, double* sq_out) {
+  static_assert(kTile == 64);
+  auto load = [&](int64_t r, __m512 * f)
+      __attribute__((target("avx512f,avx512bw"))) {
+    const uint16_t* row = x + r * row_stride + c;
+    for (int h = 0; h < 2; ++h) {
+      const BFloat16Pair p =
+          WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
+      f[2 * h] = p.even;
+      f[2 * h + 1] = p.odd;
+    }
+  };
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  __m512 center[4];
+  for (int v = 0; v < 4; ++v) center[v] = _mm512_setzero_ps();
+  for (int64_t r = r0; r < sample_end; ++r) {
+    __m512 f[4];
+    load(r, f);
+    for (int v = 0; v < 4; ++v) center[v] = _mm512_add_ps(center[v], f[v]);
+  }
+  const __m512 inverse =
+      _mm512_set1_ps(1.0f / static_cast<float>(sample_end - r0));
+  for (int v = 0; v < 4; ++v) center[v] = _mm512_mul_ps(center[v], inverse);
+  __m512d dev[8], sq[8];
+  for (int w = 0; w < 8; ++w) dev[w] = sq[w] = _mm512_setzero_pd();
+  const int64_t ahead = 2 * kPrefetchAhead;  // kPrefetchAhead floats' bytes.
+  const int64_t rows_ahead =
+      std::max<int64_t>(1, ahead / row_stride) * row_stride;
+  for (int64_t f0 = r0; f0 < r1; f0 += kTileFlush) {
+    const int64_t f_end = std::min(r1, f0 + kTileFlush);
+    __m512 dev_acc[4], sq_acc[4];
+    for (int v = 0; v < 4; ++v) dev_acc[v] = sq_acc[v] = _mm512_setzero_ps();
+    for (int64_t r = f0; r < f_end; ++r) {
+      const uint16_t* ahead_row = x + r * row_stride + c + rows_ahead;
+      _mm_prefetch(reinterpret_cast<const char*>(ahead_row), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead_row + 32), _MM_HINT_T0);
+      __m512 f[4];
+      load(r, f);
+      for (int v = 0; v < 4; ++v) {
+        const __m512 d = _mm512_sub_ps(f[v], center[v]);
+        dev_acc[v] = _mm512_add_ps(dev_acc[v], d);
+        sq_acc[v] = _mm512_add_ps(sq_acc[v], _mm512_mul_ps(d, d));
+      }
+    }
+    for (int v = 0; v < 4; ++v) {
+      dev[2 * v] = _mm512_add_pd(
+          dev[2 * v], _mm512_cvtps_pd(_mm512_castps512_ps256(dev_acc[v])));
+      dev[2 * v + 1] =
+          _mm512_add_pd(dev[2 * v + 1],
+                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                            _mm512_castps_pd(dev_acc[v]), 1))));
+      sq[2 * v] = _mm512_add_pd(
+          sq[2 * v], _mm512_cvtps_pd(_mm512_castps512_ps256(sq_acc[v])));
+      sq[2 * v + 1] =
+          _mm512_add_pd(sq[2 * v + 1],
+                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                            _mm512_castps_pd(sq_acc[v]), 1))));
+    }
+  }
+  alignas(64) float centers[kTile];
+  alignas(64) double devs[kTile], squares[kTile];
+  for (int v = 0; v < 4; ++v) _mm512_store_ps(centers + 16 * v, center[v]);
+  for (int w = 0; w < 8; ++w) {
+    _mm512_store_pd(devs + 8 * w, dev[w]);
+    _mm512_store_pd(squares + 8 * w, sq[w]);
+  }
+  for (int v = 0; v < 4; ++v) {
+    for (int e = 0; e < 16; ++e) {
+      const int channel = 32 * (v / 2) + 2 * e + v % 2;
+      center_out[channel] = static_cast<double>(centers[16 * v + e]);
+      dev_out[channel] = devs[16 * v + e];
+      sq_out[channel] = squares[16 * v + e];
+    }
+  }
+}
+#endif  // NORMD_HALF_AVX512
+
 // Moments of every channel of a row block into out[0..width): per-channel
 // accumulators, vectorized across channels (fp32 data channels-last: in
 // register tiles of kTile channels, see ChannelsLastTile). `tile` false: all
 // exact fp64 two-pass generic loops. scratch.wide holds the shifts (or
 // means), S1 and S2 of every channel afterwards.
-template <typename T>
-NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
+template <typename E>
+NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
                                                   const ChannelLayout& layout,
                                                   const RowBlock& block,
                                                   RowScratch& scratch,
                                                   Moments* out, bool tile) {
+  using T = typename E::Storage;
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t row_stride = layout.channels * inner;
@@ -407,18 +686,27 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
   std::fill(sum, sum + 3 * width, 0.0);
   // Channels [0, tiled) in register tiles; the rest in the generic loops.
   int64_t tiled = 0;
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<typename E::Value, float>) {
     if (tile && inner == 1) tiled = width / kTile * kTile;
     for (int64_t t = 0; t < tiled; t += kTile) {
-      ChannelsLastTile(x, row_stride, block.c0 + t, block.r0, block.r1, sum + t,
-                       dev + t, sq + t);
+#ifdef NORMD_HALF_AVX512
+      if constexpr (std::is_same_v<E, BFloat16Values>) {
+        if (CpuHasAvx512Bw()) {
+          BFloat16ChannelsLastTileAvx512(x, row_stride, block.c0 + t, block.r0,
+                                         block.r1, sum + t, dev + t, sq + t);
+          continue;
+        }
+      }
+#endif
+      ChannelsLastTile<E>(x, row_stride, block.c0 + t, block.r0, block.r1,
+                          sum + t, dev + t, sq + t);
     }
   }
   for (int64_t r = block.r0; r < block.r1; ++r) {
     const T* __restrict row = x + r * row_stride + block.c0 * inner;
     for (int64_t c = tiled; c < width; ++c) {
       for (int64_t i = 0; i < inner; ++i) {
-        sum[c] += static_cast<double>(row[c * inner + i]);
+        sum[c] += static_cast<double>(E::Load(row[c * inner + i]));
       }
     }
   }
@@ -428,7 +716,8 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const T* x,
     const T* __restrict row = x + r * row_stride + block.c0 * inner;
     for (int64_t c = tiled; c < width; ++c) {
       for (int64_t i = 0; i < inner; ++i) {
-        const double d = static_cast<double>(row[c * inner + i]) - sum[c];
+        const double d =
+            static_cast<double>(E::Load(row[c * inner + i])) - sum[c];
         dev[c] += d;
         sq[c] += d * d;
       }
@@ -444,40 +733,68 @@ NORMD_MULTIVERSION void RowBlockMomentsF32(const float* x,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out,
                                            bool tile) {
-  RowBlockMomentsImpl(x, layout, block, scratch, out, tile);
+  RowBlockMomentsImpl<Stored<float>>(x, layout, block, scratch, out, tile);
+}
+
+NORMD_MULTIVERSION void RowBlockMomentsBF16(const uint16_t* x,
+                                            const ChannelLayout& layout,
+                                            const RowBlock& block,
+                                            RowScratch& scratch, Moments* out,
+                                            bool tile) {
+  RowBlockMomentsImpl<BFloat16Values>(x, layout, block, scratch, out, tile);
+}
+
+NORMD_MULTIVERSION void RowBlockMomentsF16(const uint16_t* x,
+                                           const ChannelLayout& layout,
+                                           const RowBlock& block,
+                                           RowScratch& scratch, Moments* out,
+                                           bool tile) {
+  RowBlockMomentsImpl<Float16Values>(x, layout, block, scratch, out, tile);
 }
 
 NORMD_MULTIVERSION void RowBlockMomentsF64(const double* x,
                                            const ChannelLayout& layout,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out) {
-  RowBlockMomentsImpl(x, layout, block, scratch, out, /*tile=*/false);
+  RowBlockMomentsImpl<Stored<double>>(x, layout, block, scratch, out,
+                                      /*tile=*/false);
 }
 
-void RowBlockMoments(const float* x, const ChannelLayout& layout,
+// Moments of a row block of elements E: fp32 values (stored or widened) in
+// fp32 tiles, redone with the exact fp64 loops where the tiles lost accuracy
+// (see NeedsExactPath); fp64 always exact.
+template <typename E>
+void RowBlockMoments(const typename E::Storage* x, const ChannelLayout& layout,
                      const RowBlock& block, RowScratch& scratch, Moments* out) {
-  RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/true);
-  const double* squares = scratch.wide.data() + 2 * block.width();
-  for (int64_t c = 0; c < block.width(); ++c) {
-    if (NeedsExactPath(out[c], squares[c])) {
-      // The fp32 tiles lost accuracy (see NeedsExactPath): redo the block
-      // with the exact fp64 loops.
-      RowBlockMomentsF32(x, layout, block, scratch, out, /*tile=*/false);
-      return;
+  auto pass = [&](bool tile) {
+    if constexpr (std::is_same_v<E, Stored<float>>) {
+      RowBlockMomentsF32(x, layout, block, scratch, out, tile);
+    } else if constexpr (std::is_same_v<E, BFloat16Values>) {
+      RowBlockMomentsBF16(x, layout, block, scratch, out, tile);
+    } else if constexpr (std::is_same_v<E, Float16Values>) {
+      RowBlockMomentsF16(x, layout, block, scratch, out, tile);
+    }
+  };
+  if constexpr (std::is_same_v<E, Stored<double>>) {
+    RowBlockMomentsF64(x, layout, block, scratch, out);
+  } else {
+    pass(/*tile=*/true);
+    const double* squares = scratch.wide.data() + 2 * block.width();
+    for (int64_t c = 0; c < block.width(); ++c) {
+      if (NeedsExactPath(out[c], squares[c])) {
+        pass(/*tile=*/false);
+        return;
+      }
     }
   }
-}
-void RowBlockMoments(const double* x, const ChannelLayout& layout,
-                     const RowBlock& block, RowScratch& scratch, Moments* out) {
-  RowBlockMomentsF64(x, layout, block, scratch, out);
 }
 
 // Channel moments for short runs (inner < kMinRun, e.g. channels-last or
 // (N, C)). Work items are (channel range, row group); the ranges and groups
 // depend only on the shape. Each item folds its row blocks in order; the
 // groups are then folded per channel in order.
-template <typename T>
-std::vector<Moments> ChannelMomentsShortRuns(const T* x,
+template <typename E>
+std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
                                              const ChannelLayout& layout) {
   constexpr int64_t kRowWidth = 1024;  // Elements of one row per block.
   // Elements per row block: larger than kMomentsBlock because the tiles keep
@@ -514,7 +831,7 @@ std::vector<Moments> ChannelMomentsShortRuns(const T* x,
             const int64_t r0 = b * rows_per_block;
             const RowBlock block{c0, c1, r0,
                                  std::min(layout.outer, r0 + rows_per_block)};
-            RowBlockMoments(x, layout, block, scratch, block_moments.data());
+            RowBlockMoments<E>(x, layout, block, scratch, block_moments.data());
             for (int64_t c = 0; c < c1 - c0; ++c) {
               MergeMoments(acc[c], block_moments[c]);
             }
@@ -582,36 +899,40 @@ Moments ContiguousMoments(const T* x, int64_t n) {
   return FoldInOrder(parts.data(), num_blocks, 1);
 }
 
+// Channels whose runs are at least this long are reduced run by run
+// (ChannelMomentsLongRuns), shorter ones in row blocks across channels.
+constexpr int64_t kMinRun = 256;
+
 template <typename T>
 std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
-  constexpr int64_t kMinRun = 256;
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(x, layout);
-  return ChannelMomentsShortRuns(x, layout);
+  return ChannelMomentsShortRuns<Stored<T>>(x, layout);
+}
+
+std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
+                                        const ChannelLayout& layout) {
+  if (layout.channels == 0) return {};
+  if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
+  if (layout.inner >= kMinRun) {
+    return HalfChannelMomentsLongRuns(dtype, x, layout);
+  }
+  return dtype == DType::kBFloat16
+             ? ChannelMomentsShortRuns<BFloat16Values>(x, layout)
+             : ChannelMomentsShortRuns<Float16Values>(x, layout);
 }
 
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
                          int64_t n) {
-#ifdef NORMD_HALF_AVX512
-  if (CpuHasAvx512Bw()) {
-    // ContiguousMoments' blocks, merged in the same order.
-    Moments total;
-    for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-      const int64_t len = std::min(kMomentsBlock, n - begin);
-      MergeMoments(
-          total,
-          dtype == DType::kBFloat16
-              ? WidenBlockMomentsAvx512<FloatsOfBFloat16x16, BFloat16ToFloat>(
-                    x + begin, out + begin, len)
-              : WidenBlockMomentsAvx512<FloatsOfFloat16x16, Float16ToFloat>(
-                    x + begin, out + begin, len));
-    }
-    return total;
+  // ContiguousMoments' blocks, merged in the same order.
+  Moments total;
+  for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
+    MergeMoments(total,
+                 WidenedBlockMoments(dtype, x + begin, out + begin,
+                                     std::min(kMomentsBlock, n - begin)));
   }
-#endif
-  WidenHalf(dtype, x, out, n);
-  return ContiguousMoments(out, n);
+  return total;
 }
 
 template Moments ContiguousMoments<float>(const float*, int64_t);

@@ -38,6 +38,12 @@ struct Moments {
   bool IsFinite() const;
 };
 
+// True when `m` proves its values finite and each within 1e37 of the mean
+// (finite mean and M2 < 1e74): x - mean cannot overflow in fp32.
+inline bool DeviationsBounded(const Moments& m) {
+  return m.IsFinite() && m.m2 < 1e74;
+}
+
 // Merges `other` into `into` with Chan's parallel formula:
 // n = na + nb; d = mb - ma; mean = ma + d nb / n; M2 = M2a + M2b + d^2 na nb /
 // n.
@@ -61,6 +67,13 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
 template <typename T>
 std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout);
+
+// ChannelMoments of a 16-bit tensor (`dtype` bfloat16 or float16): the
+// moments of its fp32 widening, bit for bit, without widening it in memory
+// (values are widened as they are loaded, or a block at a time into small
+// per-task buffers).
+std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
+                                        const ChannelLayout& layout);
 
 }  // namespace normd
 
