@@ -318,6 +318,56 @@ void BM_Fit(benchmark::State& state) {
 }
 BENCHMARK(BM_Fit)->ArgNames({"channels_last"})->Arg(0)->Arg(1)->UseRealTime();
 
+// bf16 BatchNorm and Fit of [32, 64, 128, 128] or channels-last
+// [32, 128, 128, 64]: 64 MiB, as BM_Copy (16-bit values read in place).
+InputTensor HalfBatchNormInput(bool channels_last) {
+  return InputTensor{
+      DType::kBFloat16,
+      channels_last ? Shape{32, 128, 128, 64} : Shape{32, 64, 128, 128},
+      Halves().data(), 2 * kElements};
+}
+
+void BM_HalfBatchNorm(benchmark::State& state) {
+  const bool channels_last = state.range(1) != 0;
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = "bench";
+  spec.training = state.range(0) != 0;
+  spec.channel_axis = channels_last ? -1 : 1;
+  spec.input = HalfBatchNormInput(channels_last);
+  ModelSpec create;
+  create.name = "bench";
+  create.num_features = 64;
+  if (!engine.store().Create(create).ok()) state.SkipWithError("create");
+  TimeNormalize(state, engine, spec);
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfBatchNorm)
+    ->ArgNames({"train", "channels_last"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({1, 1})
+    ->UseRealTime();
+
+void BM_HalfFit(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  Engine engine;
+  FitSpec spec{"bench", HalfBatchNormInput(channels_last),
+               channels_last ? -1 : 1};
+  for (auto _ : state) {
+    auto result = engine.Fit(spec);
+    if (!result.ok()) state.SkipWithError("fit failed");
+  }
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfFit)
+    ->ArgNames({"channels_last"})
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace normd
 

@@ -46,6 +46,16 @@ ROWS = [
      "BM_Copy", 0.9, "bw"),
     ("BM_HalfGroupNorm/channels_last:1", "GroupNorm(32) bf16 NHWC",
      "BM_Copy", 0.9, "bw"),
+    ("BM_HalfBatchNorm/train:0/channels_last:0", "BatchNorm bf16 eval NCHW",
+     "BM_Copy", 0.9, "bw"),
+    ("BM_HalfBatchNorm/train:0/channels_last:1", "BatchNorm bf16 eval NHWC",
+     "BM_Copy", 0.9, "bw"),
+    ("BM_HalfBatchNorm/train:1/channels_last:0", "BatchNorm bf16 train NCHW",
+     "BM_Copy", 1.5, "time"),
+    ("BM_HalfBatchNorm/train:1/channels_last:1", "BatchNorm bf16 train NHWC",
+     "BM_Copy", 1.5, "time"),
+    ("BM_HalfFit/channels_last:0", "Fit bf16 NCHW", "BM_ReadSum", 0.9, "bw"),
+    ("BM_HalfFit/channels_last:1", "Fit bf16 NHWC", "BM_ReadSum", 0.9, "bw"),
 ]
 
 

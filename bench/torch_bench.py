@@ -53,6 +53,13 @@ def main():
         g = t.view(shape) if cl == 0 else t.view(shape).permute(0, 3, 1, 2)
         results[f"BM_HalfGroupNorm/channels_last:{cl}"] = median_seconds(
             lambda g=g: F.group_norm(g, 32))
+        # bf16 BatchNorm (fp32 running statistics, as torch keeps them).
+        for train in (0, 1):
+            rm, rv = torch.zeros(64), torch.ones(64)
+            results[f"BM_HalfBatchNorm/train:{train}/channels_last:{cl}"] = \
+                median_seconds(lambda g=g, rm=rm, rv=rv, train=train:
+                               F.batch_norm(g, rm, rv, training=bool(train),
+                                            momentum=0.1))
     del big, t
     nchw = x.view(16, 64, 128, 128)
     nhwc = x.view(16, 128, 128, 64).permute(0, 3, 1, 2)  # channels_last strides
