@@ -280,16 +280,17 @@ Shape BatchNormShape(bool channels_last) {
   return channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128};
 }
 
-void BM_BatchNorm(benchmark::State& state) {
-  const bool training = state.range(0) != 0;
-  const bool channels_last = state.range(1) != 0;
+// BatchNorm (eval or training, state.range(0)) of `input` with 64
+// channels, and Fit.
+void TimeBatchNorm(benchmark::State& state, const InputTensor& input,
+                   bool channels_last) {
   Engine engine;
   NormalizeSpec spec;
   spec.mode = NormMode::kBatchNorm;
   spec.model = "bench";
-  spec.training = training;
+  spec.training = state.range(0) != 0;
   spec.channel_axis = channels_last ? -1 : 1;
-  spec.input = View(BatchNormShape(channels_last));
+  spec.input = input;
   ModelSpec create;
   create.name = "bench";
   create.num_features = 64;
@@ -297,24 +298,35 @@ void BM_BatchNorm(benchmark::State& state) {
   TimeNormalize(state, engine, spec);
   SetBytes(state, kBytes);
 }
-BENCHMARK(BM_BatchNorm)
-    ->ArgNames({"train", "channels_last"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({1, 0})
-    ->Args({1, 1})
-    ->UseRealTime();
-
-void BM_Fit(benchmark::State& state) {
-  const bool channels_last = state.range(0) != 0;
+void TimeFit(benchmark::State& state, const InputTensor& input,
+             bool channels_last) {
   Engine engine;
-  FitSpec spec{"bench", View(BatchNormShape(channels_last)),
-               channels_last ? -1 : 1};
+  FitSpec spec{"bench", input, channels_last ? -1 : 1};
   for (auto _ : state) {
     auto result = engine.Fit(spec);
     if (!result.ok()) state.SkipWithError("fit failed");
   }
   SetBytes(state, kBytes);
+}
+
+void BM_BatchNorm(benchmark::State& state) {
+  const bool channels_last = state.range(1) != 0;
+  TimeBatchNorm(state, View(BatchNormShape(channels_last)), channels_last);
+}
+// Eval / training x NCHW / NHWC.
+void BatchNormArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"train", "channels_last"})
+      ->Args({0, 0})
+      ->Args({0, 1})
+      ->Args({1, 0})
+      ->Args({1, 1})
+      ->UseRealTime();
+}
+BENCHMARK(BM_BatchNorm)->Apply(BatchNormArgs);
+
+void BM_Fit(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  TimeFit(state, View(BatchNormShape(channels_last)), channels_last);
 }
 BENCHMARK(BM_Fit)->ArgNames({"channels_last"})->Arg(0)->Arg(1)->UseRealTime();
 
@@ -329,38 +341,13 @@ InputTensor HalfBatchNormInput(bool channels_last) {
 
 void BM_HalfBatchNorm(benchmark::State& state) {
   const bool channels_last = state.range(1) != 0;
-  Engine engine;
-  NormalizeSpec spec;
-  spec.mode = NormMode::kBatchNorm;
-  spec.model = "bench";
-  spec.training = state.range(0) != 0;
-  spec.channel_axis = channels_last ? -1 : 1;
-  spec.input = HalfBatchNormInput(channels_last);
-  ModelSpec create;
-  create.name = "bench";
-  create.num_features = 64;
-  if (!engine.store().Create(create).ok()) state.SkipWithError("create");
-  TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  TimeBatchNorm(state, HalfBatchNormInput(channels_last), channels_last);
 }
-BENCHMARK(BM_HalfBatchNorm)
-    ->ArgNames({"train", "channels_last"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({1, 0})
-    ->Args({1, 1})
-    ->UseRealTime();
+BENCHMARK(BM_HalfBatchNorm)->Apply(BatchNormArgs);
 
 void BM_HalfFit(benchmark::State& state) {
   const bool channels_last = state.range(0) != 0;
-  Engine engine;
-  FitSpec spec{"bench", HalfBatchNormInput(channels_last),
-               channels_last ? -1 : 1};
-  for (auto _ : state) {
-    auto result = engine.Fit(spec);
-    if (!result.ok()) state.SkipWithError("fit failed");
-  }
-  SetBytes(state, kBytes);
+  TimeFit(state, HalfBatchNormInput(channels_last), channels_last);
 }
 BENCHMARK(BM_HalfFit)
     ->ArgNames({"channels_last"})

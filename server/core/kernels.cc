@@ -245,6 +245,21 @@ NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
   });
 }
 
+// The first 16 * kVectors entries of each channels-last parameter array,
+// into kVectors registers each.
+template <int kVectors>
+NORMD_AVX512 inline void LoadChannelVectors(const float* hi, const float* lo,
+                                            const float* scale,
+                                            const float* shift, __m512* h,
+                                            __m512* l, __m512* s, __m512* b) {
+  for (int k = 0; k < kVectors; ++k) {
+    h[k] = _mm512_loadu_ps(hi + 16 * k);
+    l[k] = _mm512_loadu_ps(lo + 16 * k);
+    s[k] = _mm512_loadu_ps(scale + 16 * k);
+    b[k] = _mm512_loadu_ps(shift + 16 * k);
+  }
+}
+
 // StreamChannelsLastRunAvx512 with the parameters held in registers: `n` is
 // a multiple of 16 * kVectors, y is 64-byte aligned, and the parameters
 // repeat every 16 * kVectors elements (a multiple of the channel count), so
@@ -258,12 +273,7 @@ NORMD_AVX512 void StreamChannelsLastRegistersAvx512(const float* x, float* y,
                                                     const float* scale,
                                                     const float* shift) {
   __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
-  for (int k = 0; k < kVectors; ++k) {
-    h[k] = _mm512_loadu_ps(hi + 16 * k);
-    l[k] = _mm512_loadu_ps(lo + 16 * k);
-    s[k] = _mm512_loadu_ps(scale + 16 * k);
-    b[k] = _mm512_loadu_ps(shift + 16 * k);
-  }
+  LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
 #pragma GCC unroll 4
     for (int k = 0; k < kVectors; ++k) {
@@ -332,23 +342,17 @@ NORMD_AVX512 void AffineRowHalfAvx512(const float* x, float* y, int64_t n,
   }
 }
 
-// Writes the 16-bit y[0..n) from compute(j, mask), the 16 fp32 results for
-// elements [j, j + 16) of which `mask` selects the valid ones (loads must be
-// masked), narrowed as they are written: `kNarrow32` turns two vectors into
-// one 64-byte line of y (32 values), stored with a streaming store; a
-// partial line at either end with a masked store.
-template <__m512i (*kNarrow32)(__m512, __m512), typename Compute>
-NORMD_AVX512BW void StreamHalfLinesAvx512(uint16_t* y, int64_t n,
-                                          const Compute& compute) {
-  // Values [j, j + count), count <= 32, with a masked store.
+// Writes the 16-bit y[0..n) from line(j, mask), the 32 narrowed values of
+// elements [j, j + 32) of which `mask` selects the valid ones (loads must be
+// masked): whole 64-byte lines with streaming stores, a partial line at
+// either end with a masked store (y need not be aligned).
+template <typename Line>
+NORMD_AVX512BW void StreamHalfLineWriterAvx512(uint16_t* y, int64_t n,
+                                               const Line& line) {
   auto partial = [&](int64_t j, int64_t count) NORMD_AVX512BW {
-    const auto low =
-        static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
-    const auto high =
-        static_cast<__mmask16>(count <= 16 ? 0 : (1u << (count - 16)) - 1);
-    _mm512_mask_storeu_epi16(
-        y + j, count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1,
-        kNarrow32(compute(j, low), compute(j + 16, high)));
+    const __mmask32 m =
+        count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
+    _mm512_mask_storeu_epi16(y + j, m, line(j, m));
   };
   constexpr int64_t kLine = 32;
   const auto address = reinterpret_cast<uintptr_t>(y);
@@ -362,9 +366,21 @@ NORMD_AVX512BW void StreamHalfLinesAvx512(uint16_t* y, int64_t n,
   j = head;
   for (; j + kLine <= n; j += kLine) {
     _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j),
-                        kNarrow32(compute(j, 0xFFFF), compute(j + 16, 0xFFFF)));
+                        line(j, ~__mmask32{0}));
   }
   if (j < n) partial(j, n - j);
+}
+
+// Writes the 16-bit y[0..n) from compute(j, mask), the 16 fp32 results for
+// elements [j, j + 16) of which `mask` selects the valid ones, narrowed as
+// they are written: `kNarrow32` turns two vectors into one 64-byte line.
+template <__m512i (*kNarrow32)(__m512, __m512), typename Compute>
+NORMD_AVX512BW void StreamHalfLinesAvx512(uint16_t* y, int64_t n,
+                                          const Compute& compute) {
+  StreamHalfLineWriterAvx512(y, n, [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+    return kNarrow32(compute(j, static_cast<__mmask16>(m)),
+                     compute(j + 16, static_cast<__mmask16>(m >> 16)));
+  });
 }
 
 // The HalfAffineLanes computation narrowed to 16-bit as it is written.
@@ -441,12 +457,7 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
     const float* scale, const float* shift) {
   static_assert(kVectors % 2 == 0);
   __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
-  for (int k = 0; k < kVectors; ++k) {
-    h[k] = _mm512_loadu_ps(hi + 16 * k);
-    l[k] = _mm512_loadu_ps(lo + 16 * k);
-    s[k] = _mm512_loadu_ps(scale + 16 * k);
-    b[k] = _mm512_loadu_ps(shift + 16 * k);
-  }
+  LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
   auto lanes = [&](int64_t j, int k) NORMD_AVX512BW {
     const __m512 v = kWiden(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16 * k)));
@@ -469,30 +480,11 @@ template <bool kCanonicalNaN, typename Compute>
 NORMD_AVX512BW void StreamBFloat16PairsAvx512(const uint16_t* x, uint16_t* y,
                                               int64_t n,
                                               const Compute& compute) {
-  auto narrowed = [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+  StreamHalfLineWriterAvx512(y, n, [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
     const BFloat16Pair r =
         compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
     return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
-  };
-  auto partial = [&](int64_t j, int64_t count) NORMD_AVX512BW {
-    const __mmask32 m =
-        count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
-    _mm512_mask_storeu_epi16(y + j, m, narrowed(j, m));
-  };
-  constexpr int64_t kLine = 32;
-  const auto address = reinterpret_cast<uintptr_t>(y);
-  const int64_t head =
-      address % 2 != 0
-          ? n
-          : std::min(n, static_cast<int64_t>((64 - address % 64) % 64 / 2));
-  int64_t j = 0;
-  for (; j < head; j += kLine) partial(j, std::min(kLine, head - j));
-  j = head;
-  for (; j + kLine <= n; j += kLine) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j),
-                        narrowed(j, ~__mmask32{0}));
-  }
-  if (j < n) partial(j, n - j);
+  });
 }
 
 // StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs.

@@ -242,15 +242,23 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 }
 
 #ifdef NORMD_HALF_AVX512
-// BlockMomentsF32 of the 16-bit block x[0..n) widened by kWiden (scalar:
-// kScalar) into out[0..n), in the same pass: the same shift, the same fp32
-// lanes (lane j of a 64-value step in register j / 16, element j % 16), the
-// same flushes, tail and fallback, hence the same bits.
-template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
+// BlockMomentsF32 of the 16-bit block x[0..n) widened to fp32, in one pass:
+// the same shift, the same fp32 lanes (lane j of a 64-value step in register
+// j / 16, element j % 16), the same flushes, tail and fallback, hence the
+// same bits. kStore: out[0..n) is left holding the widened block; else out
+// is scratch that gets only what the scalar code reads (the shift sample,
+// the tail, and on the exact path the whole block), and bfloat16 is loaded
+// as BFloat16Pairs: register 0 then sums values 0, 2, .., 30 of each step,
+// 1 values 1, 3, .., 31, 2 and 3 the same for 32..63, so lane e of register
+// v sums exactly what lane 32 (v / 2) + 2 e + v % 2 does, in the same order;
+// the lanes are put back in that order at the end.
+template <bool kBFloat16, bool kStore>
 [[gnu::target("avx512f,avx512bw")]] Moments WidenBlockMomentsAvx512(
     const uint16_t* x, float* out, int64_t n) {
+  constexpr bool kPairs = kBFloat16 && !kStore;
+  auto scalar = kBFloat16 ? BFloat16ToFloat : Float16ToFloat;
   for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
-    out[i] = kScalar(x[i]);
+    out[i] = scalar(x[i]);
   }
   const float center = ShiftCenter(out, n);
   const __m512 shift = _mm512_set1_ps(center);
@@ -269,82 +277,8 @@ template <__m512 (*kWiden)(__m256i), float (*kScalar)(uint16_t)>
       _mm_prefetch(
           reinterpret_cast<const char*>(x + k + 32 + kWidenPrefetchAhead),
           _MM_HINT_T1);
-      for (int v = 0; v < 4; ++v) {
-        const __m512 f = kWiden(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v));
-        _mm512_storeu_ps(out + k + 16 * v, f);
-        const __m512 d = _mm512_sub_ps(f, shift);
-        dev[v] = _mm512_add_ps(dev[v], d);
-        sq[v] = _mm512_add_ps(sq[v], _mm512_mul_ps(d, d));
-      }
-    }
-    for (int v = 0; v < 4; ++v) {
-      const __m512d dev_low = _mm512_cvtps_pd(_mm512_castps512_ps256(dev[v]));
-      const __m512d dev_high = _mm512_cvtps_pd(_mm256_castpd_ps(
-          _mm512_extractf64x4_pd(_mm512_castps_pd(dev[v]), 1)));
-      const __m512d sq_low = _mm512_cvtps_pd(_mm512_castps512_ps256(sq[v]));
-      const __m512d sq_high = _mm512_cvtps_pd(
-          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[v]), 1)));
-      if (i == 0) {
-        wide_dev[2 * v] = dev_low;
-        wide_dev[2 * v + 1] = dev_high;
-        wide_sq[2 * v] = sq_low;
-        wide_sq[2 * v + 1] = sq_high;
-      } else {
-        wide_dev[2 * v] = _mm512_add_pd(wide_dev[2 * v], dev_low);
-        wide_dev[2 * v + 1] = _mm512_add_pd(wide_dev[2 * v + 1], dev_high);
-        wide_sq[2 * v] = _mm512_add_pd(wide_sq[2 * v], sq_low);
-        wide_sq[2 * v + 1] = _mm512_add_pd(wide_sq[2 * v + 1], sq_high);
-      }
-    }
-    i += len;
-  }
-  double dev_lanes[kFloatLanes] = {};
-  double sq_lanes[kFloatLanes] = {};
-  if (i > 0) {
-    for (int w = 0; w < 8; ++w) {
-      _mm512_storeu_pd(dev_lanes + 8 * w, wide_dev[w]);
-      _mm512_storeu_pd(sq_lanes + 8 * w, wide_sq[w]);
-    }
-  }
-  for (int64_t k = i; k < n; ++k) out[k] = kScalar(x[k]);
-  return FinishFastBlock(out, i, n, center, dev_lanes, sq_lanes);
-}
-
-// WidenBlockMomentsAvx512's moments (the same bits) of a block that need not
-// be kept widened: `scratch` (n floats) gets only what the scalar code reads
-// (the shift sample, the tail, and on the exact path the whole block).
-// bfloat16 is loaded as BFloat16Pairs, 64 values a step: register 0 sums
-// values 0, 2, .., 30 of each step, 1 values 1, 3, .., 31, 2 and 3 the same
-// for 32..63. Lane e of register v thus sums exactly what lane kLane(v, e)
-// of the fp32 path does, in the same order; the lanes are put back in that
-// order at the end.
-template <bool kBFloat16>
-[[gnu::target("avx512f,avx512bw")]] Moments HalfBlockMomentsAvx512(
-    const uint16_t* x, float* scratch, int64_t n) {
-  auto scalar = kBFloat16 ? BFloat16ToFloat : Float16ToFloat;
-  for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
-    scratch[i] = scalar(x[i]);
-  }
-  const float center = ShiftCenter(scratch, n);
-  const __m512 shift = _mm512_set1_ps(center);
-  static_assert(kFloatLanes == 64);
-  __m512d wide_dev[8];  // Set by the first flush.
-  __m512d wide_sq[8];
-  int64_t i = 0;
-  while (i + kFloatLanes <= n) {
-    const int64_t len =
-        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
-    __m512 dev[4], sq[4];
-    for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
-    for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + k + kWidenPrefetchAhead),
-                   _MM_HINT_T1);
-      _mm_prefetch(
-          reinterpret_cast<const char*>(x + k + 32 + kWidenPrefetchAhead),
-          _MM_HINT_T1);
       __m512 f[4];
-      if constexpr (kBFloat16) {
+      if constexpr (kPairs) {
         for (int h = 0; h < 2; ++h) {
           const BFloat16Pair p =
               WidenBFloat16Pair(_mm512_loadu_si512(x + k + 32 * h));
@@ -353,8 +287,10 @@ template <bool kBFloat16>
         }
       } else {
         for (int v = 0; v < 4; ++v) {
-          f[v] = _mm512_cvtph_ps(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v));
+          const __m256i h =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v);
+          f[v] = kBFloat16 ? FloatsOfBFloat16x16(h) : FloatsOfFloat16x16(h);
+          if constexpr (kStore) _mm512_storeu_ps(out + k + 16 * v, f[v]);
         }
       }
       for (int v = 0; v < 4; ++v) {
@@ -395,16 +331,18 @@ template <bool kBFloat16>
     }
     for (int v = 0; v < 4; ++v) {
       for (int e = 0; e < 16; ++e) {
-        const int lane = kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
+        const int lane = kPairs ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
         dev_lanes[lane] = dev_registers[16 * v + e];
         sq_lanes[lane] = sq_registers[16 * v + e];
       }
     }
   }
-  for (int64_t k = i; k < n; ++k) scratch[k] = scalar(x[k]);
-  return FinishFastBlock(scratch, i, n, center, dev_lanes, sq_lanes, [&] {
-    for (int64_t k = 0; k < i; ++k) scratch[k] = scalar(x[k]);
-    return BlockMomentsExactF32(scratch, n);
+  for (int64_t k = i; k < n; ++k) out[k] = scalar(x[k]);
+  return FinishFastBlock(out, i, n, center, dev_lanes, sq_lanes, [&] {
+    if constexpr (!kStore) {
+      for (int64_t k = 0; k < i; ++k) out[k] = scalar(x[k]);
+    }
+    return BlockMomentsExactF32(out, n);
   });
 }
 
@@ -417,8 +355,8 @@ Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* scratch,
 #ifdef NORMD_HALF_AVX512
   if (CpuHasAvx512Bw()) {
     return dtype == DType::kBFloat16
-               ? HalfBlockMomentsAvx512<true>(x, scratch, n)
-               : HalfBlockMomentsAvx512<false>(x, scratch, n);
+               ? WidenBlockMomentsAvx512<true, false>(x, scratch, n)
+               : WidenBlockMomentsAvx512<false, false>(x, scratch, n);
   }
 #endif
   WidenHalf(dtype, x, scratch, n);
@@ -432,10 +370,8 @@ Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
 #ifdef NORMD_HALF_AVX512
   if (CpuHasAvx512Bw()) {
     return dtype == DType::kBFloat16
-               ? WidenBlockMomentsAvx512<FloatsOfBFloat16x16, BFloat16ToFloat>(
-                     x, out, n)
-               : WidenBlockMomentsAvx512<FloatsOfFloat16x16, Float16ToFloat>(
-                     x, out, n);
+               ? WidenBlockMomentsAvx512<true, true>(x, out, n)
+               : WidenBlockMomentsAvx512<false, true>(x, out, n);
   }
 #endif
   WidenHalf(dtype, x, out, n);
