@@ -517,23 +517,32 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
 }
 
 #ifdef NORMD_HALF_AVX512
-// ChannelsLastTile<BFloat16Values> (the same bits) with each row's 64
-// values loaded as two BFloat16Pairs: register 0 holds channels 0, 2, ..,
-// 30 of the tile, 1 channels 1, 3, .., 31, 2 and 3 the same for 32..63; each
-// lane does what the generic loop does for its channel, and the results are
-// put back in channel order at the end.
-[[gnu::target("avx512f,avx512bw")]] void BFloat16ChannelsLastTileAvx512(
+// ChannelsLastTile<BFloat16Values> / <Float16Values> (the same bits) in
+// registers. float16 rows convert 16 channels per register in order;
+// bfloat16 rows load as two BFloat16Pairs: register 0 holds channels 0, 2,
+// .., 30 of the tile, 1 channels 1, 3, .., 31, 2 and 3 the same for 32..63.
+// Each lane does what the generic loop does for its channel, and the results
+// are put back in channel order at the end.
+template <bool kBFloat16>
+[[gnu::target("avx512f,avx512bw")]] void HalfChannelsLastTileAvx512(
     const uint16_t* x, int64_t row_stride, int64_t c, int64_t r0, int64_t r1,
     double* center_out, double* dev_out, double* sq_out) {
   static_assert(kTile == 64);
   auto load = [&](int64_t r, __m512 * f)
       __attribute__((target("avx512f,avx512bw"))) {
     const uint16_t* row = x + r * row_stride + c;
-    for (int h = 0; h < 2; ++h) {
-      const BFloat16Pair p =
-          WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
-      f[2 * h] = p.even;
-      f[2 * h + 1] = p.odd;
+    if constexpr (kBFloat16) {
+      for (int h = 0; h < 2; ++h) {
+        const BFloat16Pair p =
+            WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
+        f[2 * h] = p.even;
+        f[2 * h + 1] = p.odd;
+      }
+    } else {
+      for (int v = 0; v < 4; ++v) {
+        f[v] = FloatsOfFloat16x16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + v));
+      }
     }
   };
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
@@ -592,7 +601,7 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
   }
   for (int v = 0; v < 4; ++v) {
     for (int e = 0; e < 16; ++e) {
-      const int channel = 32 * (v / 2) + 2 * e + v % 2;
+      const int channel = kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
       center_out[channel] = static_cast<double>(centers[16 * v + e]);
       dev_out[channel] = devs[16 * v + e];
       sq_out[channel] = squares[16 * v + e];
@@ -626,10 +635,11 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
     if (tile && inner == 1) tiled = width / kTile * kTile;
     for (int64_t t = 0; t < tiled; t += kTile) {
 #ifdef NORMD_HALF_AVX512
-      if constexpr (std::is_same_v<E, BFloat16Values>) {
+      if constexpr (!std::is_same_v<E, Stored<float>>) {
         if (CpuHasAvx512Bw()) {
-          BFloat16ChannelsLastTileAvx512(x, row_stride, block.c0 + t, block.r0,
-                                         block.r1, sum + t, dev + t, sq + t);
+          HalfChannelsLastTileAvx512<std::is_same_v<E, BFloat16Values>>(
+              x, row_stride, block.c0 + t, block.r0, block.r1, sum + t, dev + t,
+              sq + t);
           continue;
         }
       }
