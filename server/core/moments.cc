@@ -349,29 +349,16 @@ template <bool kBFloat16, bool kStore>
 #endif  // NORMD_HALF_AVX512
 
 // BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
-// into scratch[0..n), which is not left holding the widened values.
-Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* scratch,
-                         int64_t n) {
-#ifdef NORMD_HALF_AVX512
-  if (CpuHasAvx512Bw()) {
-    return dtype == DType::kBFloat16
-               ? WidenBlockMomentsAvx512<true, false>(x, scratch, n)
-               : WidenBlockMomentsAvx512<false, false>(x, scratch, n);
-  }
-#endif
-  WidenHalf(dtype, x, scratch, n);
-  return BlockMomentsF32(scratch, n);
-}
-
-// BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
-// into out[0..n): in one pass with AVX-512, else widened first.
+// into out[0..n): in one pass with AVX-512, else widened first. kStore
+// false: out is scratch, not necessarily left holding the widened block.
+template <bool kStore>
 Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
                             int64_t n) {
 #ifdef NORMD_HALF_AVX512
   if (CpuHasAvx512Bw()) {
     return dtype == DType::kBFloat16
-               ? WidenBlockMomentsAvx512<true, true>(x, out, n)
-               : WidenBlockMomentsAvx512<false, true>(x, out, n);
+               ? WidenBlockMomentsAvx512<true, kStore>(x, out, n)
+               : WidenBlockMomentsAvx512<false, kStore>(x, out, n);
   }
 #endif
   WidenHalf(dtype, x, out, n);
@@ -431,7 +418,7 @@ std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
         thread_local std::vector<float> buffer(kMomentsBlock);
         for (int64_t i = range.begin(); i < range.end(); ++i) {
           const int64_t begin = (i % per_run) * kMomentsBlock;
-          per_block[i] = HalfBlockMoments(
+          per_block[i] = WidenedBlockMoments</*kStore=*/false>(
               dtype, x + (i / per_run) * layout.inner + begin, buffer.data(),
               std::min(kMomentsBlock, layout.inner - begin));
         }
@@ -874,9 +861,9 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
   // ContiguousMoments' blocks, merged in the same order.
   Moments total;
   for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total,
-                 WidenedBlockMoments(dtype, x + begin, out + begin,
-                                     std::min(kMomentsBlock, n - begin)));
+    MergeMoments(total, WidenedBlockMoments</*kStore=*/true>(
+                            dtype, x + begin, out + begin,
+                            std::min(kMomentsBlock, n - begin)));
   }
   return total;
 }
