@@ -144,6 +144,35 @@ bool AllFinite(const float* p, int64_t n) {
          std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
 }
 
+// Splits channels-last elements [begin, end) of an output whose element
+// `begin` is at address `y_begin` (elements of element_size bytes) for the
+// streaming channel kernels: where the per-channel parameters repeat every
+// lcm(channels, unit) elements and that is at most max_repeat (and at most
+// `period`, the expanded parameters' length), the middle from the first
+// 64-byte boundary on, in whole repeats, goes to repeating(from, to,
+// repeat); the ends, and everything otherwise, to per_element(from, to).
+template <typename PerElement, typename Repeating>
+void SplitChannelsLast(int64_t begin, int64_t end, uintptr_t y_begin,
+                       int64_t element_size, int64_t channels, int64_t period,
+                       int64_t unit, int64_t max_repeat,
+                       const PerElement& per_element,
+                       const Repeating& repeating) {
+  const int64_t repeat = std::lcm(channels, unit);
+  if (repeat > max_repeat || repeat > period ||
+      y_begin % static_cast<uintptr_t>(element_size) != 0) {
+    per_element(begin, end);
+    return;
+  }
+  const int64_t head = std::min<int64_t>(
+      end - begin,
+      static_cast<int64_t>((64 - y_begin % 64) % 64) / element_size);
+  const int64_t middle = begin + head;
+  const int64_t tail = middle + (end - middle) / repeat * repeat;
+  per_element(begin, middle);
+  if (tail > middle) repeating(middle, tail, repeat);
+  per_element(tail, end);
+}
+
 // HalfAffineLanes' computation one value at a time (std::fma: exactly
 // rounded, so the same bits); for CPUs without AVX-512.
 void AffineRowHalfScalar(const float* x, float* y, int64_t n,
@@ -229,6 +258,13 @@ NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
   });
 }
 
+// ((x - hi) - lo) * scale + shift: ChannelParamsF32's operations.
+NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 lo,
+                                              __m512 scale, __m512 shift) {
+  const __m512 t = _mm512_sub_ps(_mm512_sub_ps(x, hi), lo);
+  return _mm512_add_ps(_mm512_mul_ps(t, scale), shift);
+}
+
 // y[j] = ((x[j] - hi[j]) - lo[j]) * scale[j] + shift[j] with streaming stores
 // (ChannelParamsF32::Apply with the parameters indexed per element).
 NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
@@ -237,11 +273,10 @@ NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
                                               const float* scale,
                                               const float* shift) {
   StreamLinesAvx512(y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
-    __m512 t = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j),
-                             _mm512_maskz_loadu_ps(m, hi + j));
-    t = _mm512_sub_ps(t, _mm512_maskz_loadu_ps(m, lo + j));
-    t = _mm512_mul_ps(t, _mm512_maskz_loadu_ps(m, scale + j));
-    return _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, shift + j));
+    return ChannelAffineLanes(
+        _mm512_maskz_loadu_ps(m, x + j), _mm512_maskz_loadu_ps(m, hi + j),
+        _mm512_maskz_loadu_ps(m, lo + j), _mm512_maskz_loadu_ps(m, scale + j),
+        _mm512_maskz_loadu_ps(m, shift + j));
   });
 }
 
@@ -277,9 +312,9 @@ NORMD_AVX512 void StreamChannelsLastRegistersAvx512(const float* x, float* y,
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
 #pragma GCC unroll 4
     for (int k = 0; k < kVectors; ++k) {
-      __m512 t = _mm512_sub_ps(_mm512_loadu_ps(x + j + 16 * k), h[k]);
-      t = _mm512_mul_ps(_mm512_sub_ps(t, l[k]), s[k]);
-      _mm512_stream_ps(y + j + 16 * k, _mm512_add_ps(t, b[k]));
+      _mm512_stream_ps(y + j + 16 * k,
+                       ChannelAffineLanes(_mm512_loadu_ps(x + j + 16 * k), h[k],
+                                          l[k], s[k], b[k]));
     }
   }
 }
@@ -401,13 +436,6 @@ NORMD_AVX512BW inline __m512 WidenLanes(const uint16_t* x, int64_t j,
                                         __mmask16 m) {
   return kWiden(_mm512_castsi512_si256(
       _mm512_maskz_loadu_epi16(static_cast<__mmask32>(m), x + j)));
-}
-
-// ((x - hi) - lo) * scale + shift: ChannelParamsF32's operations.
-NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 lo,
-                                              __m512 scale, __m512 shift) {
-  const __m512 t = _mm512_sub_ps(_mm512_sub_ps(x, hi), lo);
-  return _mm512_add_ps(_mm512_mul_ps(t, scale), shift);
 }
 
 // The channel affine of 16-bit to 16-bit values, widened (kWiden) and
@@ -615,24 +643,15 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
                       p.shift + phase);
     }
   };
-  const int64_t repeat = std::lcm(channels, int64_t{32});
-  const auto address = reinterpret_cast<uintptr_t>(y + begin);
-  if (repeat > 96 || repeat > period || address % sizeof(uint16_t) != 0) {
-    per_element(begin, end);
-    return true;
-  }
-  const int64_t head = std::min<int64_t>(
-      end - begin, (64 - address % 64) % 64 / sizeof(uint16_t));
-  const int64_t middle = begin + head;
-  const int64_t tail = middle + (end - middle) / repeat * repeat;
-  per_element(begin, middle);
-  if (tail > middle) {
-    const int64_t phase = middle % channels;
-    f.registers[repeat / 32 - 1](x + middle, y + middle, tail - middle,
-                                 p.hi + phase, p.lo + phase, p.scale + phase,
-                                 p.shift + phase);
-  }
-  per_element(tail, end);
+  SplitChannelsLast(begin, end, reinterpret_cast<uintptr_t>(y + begin),
+                    sizeof(uint16_t), channels, period, /*unit=*/32,
+                    /*max_repeat=*/96, per_element,
+                    [&](int64_t from, int64_t to, int64_t repeat) {
+                      const int64_t phase = from % channels;
+                      f.registers[repeat / 32 - 1](
+                          x + from, y + from, to - from, p.hi + phase,
+                          p.lo + phase, p.scale + phase, p.shift + phase);
+                    });
   return true;
 }
 
@@ -1062,24 +1081,15 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
           p.lo + phase, p.scale + phase, p.shift + phase);
     }
   };
-  const int64_t repeat = std::lcm(channels, int64_t{16});
-  const auto address = reinterpret_cast<uintptr_t>(y + begin);
-  if (repeat > 64 || repeat > period || address % sizeof(float) != 0) {
-    per_element(begin, end);
-    return true;
-  }
-  const int64_t head =
-      std::min<int64_t>(end - begin, (64 - address % 64) % 64 / sizeof(float));
-  const int64_t middle = begin + head;
-  const int64_t tail = middle + (end - middle) / repeat * repeat;
-  per_element(begin, middle);
-  if (tail > middle) {
-    const int64_t phase = middle % channels;
-    StreamChannelsLastRepeating(x + (middle - begin), y + middle, tail - middle,
-                                repeat, p.hi + phase, p.lo + phase,
-                                p.scale + phase, p.shift + phase);
-  }
-  per_element(tail, end);
+  SplitChannelsLast(
+      begin, end, reinterpret_cast<uintptr_t>(y + begin), sizeof(float),
+      channels, period, /*unit=*/16, /*max_repeat=*/64, per_element,
+      [&](int64_t from, int64_t to, int64_t repeat) {
+        const int64_t phase = from % channels;
+        StreamChannelsLastRepeating(x + (from - begin), y + from, to - from,
+                                    repeat, p.hi + phase, p.lo + phase,
+                                    p.scale + phase, p.shift + phase);
+      });
   return true;
 }
 
