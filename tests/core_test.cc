@@ -77,8 +77,10 @@ void ExpectStatsNear(const Moments& m, double ref_mean, double ref_var) {
 
 template <typename T>
 void CheckContiguous() {
-  for (int64_t n :
-       {1, 7, 8, 9, 255, 256, 257, 8191, 8192, 8193, 40000, 100003}) {
+  constexpr int64_t kB = kMomentsBlock;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9},
+                    int64_t{255}, int64_t{256}, int64_t{257}, kB - 1, kB,
+                    kB + 1, 2 * kB + 40000, 4 * kB + 3}) {
     SCOPED_TRACE(n);
     const auto x = RandomValues<T>(n, 11 + n, 3.0, 2.0);
     const Moments m = ContiguousMoments(x.data(), n);
@@ -125,10 +127,11 @@ TEST(MomentsTest, ShiftFarFromTheMeanFallsBackToExact) {
   constexpr int64_t kChannels = 64;
   std::vector<float> x = RandomValues<float>(kRows * kChannels, 9, 1e4, 1.0);
   // Contiguous: the first 32 values sit 30 sigma high.
-  std::vector<float> block(x.begin(), x.begin() + 8192);
+  static_assert(kMomentsBlock <= kRows * kChannels);
+  std::vector<float> block(x.begin(), x.begin() + kMomentsBlock);
   for (int64_t i = 0; i < 32; ++i) block[i] += 30.0f;
-  const Moments m = ContiguousMoments(block.data(), 8192);
-  const auto ref = ReferenceChannelStats(block, 1, 1, 8192);
+  const Moments m = ContiguousMoments(block.data(), kMomentsBlock);
+  const auto ref = ReferenceChannelStats(block, 1, 1, kMomentsBlock);
   EXPECT_LE(RelErr(m.BiasedVariance(), ref.var[0]), 1e-12);
   // Channels-last: the first 32 rows do.
   for (int64_t i = 0; i < 32 * kChannels; ++i) x[i] += 30.0f;

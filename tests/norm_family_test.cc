@@ -224,10 +224,14 @@ TEST(HalfTest, StreamingNarrowingWritesTheSameBits) {
 
 TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
   // Lengths around the 64-value steps, the 1024-value flushes, the 32-value
-  // shift sample and the 8192-value blocks; data near and far (1e4) from 0,
-  // and a block whose first values sit far from the rest (the exact path).
-  for (int64_t n : {1, 5, 31, 32, 33, 63, 64, 65, 1023, 1024, 1025, 4096, 4171,
-                    8192, 8193, 30000, 65536}) {
+  // shift sample and the kMomentsBlock-value blocks; data near and far (1e4)
+  // from 0, and a block whose first values sit far from the rest (the exact
+  // path).
+  constexpr int64_t kB = kMomentsBlock;
+  for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{31}, int64_t{32},
+                    int64_t{33}, int64_t{63}, int64_t{64}, int64_t{65},
+                    int64_t{1023}, int64_t{1024}, int64_t{1025}, int64_t{4096},
+                    int64_t{4171}, kB - 1, kB, kB + 1, 2 * kB + 30000}) {
     for (double offset : {0.0, 1e4}) {
       auto wide = RandomValues<double>(n, 29, offset, 3.0);
       if (n > 2000) {

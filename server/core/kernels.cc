@@ -34,9 +34,10 @@ constexpr int64_t kApplyChunk = 16384;
 // Elements computed into the per-thread staging buffer per StreamCopy.
 constexpr int64_t kStagingElements = 4096;
 // Rows at least this long (kLongLayerNormRow) are reduced and written in
-// parallel one at a time; shorter rows are processed whole, many rows per
-// work item.
-static_assert(kLongLayerNormRow == 4 * kMomentsBlock);
+// parallel one at a time (ContiguousMoments reduces rows of two blocks or
+// more in parallel); shorter rows are processed whole, many rows per work
+// item.
+static_assert(kLongLayerNormRow >= kMomentsBlock);
 
 // y[j] = (x[j] - mean) * scale * weight[j] + bias[j] for j in [0, n), with
 // weight / bias optional; all in fp64.

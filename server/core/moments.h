@@ -49,12 +49,15 @@ inline bool DeviationsBounded(const Moments& m) {
 // n.
 void MergeMoments(Moments& into, const Moments& other);
 
-// Elements per block of the contiguous reductions (fits comfortably in L1/L2;
-// channels-last reductions use larger blocks, see moments.cc).
-inline constexpr int64_t kMomentsBlock = 8192;
+// Elements per block of the contiguous reductions (128 KiB of fp32: fits L2;
+// channels-last reductions use larger blocks, see moments.cc). Each block
+// costs a few hundred cycles to set up, finish and merge, during which no
+// loads are in flight: 32 Ki rather than 8 Ki took bf16 Fit NCHW 1.83 ->
+// 1.68 ms and bf16 GroupNorm NCHW 3.86 -> 3.59 ms (64 MiB, 2 cores).
+inline constexpr int64_t kMomentsBlock = 32768;
 
 // Moments of x[0..n), blocked by kMomentsBlock and merged in order; parallel
-// (oneTBB) when n spans several blocks.
+// (oneTBB) when n spans two blocks or more.
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
 
