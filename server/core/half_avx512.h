@@ -16,8 +16,8 @@
 
 namespace normd {
 
-// 16-bit elements ahead of the loads that the widening loops prefetch (16 KB
-// of input), in half.cc and moments.cc alike.
+// 16-bit elements ahead of the loads that the bulk widening loops (half.cc)
+// prefetch: 16 KB of input.
 inline constexpr int64_t kWidenPrefetchAhead = 8192;
 
 // float16 uses the CPU's conversion instructions, bfloat16 integer ops; both

@@ -272,11 +272,13 @@ template <bool kBFloat16, bool kStore>
     __m512 dev[4], sq[4];
     for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
     for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      _mm_prefetch(reinterpret_cast<const char*>(x + k + kWidenPrefetchAhead),
-                   _MM_HINT_T1);
+      // The same 8 KiB ahead as the fp32 loops, into L1: bf16 Fit NCHW
+      // 1.77 -> 1.66 ms against 16 KiB into L2 (kWidenPrefetchAhead).
+      _mm_prefetch(reinterpret_cast<const char*>(x + k + 2 * kPrefetchAhead),
+                   _MM_HINT_T0);
       _mm_prefetch(
-          reinterpret_cast<const char*>(x + k + 32 + kWidenPrefetchAhead),
-          _MM_HINT_T1);
+          reinterpret_cast<const char*>(x + k + 32 + 2 * kPrefetchAhead),
+          _MM_HINT_T0);
       __m512 f[4];
       if constexpr (kPairs) {
         for (int h = 0; h < 2; ++h) {
