@@ -257,6 +257,44 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
   }
 }
 
+// The fp64 sums of the 64 lanes are usually exact, so their fold order
+// rarely shows; here it does. Lane 0 of every 64 values holds 2^52, lane 1
+// -2^52, lanes 2 and 3 hold 0.5 (the shift is 0): over 16 Ki values the
+// lane sums are 2^60, -2^60, 128, 128, and the fold FoldHalves does, (2^60 +
+// 128) + (-2^60 + 128), is 128 (a tie to even, then exact), where pairing
+// lanes 0 and 1 first would give 256. The 16-bit statistics keep their
+// lanes in registers in another order (bfloat16 pairs: even and odd values
+// apart) and must fold them as the fp32 path does.
+TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
+  constexpr int64_t kN = 16384;
+  std::vector<uint16_t> x(kN);
+  for (int64_t i = 0; i < kN; ++i) {
+    const int64_t lane = i % 64;
+    const double v = lane == 0   ? std::ldexp(1, 52)
+                     : lane == 1 ? -std::ldexp(1, 52)
+                     : lane < 4  ? 0.5
+                                 : 0.0;
+    x[i] = DoubleToHalf(DType::kBFloat16, v);
+  }
+  std::vector<float> plain(kN);
+  WidenHalf(DType::kBFloat16, x.data(), plain.data(), kN);
+  const Moments want = ContiguousMoments(plain.data(), kN);
+  ASSERT_EQ(want.mean, 128.0 / kN);  // The fold above, not 256 / kN.
+  std::vector<float> fused(kN);
+  const Moments stored =
+      WidenWithMoments(DType::kBFloat16, x.data(), fused.data(), kN);
+  const ChannelLayout run{1, 1, kN};
+  const Moments in_place =
+      HalfChannelMoments(DType::kBFloat16, x.data(), run)[0];
+  const Moments fp32 = ChannelMoments(plain.data(), run)[0];
+  for (const Moments* got : {&stored, &in_place, &fp32}) {
+    EXPECT_EQ(std::bit_cast<uint64_t>(got->mean),
+              std::bit_cast<uint64_t>(want.mean));
+    EXPECT_EQ(std::bit_cast<uint64_t>(got->m2),
+              std::bit_cast<uint64_t>(want.m2));
+  }
+}
+
 TEST(HalfTest, DoublesAreRoundedOnceNotTwice) {
   // 1 + 2^-11 + 2^-30 lies just above the float16 midpoint between 1 and
   // 1 + 2^-10; via float it would become the midpoint and round to 1.

@@ -174,11 +174,13 @@ NORMD_INLINE_INTO_CLONES float ShiftCenter(const float* x, int64_t n) {
 // order, and the exact path if fp32 lost accuracy (see NeedsExactPath):
 // exact(), by default BlockMomentsExactF32(x, n) (only the tail of x need
 // be there before that).
+// `lanes_dev` / `lanes_sq` are the lane sums, SumLanes of the fp64 lanes.
 template <typename Exact>
-NORMD_INLINE_INTO_CLONES Moments
-FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
-                const double (&wide_dev)[kFloatLanes],
-                const double (&wide_sq)[kFloatLanes], const Exact& exact) {
+NORMD_INLINE_INTO_CLONES Moments FinishFastBlock(const float* x, int64_t i,
+                                                 int64_t n, float center,
+                                                 double lanes_dev,
+                                                 double lanes_sq,
+                                                 const Exact& exact) {
   double tail_dev = 0.0;
   double tail_sq = 0.0;
   for (; i < n; ++i) {
@@ -186,8 +188,8 @@ FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
     tail_dev += d;
     tail_sq += d * d;
   }
-  const double squares = SumLanes(wide_sq) + tail_sq;
-  Moments result = Corrected(n, center, SumLanes(wide_dev) + tail_dev, squares);
+  const double squares = lanes_sq + tail_sq;
+  Moments result = Corrected(n, center, lanes_dev + tail_dev, squares);
   if (NeedsExactPath(result, squares)) return exact();
   return result;
 }
@@ -195,7 +197,7 @@ NORMD_INLINE_INTO_CLONES Moments
 FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
                 const double (&wide_dev)[kFloatLanes],
                 const double (&wide_sq)[kFloatLanes]) {
-  return FinishFastBlock(x, i, n, center, wide_dev, wide_sq,
+  return FinishFastBlock(x, i, n, center, SumLanes(wide_dev), SumLanes(wide_sq),
                          [&] { return BlockMomentsExactF32(x, n); });
 }
 
@@ -252,6 +254,35 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 // 1 values 1, 3, .., 31, 2 and 3 the same for 32..63, so lane e of register
 // v sums exactly what lane 32 (v / 2) + 2 e + v % 2 does, in the same order;
 // the lanes are put back in that order at the end.
+// SumLanes of the 64 fp64 lanes held in w[0..8) as WidenBlockMomentsAvx512
+// keeps them, in registers: the same additions in the same tree as
+// FoldHalves<64> on the lanes in their natural order, so the same bits,
+// without storing and reordering them (a few percent of a 16 Ki-value
+// block). Lane k of w[j] is natural lane 8 j + k; with kPairs (j = 4 a +
+// 2 b + h) it is lane 32 a + 16 h + 2 k + b. FoldHalves halves the natural
+// index from the top bit down: a, then b and h (natural) or h and, after
+// the lanes, b (pairs).
+template <bool kPairs>
+[[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[8]) {
+  // k: lanes 0-3 += 4-7, then 0-1 += 2-3, then 0 += 1.
+  auto fold_lanes = [](__m512d v) __attribute__((target("avx512f"))) {
+    const __m256d quarter =
+        _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
+    const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(quarter),
+                                    _mm256_extractf128_pd(quarter, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+  };
+  __m512d a[4];
+  for (int j = 0; j < 4; ++j) a[j] = _mm512_add_pd(w[j], w[j + 4]);
+  if constexpr (kPairs) {
+    return fold_lanes(_mm512_add_pd(a[0], a[1])) +
+           fold_lanes(_mm512_add_pd(a[2], a[3]));
+  } else {
+    return fold_lanes(
+        _mm512_add_pd(_mm512_add_pd(a[0], a[2]), _mm512_add_pd(a[1], a[3])));
+  }
+}
+
 template <bool kBFloat16, bool kStore>
 [[gnu::target("avx512f,avx512bw")]] Moments WidenBlockMomentsAvx512(
     const uint16_t* x, float* out, int64_t n) {
@@ -322,25 +353,10 @@ template <bool kBFloat16, bool kStore>
     }
     i += len;
   }
-  double dev_lanes[kFloatLanes] = {};
-  double sq_lanes[kFloatLanes] = {};
-  if (i > 0) {
-    double dev_registers[kFloatLanes];
-    double sq_registers[kFloatLanes];
-    for (int w = 0; w < 8; ++w) {
-      _mm512_storeu_pd(dev_registers + 8 * w, wide_dev[w]);
-      _mm512_storeu_pd(sq_registers + 8 * w, wide_sq[w]);
-    }
-    for (int v = 0; v < 4; ++v) {
-      for (int e = 0; e < 16; ++e) {
-        const int lane = kPairs ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
-        dev_lanes[lane] = dev_registers[16 * v + e];
-        sq_lanes[lane] = sq_registers[16 * v + e];
-      }
-    }
-  }
+  const double lanes_dev = i > 0 ? FoldWideLanes<kPairs>(wide_dev) : 0.0;
+  const double lanes_sq = i > 0 ? FoldWideLanes<kPairs>(wide_sq) : 0.0;
   for (int64_t k = i; k < n; ++k) out[k] = scalar(x[k]);
-  return FinishFastBlock(out, i, n, center, dev_lanes, sq_lanes, [&] {
+  return FinishFastBlock(out, i, n, center, lanes_dev, lanes_sq, [&] {
     if constexpr (!kStore) {
       for (int64_t k = 0; k < i; ++k) out[k] = scalar(x[k]);
     }
