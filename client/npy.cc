@@ -221,6 +221,11 @@ absl::StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(
               static_cast<size_t>(static_cast<unsigned char>(start[11])) << 24;
   }
   const size_t total = (v1_header ? 10 : 12) + length;
+  // The header length comes from the file: read no more than the file has
+  // (a 4 GiB length in a small file must not allocate 4 GiB).
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<size_t>(in.tellg());
+  if (total > file_size) return Bad(path, "truncated header");
   std::string head(total, '\0');
   in.seekg(0);
   in.read(head.data(), static_cast<std::streamsize>(total));

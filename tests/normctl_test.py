@@ -279,6 +279,25 @@ def test_bad_npy(ctl, tmp):
     run = ctl("fit", "--model=bad", f"--input={truncated}")
     check(run.returncode == 2 and "bytes" in run.stderr,
           f"truncated .npy: {run.stderr!r}")
+    # A header length of 4 GiB in a 70-byte file: refused as truncated
+    # without allocating what the header claims (the run's own peak RSS).
+    huge = os.path.join(tmp, "huge_header.npy")
+    with open(huge, "wb") as f:
+        f.write(b"\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr': '<f4', "
+                b"'fortran_order': False, 'shape': (2,), }\n")
+    for command in (["normalize"], ["fit", "--model=bad"]):
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(
+                [args.normctl, f"--server={ctl.target}", *command,
+                 f"--input={huge}"], stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            stderr = err.read()
+        check(proc.returncode == 2 and "truncated header" in stderr and
+              usage.ru_maxrss < 1024 * 1024,
+              f"{command[0]} with a 4 GiB header length: exit "
+              f"{proc.returncode}, peak RSS {usage.ru_maxrss} KiB, {stderr!r}")
 
 
 def test_readme_commands(ctl, tmp):
