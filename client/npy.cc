@@ -222,10 +222,14 @@ absl::StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(
   }
   const size_t total = (v1_header ? 10 : 12) + length;
   // The header length comes from the file: read no more than the file has
-  // (a 4 GiB length in a small file must not allocate 4 GiB).
+  // (a 4 GiB length in a small file must not allocate 4 GiB). clear():
+  // a file shorter than `start` left the stream failed.
+  in.clear();
   in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<size_t>(in.tellg());
-  if (total > file_size) return Bad(path, "truncated header");
+  const int64_t file_size = static_cast<int64_t>(in.tellg());
+  if (static_cast<int64_t>(total) > file_size) {
+    return Bad(path, "truncated header");
+  }
   std::string head(total, '\0');
   in.seekg(0);
   in.read(head.data(), static_cast<std::streamsize>(total));
@@ -236,12 +240,10 @@ absl::StatusOr<std::unique_ptr<NpyReader>> NpyReader::Open(
     return Bad(path, "a 0-d array has no rows to stream");
   }
   // The file must hold exactly what the shape says.
-  in.seekg(0, std::ios::end);
-  const int64_t size = static_cast<int64_t>(in.tellg());
   const int64_t expected = Product(header->shape) * header->element_bytes;
-  if (size - header->data_offset != expected) {
+  if (file_size - header->data_offset != expected) {
     return Bad(path,
-               absl::StrCat("holds ", size - header->data_offset,
+               absl::StrCat("holds ", file_size - header->data_offset,
                             " bytes of elements, its shape needs ", expected));
   }
   in.seekg(header->data_offset);

@@ -9,11 +9,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "client/npy.h"
