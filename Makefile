@@ -127,16 +127,17 @@ clean:
 
 # One run, two tables: kernels vs copy / read-only-sum baselines and PyTorch;
 # the service (loopback) vs a raw gRPC echo and the Python peer. Medians of
-# BENCH_REPS runs each; about 5 minutes. The kernels' KERNEL_REPS repetitions
-# run in random order across benchmarks, so that a shared machine's load
-# drift reaches the baselines and the kernels alike.
+# BENCH_REPS runs each; about 8 minutes. The kernels' KERNEL_REPS repetitions
+# run in random order across benchmarks, and every kernel iteration follows a
+# run of its baseline whose time is kept beside it: a shared machine's drift
+# in memory bandwidth reaches both, and report.py takes their ratio.
 BENCH_REPS ?= 5
 KERNEL_REPS ?= 9
 SERVICE_REPS ?= 3
 bench: build
 	$(BUILD_DIR)/bench/kernel_bench --benchmark_repetitions=$(KERNEL_REPS) \
 	  --benchmark_min_time=0.2 --benchmark_enable_random_interleaving=true \
-	  --benchmark_report_aggregates_only=true --benchmark_format=json \
+	  --benchmark_display_aggregates_only=true --benchmark_format=json \
 	  --benchmark_out=$(BUILD_DIR)/kernel_bench.json --benchmark_out_format=json > /dev/null
 	/usr/bin/python3 bench/torch_bench.py $(BENCH_REPS) > $(BUILD_DIR)/torch_bench.json
 	/usr/bin/python3 bench/service_bench.py --build $(BUILD_DIR) \

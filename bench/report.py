@@ -4,8 +4,16 @@ read-only-sum baselines of the same run and against PyTorch.
 
 Usage: report.py KERNEL_BENCH_JSON TORCH_JSON [SERVICE_JSON]
 KERNEL_BENCH_JSON is Google Benchmark's --benchmark_format=json output with
-repetitions (medians are used); TORCH_JSON is torch_bench.py's output;
-SERVICE_JSON is service_bench.py's output (a second table).
+repetitions; TORCH_JSON is torch_bench.py's output; SERVICE_JSON is
+service_bench.py's output (a second table).
+
+Times are medians over the repetitions. A kernel's ratio to its baseline is
+the median over the repetitions of each one's ratio to the baseline timed
+beside it in the same iterations (kernel_bench's TimePaired: the counter
+baseline_s), so that the shared machine's drift in memory bandwidth, tens of
+percent within seconds, cancels; where the JSON has only aggregates, the
+ratio of their medians; where it has no paired baseline (older runs), the
+standalone baseline's median.
 """
 
 import json
@@ -59,17 +67,39 @@ ROWS = [
 ]
 
 
+def short_name(run_name):
+    return run_name.replace("/real_time", "").replace("/manual_time", "")
+
+
 def medians(path):
+    """Median time (s) per benchmark, and its paired baseline ratios: a list
+    of (kernel s, baseline s) per repetition, or one pair of medians."""
     data = json.load(open(path))
-    out = {}
+    times, pairs, median_pairs = {}, {}, {}
     for b in data["benchmarks"]:
+        name = short_name(b["run_name"])
+        if b.get("error_occurred"):
+            continue
         if b.get("aggregate_name") == "median":
-            out[b["run_name"].replace("/real_time", "")] = b["real_time"] * 1e-9
-    return out
+            times[name] = b["real_time"] * 1e-9
+            if "baseline_s" in b:
+                median_pairs[name] = [(b["real_time"] * 1e-9, b["baseline_s"])]
+        elif b.get("run_type", "iteration") == "iteration" and "baseline_s" in b:
+            pairs.setdefault(name, []).append(
+                (b["real_time"] * 1e-9, b["baseline_s"]))
+    for name, p in median_pairs.items():
+        pairs.setdefault(name, p)
+    return times, pairs
+
+
+def median(values):
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def main():
-    normd = medians(sys.argv[1])
+    normd, paired = medians(sys.argv[1])
     # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
     elements = (64 << 20) // 4
     sizes = {f"{kernel}/{d}": (elements // d * d) / elements
@@ -83,14 +113,14 @@ def main():
         t = normd.get(name)
         if t is None:
             continue
-        b = normd[base]
+        pairs = paired.get(name, [(t, normd[base])])
         if kind == "bw":
-            ratio = b / t * sizes.get(name, 1.0)
+            ratio = median(b / k for k, b in pairs) * sizes.get(name, 1.0)
             shown = f"{ratio:.2f}x {'copy' if base == 'BM_Copy' else 'sum'} bw"
             ok = ratio >= target
             goal = f">={target}"
         else:
-            ratio = t / b
+            ratio = median(k / b for k, b in pairs)
             shown = f"{ratio:.2f}x copy time"
             ok = ratio <= target
             goal = f"<={target}"
