@@ -4,6 +4,7 @@
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -157,6 +158,53 @@ TEST(MomentsTest, NonFiniteInputIsFlagged) {
   EXPECT_FALSE(ContiguousMoments(x.data(), 20000).IsFinite());
   x[12345] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(ContiguousMoments(x.data(), 20000).IsFinite());
+}
+
+// Blocks are reduced by a hand-written AVX-512 kernel where the CPU has one
+// and by a compiler-vectorized loop elsewhere; both must give the same bits:
+// at every tail and flush boundary, and on the blocks that fall back to the
+// exact path (a shift far from the mean, a constant block, tiny values whose
+// squares underflow) or are non-finite. (On a CPU without AVX-512 both
+// sides are the same loop; valgrind's run of this test covers nothing more.)
+TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
+  std::vector<std::pair<std::string, std::vector<float>>> blocks;
+  for (int64_t n :
+       std::vector<int64_t>{1, 5, 31, 32, 33, 63, 64, 65, 768, 1023, 1024, 1025,
+                            1088, 4113, kMomentsBlock - 1, kMomentsBlock}) {
+    blocks.emplace_back("normal " + std::to_string(n),
+                        RandomValues<float>(n, 7 + n, 3.0, 2.0));
+    blocks.emplace_back("offset 1e4 " + std::to_string(n),
+                        RandomValues<float>(n, 9 + n, 1e4, 1.0));
+  }
+  std::vector<float> far = RandomValues<float>(5000, 5, 0.0, 1.0);
+  std::fill(far.begin(), far.begin() + 32, 1e6f);  // The shift's sample.
+  blocks.emplace_back("shift far from the mean", far);
+  blocks.emplace_back("constant", std::vector<float>(3000, 0.1f));
+  blocks.emplace_back("tiny", RandomValues<float>(3000, 6, 0.0, 1e-30));
+  std::vector<float> inf = RandomValues<float>(3000, 8, 3.0, 2.0);
+  inf[2000] = std::numeric_limits<float>::infinity();
+  blocks.emplace_back("inf", inf);
+  std::vector<float> nan = inf;
+  nan[2000] = std::numeric_limits<float>::quiet_NaN();
+  blocks.emplace_back("nan", nan);
+  for (const auto& [name, x] : blocks) {
+    const int64_t n = static_cast<int64_t>(x.size());
+    const Moments hand = FloatBlockMoments(x.data(), n, true);
+    const Moments loop = FloatBlockMoments(x.data(), n, false);
+    EXPECT_EQ(hand.count, n) << name;
+    EXPECT_EQ(loop.count, n) << name;
+    EXPECT_EQ(std::bit_cast<uint64_t>(hand.mean),
+              std::bit_cast<uint64_t>(loop.mean))
+        << name << ": " << hand.mean << " vs " << loop.mean;
+    EXPECT_EQ(std::bit_cast<uint64_t>(hand.m2),
+              std::bit_cast<uint64_t>(loop.m2))
+        << name << ": " << hand.m2 << " vs " << loop.m2;
+    if (name.rfind("normal", 0) == 0 || name.rfind("offset", 0) == 0) {
+      // And both are the fp64 moments.
+      const auto ref = ReferenceChannelStats(x, 1, 1, n);
+      ExpectStatsNear<float>(hand, ref.mean[0], ref.var[0]);
+    }
+  }
 }
 
 // A layout case: shape, channel axis, and [outer, C, inner] as expected.

@@ -61,6 +61,13 @@ inline constexpr int64_t kMomentsBlock = 32768;
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
 
+// The moments of one block x[0..n) (n <= kMomentsBlock) as
+// ContiguousMoments reduces each block: `hand_written` with the AVX-512
+// kernel that the 16-bit reductions share, where the CPU has it; else (and
+// on other CPUs) the compiler-vectorized loop. The same bits either way
+// (exposed so that tests can check that).
+Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written);
+
 // Widens n values of the 16-bit `dtype` at x into out (as WidenHalf) and
 // returns ContiguousMoments(out, n), bit for bit; with AVX-512 in one pass
 // over x. Serial: for rows of a kernel that is parallel over rows.
