@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""bench/report.py's ratios, and kernel_bench's paired baselines behind them.
+
+1. Hand-worked JSON: a kernel's ratio to its baseline is the median of each
+   repetition's own ratio (kernel_bench's counter baseline_s beside its
+   time), not the ratio of the two medians; JSON with only aggregates gives
+   the ratio of medians; JSON without baseline_s (older runs) the
+   standalone baseline's median.
+2. A short real kernel_bench run (Fit and LayerNorm, 3 repetitions): every
+   kernel repetition carries a positive baseline_s, and the report prints
+   the median of the per-repetition ratios computed here from the same JSON.
+
+No timing is asserted: only that the report computes what the JSON holds.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def report(report_py, kernel_json, torch_json):
+    out = subprocess.run(
+        [sys.executable, report_py, kernel_json, torch_json],
+        check=True, capture_output=True, text=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"(.+?)\s{2,}([\d.]+)\s+([\d.]+)x (copy bw|sum bw|copy time)",
+                     line)
+        if m:
+            rows[m.group(1).strip()] = (float(m.group(2)), float(m.group(3)))
+    return out, rows
+
+
+def entry(name, ms, kind="iteration", aggregate=None, baseline_ms=None):
+    e = {"name": name, "run_name": name, "run_type": kind,
+         "real_time": ms * 1e6, "time_unit": "ns"}
+    if aggregate:
+        e["aggregate_name"] = aggregate
+    if baseline_ms is not None:
+        e["baseline_s"] = baseline_ms * 1e-3
+    return e
+
+
+def write(tmp, name, data):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return path
+
+
+def check_hand_worked(report_py, tmp):
+    torch = write(tmp, "torch.json", {"BM_Copy": 0.004})
+    fit = "BM_Fit/channels_last:0/manual_time"
+    train = "BM_BatchNorm/train:1/channels_last:0/manual_time"
+    standalone = [entry("BM_Copy/real_time", 3.0, "aggregate", "median"),
+                  entry("BM_ReadSum/real_time", 1.0, "aggregate", "median")]
+    # Fit: kernel 2, 4, 8 ms beside baselines 1, 1, 6 ms: ratios 0.5, 0.25,
+    # 0.75, median 0.50 (the ratio of the medians, 1/4, would be 0.25).
+    # BatchNorm train (time ratio): 6, 4, 9 ms beside 3, 4, 3: 2, 1, 3 -> 2.
+    reps = [entry(fit, k, baseline_ms=b) for k, b in ((2, 1), (4, 1), (8, 6))]
+    reps += [entry(train, k, baseline_ms=b) for k, b in ((6, 3), (4, 4), (9, 3))]
+    medians = [entry(fit, 4, "aggregate", "median", 1),
+               entry(train, 6, "aggregate", "median", 3)]
+    _, rows = report(report_py, write(tmp, "paired.json", {
+        "benchmarks": standalone + reps + medians}), torch)
+    assert rows["Fit NCHW"] == (4.0, 0.5), rows
+    assert rows["BatchNorm train NCHW"] == (6.0, 2.0), rows
+    # Only aggregates: the ratio of the medians (1 / 4, 6 / 3).
+    _, rows = report(report_py, write(tmp, "aggregates.json", {
+        "benchmarks": standalone + medians}), torch)
+    assert rows["Fit NCHW"] == (4.0, 0.25), rows
+    assert rows["BatchNorm train NCHW"] == (6.0, 2.0), rows
+    # No paired baseline: the standalone medians (read-only sum 1 ms, copy 3).
+    old = [entry("BM_Fit/channels_last:0/real_time", 2, "aggregate", "median"),
+           entry("BM_BatchNorm/train:1/channels_last:0/real_time", 4.5,
+                 "aggregate", "median")]
+    _, rows = report(report_py, write(tmp, "old.json", {
+        "benchmarks": standalone + old}), torch)
+    assert rows["Fit NCHW"] == (2.0, 0.5), rows
+    assert rows["BatchNorm train NCHW"] == (4.5, 1.5), rows
+
+
+def check_real_run(kernel_bench, report_py, tmp):
+    out = os.path.join(tmp, "kernel.json")
+    subprocess.run(
+        [kernel_bench,
+         "--benchmark_filter=^BM_(Copy|ReadSum|Fit/channels_last:0|"
+         "LayerNorm/4096)/",
+         "--benchmark_repetitions=3", "--benchmark_min_time=0.01",
+         "--benchmark_display_aggregates_only=true",
+         "--benchmark_format=json", f"--benchmark_out={out}"],
+        check=True, capture_output=True, env=dict(os.environ,
+                                                  NORMD_BENCH_THREADS="2"))
+    data = json.load(open(out))["benchmarks"]
+    expected = {}
+    for name, what, kind in (
+            ("BM_Fit/channels_last:0/manual_time", "Fit NCHW", "bw"),
+            ("BM_LayerNorm/4096/manual_time", "LayerNorm [B,T,4096]", "bw")):
+        reps = [b for b in data
+                if b["run_name"] == name and b["run_type"] == "iteration"]
+        assert len(reps) == 3, (name, reps)
+        assert all(b["baseline_s"] > 0 for b in reps), reps
+        expected[what] = statistics.median(
+            b["baseline_s"] / (b["real_time"] * 1e-9) for b in reps)
+    torch = write(tmp, "torch.json", {"BM_Copy": 0.004})
+    text, rows = report(report_py, out, torch)
+    for what, ratio in expected.items():
+        assert what in rows, text
+        assert abs(rows[what][1] - ratio) <= 0.005 + 1e-9, (what, ratio, text)
+    print(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kernel_bench", required=True)
+    parser.add_argument("--report", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        check_hand_worked(args.report, tmp)
+        check_real_run(args.kernel_bench, args.report, tmp)
+    print("bench report: OK")
+
+
+if __name__ == "__main__":
+    main()
