@@ -17,6 +17,7 @@ standalone baseline's median.
 """
 
 import json
+import statistics
 import sys
 
 # (benchmark, what, baseline, target, kind): kind "bw" = bandwidth ratio vs
@@ -92,12 +93,6 @@ def medians(path):
     return times, pairs
 
 
-def median(values):
-    v = sorted(values)
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-
-
 def main():
     normd, paired = medians(sys.argv[1])
     # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
@@ -113,14 +108,15 @@ def main():
         t = normd.get(name)
         if t is None:
             continue
-        pairs = paired.get(name, [(t, normd[base])])
+        pairs = paired.get(name) or [(t, normd[base])]
         if kind == "bw":
-            ratio = median(b / k for k, b in pairs) * sizes.get(name, 1.0)
+            ratio = statistics.median(b / k for k, b in pairs) * sizes.get(
+                name, 1.0)
             shown = f"{ratio:.2f}x {'copy' if base == 'BM_Copy' else 'sum'} bw"
             ok = ratio >= target
             goal = f">={target}"
         else:
-            ratio = median(k / b for k, b in pairs)
+            ratio = statistics.median(k / b for k, b in pairs)
             shown = f"{ratio:.2f}x copy time"
             ok = ratio <= target
             goal = f"<={target}"

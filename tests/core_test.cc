@@ -165,7 +165,7 @@ TEST(MomentsTest, NonFiniteInputIsFlagged) {
 // at every tail and flush boundary, and on the blocks that fall back to the
 // exact path (a shift far from the mean, a constant block, tiny values whose
 // squares underflow) or are non-finite. (On a CPU without AVX-512 both
-// sides are the same loop; valgrind's run of this test covers nothing more.)
+// sides run the same loop.)
 TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
   std::vector<std::pair<std::string, std::vector<float>>> blocks;
   for (int64_t n :
