@@ -30,9 +30,31 @@ namespace {
 constexpr int64_t kBytes = 64 << 20;
 constexpr int64_t kElements = kBytes / sizeof(float);
 
-const std::vector<float>& Input() {
-  static const std::vector<float>* input = [] {
-    auto* v = new std::vector<float>(kElements);
+// Allocates 64-byte aligned (cache-line) storage, as the service's
+// BufferPool does for every tensor it computes into: kernels stream whole
+// lines, so a buffer that starts mid-line (malloc gives 16 bytes) measures a
+// case the service never has.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  explicit CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t count) {
+    const size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) std::abort();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+};
+template <typename T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
+const AlignedVector<float>& Input() {
+  static const AlignedVector<float>* input = [] {
+    auto* v = new AlignedVector<float>(kElements);
     std::mt19937 gen(1);
     std::normal_distribution<float> dist(3.0f, 2.0f);
     for (float& x : *v) x = dist(gen);
@@ -41,8 +63,8 @@ const std::vector<float>& Input() {
   return *input;
 }
 
-std::vector<float>& Output() {
-  static auto* output = new std::vector<float>(kElements, 1.0f);
+AlignedVector<float>& Output() {
+  static auto* output = new AlignedVector<float>(kElements, 1.0f);
   return *output;
 }
 
@@ -228,10 +250,10 @@ BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseManualTime();
 // (64 MiB of bf16 / fp16, so the bytes moved match BM_Copy's). Arg 0 =
 // bfloat16, 1 = float16; `rms` picks RMSNorm.
 // 32 Mi bf16 values of Input() (64 MiB), built once.
-const std::vector<uint16_t>& Halves() {
-  static const std::vector<uint16_t>* halves = [] {
-    auto* v = new std::vector<uint16_t>(2 * kElements);
-    const std::vector<float>& src = Input();
+const AlignedVector<uint16_t>& Halves() {
+  static const AlignedVector<uint16_t>* halves = [] {
+    auto* v = new AlignedVector<uint16_t>(2 * kElements);
+    const AlignedVector<float>& src = Input();
     for (int64_t i = 0; i < 2 * kElements; ++i) {
       (*v)[i] = FloatToBFloat16(src[i % kElements]);
     }
@@ -243,7 +265,7 @@ const std::vector<uint16_t>& Halves() {
 void BM_HalfRows(benchmark::State& state) {
   const DType dtype = state.range(0) == 0 ? DType::kBFloat16 : DType::kFloat16;
   const bool rms = state.range(1) != 0;
-  const std::vector<uint16_t>* halves = &Halves();
+  const AlignedVector<uint16_t>* halves = &Halves();
   Engine engine;
   NormalizeSpec spec;
   spec.mode = rms ? NormMode::kRmsNorm : NormMode::kLayerNorm;
