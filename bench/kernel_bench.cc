@@ -214,33 +214,45 @@ InputTensor View(const Shape& shape) {
   return InputTensor{DType::kFloat32, shape, Input().data(), kElements};
 }
 
-// The timed loop of the Normalize benchmarks (output into Output()),
-// paired with the copy baseline.
+// The timed loop of the Normalize benchmarks (output into `output`, by
+// default Output()), paired with the copy baseline.
 void TimeNormalize(benchmark::State& state, Engine& engine,
-                   const NormalizeSpec& spec) {
+                   const NormalizeSpec& spec, float* output = nullptr) {
+  if (output == nullptr) output = Output().data();
   TimePaired(state, RunCopy, [&] {
-    auto result = engine.Normalize(spec, Output().data());
+    auto result = engine.Normalize(spec, output);
     if (!result.ok()) state.SkipWithError("normalize failed");
     benchmark::ClobberMemory();
   });
 }
 
-// LayerNorm or RMSNorm over D of [1, T, D] (the largest T within 64 MiB).
-void TimeRows(benchmark::State& state, NormMode mode) {
+// LayerNorm or RMSNorm over D of [1, T, D] (the largest T within 64 MiB),
+// into Output() + `output_offset` floats (one row fewer when offset).
+void TimeRows(benchmark::State& state, NormMode mode,
+              int64_t output_offset = 0) {
   const int64_t d = state.range(0);
   Engine engine;
   NormalizeSpec spec;
   spec.mode = mode;
-  const int64_t rows = kElements / d;  // [1, T, D], T * D <= 64 MiB.
+  // [1, T, D], T * D <= 64 MiB, leaving room for the offset.
+  const int64_t rows = kElements / d - (output_offset > 0 ? 1 : 0);
   spec.input = View({1, rows, d});
   spec.input.size = rows * d;
-  TimeNormalize(state, engine, spec);
+  TimeNormalize(state, engine, spec, Output().data() + output_offset);
   SetBytes(state, rows * d * static_cast<int64_t>(sizeof(float)));
 }
 void BM_LayerNorm(benchmark::State& state) {
   TimeRows(state, NormMode::kLayerNorm);
 }
 BENCHMARK(BM_LayerNorm)->Arg(768)->Arg(4096)->UseManualTime();
+// Reference, not a target: LayerNorm [B,T,D] into an output that starts 16
+// bytes into a cache line, as a plain malloc'd buffer does. Every row then
+// starts and ends mid-line: partial lines written with plain stores beside
+// the streaming ones (the service's outputs are 64-byte aligned).
+void BM_LayerNormUnaligned(benchmark::State& state) {
+  TimeRows(state, NormMode::kLayerNorm, /*output_offset=*/4);
+}
+BENCHMARK(BM_LayerNormUnaligned)->Arg(768)->UseManualTime();
 void BM_RmsNorm(benchmark::State& state) {
   TimeRows(state, NormMode::kRmsNorm);
 }

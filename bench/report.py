@@ -134,6 +134,11 @@ def main():
         print(f"reference: streaming-store copy "
               f"{normd['BM_StreamCopy'] * 1e3:.2f} ms; two-pass floor over "
               f"4 MiB samples {normd['BM_TwoPassFloor'] * 1e3:.2f} ms")
+    unaligned = normd.get("BM_LayerNormUnaligned/768")
+    if unaligned and "BM_LayerNorm/768" in normd:
+        print(f"reference: LayerNorm [B,T,768] into an output 16 bytes past a "
+              f"cache line (malloc's) {unaligned * 1e3:.2f} ms, "
+              f"{unaligned / normd['BM_LayerNorm/768']:.2f}x the aligned time")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
     if len(sys.argv) > 3:
         print()

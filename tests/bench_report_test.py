@@ -83,6 +83,19 @@ def check_hand_worked(report_py, tmp):
         "benchmarks": standalone + old}), torch)
     assert rows["Fit NCHW"] == (2.0, 0.5), rows
     assert rows["BatchNorm train NCHW"] == (4.5, 1.5), rows
+    # The unaligned-output reference: its median against the aligned run's
+    # (5 / 4 ms = 1.25x), printed only when both are there.
+    rows_768 = [entry("BM_LayerNorm/768/manual_time", 4, "aggregate",
+                      "median", 3)]
+    unaligned = [entry("BM_LayerNormUnaligned/768/manual_time", 5,
+                       "aggregate", "median", 3)]
+    text, _ = report(report_py, write(tmp, "unaligned.json", {
+        "benchmarks": standalone + rows_768 + unaligned}), torch)
+    assert ("16 bytes past a cache line (malloc's) 5.00 ms, 1.25x the "
+            "aligned time") in text, text
+    text, _ = report(report_py, write(tmp, "no_unaligned.json", {
+        "benchmarks": standalone + rows_768}), torch)
+    assert "16 bytes past" not in text, text
 
 
 def check_real_run(kernel_bench, report_py, tmp):
