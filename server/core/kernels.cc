@@ -219,13 +219,18 @@ NORMD_AVX512 inline void PrefetchStreamInput(
 // passes the next row's input instead, prefetched at j itself, so that the
 // next row comes from memory while this one's stores drain; otherwise each
 // core alternates between reading (statistics) and writing (outputs).
-// 64 MiB on 2 cores, paired with the copy: 16-bit LayerNorm / RMSNorm
-// [B,T,4096] 0.84-0.90x -> 0.99-1.00x copy bw, fp32 [B,T,768] 0.84-1.10x
-// -> 1.19-1.20x. (Tried in session 13 with the bench's unaligned outputs,
-// whose partial lines hid it.)
+// 64 MiB on 2 cores, paired with the copy (3 rounds): 16-bit LayerNorm /
+// RMSNorm [B,T,4096] 0.87-0.93x -> 1.00-1.03x copy bw, fp32 [B,T,4096]
+// 1.04-1.05x -> 1.13-1.14x, fp32 [B,T,768] 1.06-1.07x -> 1.08-1.09x (its
+// own prefetch 2 KiB ahead already reached into the next row). (Tried in
+// session 13 with the bench's unaligned outputs, whose partial lines hid
+// it.)
 template <typename In>
 struct StreamPrefetch {
-  explicit StreamPrefetch(const In* next_row, const In* current = nullptr)
+  // `current` (the row being written) must not be null: it is offset.
+  // `next_row` may be. In the order of the loops' own parameters (x, ...,
+  // next_row).
+  StreamPrefetch(const In* current, const In* next_row)
       : source(next_row != nullptr ? next_row : current),
         ahead_bytes(next_row != nullptr ? 0 : kStreamPrefetchBytes) {}
   const In* source;
@@ -478,7 +483,10 @@ NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
                                                 const StreamAffine& a,
                                                 const uint16_t* next_row) {
   const HalfAffineLanes lanes(a);
-  const StreamPrefetch<uint16_t> prefetch(next_row);
+  // Without a next row, its own (cached) row, as 16-bit lines: never a
+  // null pointer to offset.
+  const StreamPrefetch<uint16_t> prefetch(reinterpret_cast<const uint16_t*>(x),
+                                          next_row);
   StreamHalfLinesAvx512<kNarrow32>(
       prefetch.source, y, n,
       [&](int64_t j, __mmask16 m) NORMD_AVX512BW { return lanes.At(x, j, m); },
