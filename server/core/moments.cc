@@ -30,9 +30,16 @@ constexpr int kLanes = 8;
 // short).
 constexpr int kFloatLanes = 64;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
-// How far ahead of the loads the fast paths prefetch, in floats. With a few
-// arithmetic operations per vector the hardware prefetcher alone leaves the
-// loop waiting on L3 / DRAM (measured: 38 -> 50 GB/s over 64 MiB, 2 threads).
+// How far ahead of the loads the 16-bit block loop prefetches, in fp32
+// values' bytes (8 KiB). Only there: on Zen 4, reading 64 MiB from DRAM, the
+// hardware prefetcher keeps up alone with every fp32 loop and with the
+// channels-last tiles, and software prefetches cost time (paired, in one
+// process: fp32 blocks 0.94 -> 1.06-1.14x a read-only sum, channels-last
+// fp32 Fit 0.92-0.95 -> 1.00x, GroupNorm NHWC +2-4%); the 16-bit blocks do
+// twice the arithmetic per byte and need them (bf16 Fit NCHW 0.91-0.95 ->
+// 1.02-1.09x sum, bf16 LayerNorm 0.73 -> 0.81x copy). (On the Xeon of
+// sessions 1-12, with the 64 MiB in its L3, prefetching the fp32 blocks
+// took 38 -> 50 GB/s.)
 constexpr int64_t kPrefetchAhead = 2048;
 // Values the fp32 fast path averages for its shift (see ShiftCenter).
 constexpr int64_t kShiftSample = 32;
@@ -113,16 +120,6 @@ NORMD_MULTIVERSION Moments BlockMomentsExactF32(const float* x, int64_t n) {
 }
 NORMD_MULTIVERSION Moments BlockMomentsF64(const double* x, int64_t n) {
   return BlockMomentsExactImpl(x, n);
-}
-
-// Prefetches the cache lines of p[0..n) for reading (a hint: never faults,
-// even past the end of the data).
-template <typename T>
-NORMD_INLINE_INTO_CLONES void PrefetchLines(const T* p, int64_t n) {
-  constexpr int64_t kLineElements = 64 / sizeof(T);
-  for (int64_t k = 0; k < n; k += kLineElements) {
-    __builtin_prefetch(p + k, 0, 3);
-  }
 }
 
 // How the channel reductions read their elements: fp32 / fp64 as stored,
@@ -218,7 +215,6 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
     float dev[kFloatLanes] = {};
     float sq[kFloatLanes] = {};
     for (int64_t k = 0; k < len; k += kFloatLanes) {
-      PrefetchLines(x + i + k + kPrefetchAhead, kFloatLanes);
       for (int j = 0; j < kFloatLanes; ++j) {
         const float d = x[i + k + j] - center;
         dev[j] += d;
@@ -321,12 +317,14 @@ template <typename In, bool kBFloat16, bool kStore>
     __m512 dev[4], sq[4];
     for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
     for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      // 8 KiB ahead into L1, as the fp32 loops: bf16 Fit NCHW 1.77 -> 1.66
-      // ms against 16 KiB into L2 (kWidenPrefetchAhead).
-      constexpr int64_t kAhead = kPrefetchAhead * 4 / sizeof(In);
-      for (int line = 0; line < kFloatLanes * int{sizeof(In)}; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(x + k + kAhead) + line,
-                     _MM_HINT_T0);
+      // 16-bit only (see kPrefetchAhead): 8 KiB ahead into L1 (bf16 Fit
+      // NCHW 1.77 -> 1.66 ms against 16 KiB into L2).
+      if constexpr (!kFloat) {
+        constexpr int64_t kAhead = kPrefetchAhead * 4 / sizeof(In);
+        for (int line = 0; line < kFloatLanes * int{sizeof(In)}; line += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(x + k + kAhead) + line,
+                       _MM_HINT_T0);
+        }
       }
       __m512 f[4];
       if constexpr (kFloat) {
@@ -513,18 +511,12 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
   for (int j = 0; j < kTile; ++j) center[j] *= inverse;
   double dev[kTile] = {};
   double sq[kTile] = {};
-  // kPrefetchAhead floats' worth of bytes.
-  const int64_t ahead =
-      kPrefetchAhead * static_cast<int64_t>(sizeof(float) / sizeof(*x));
-  const int64_t rows_ahead =
-      std::max<int64_t>(1, ahead / row_stride) * row_stride;
   for (int64_t f = r0; f < r1; f += kTileFlush) {
     const int64_t f_end = std::min(r1, f + kTileFlush);
     float dev_acc[kTile] = {};
     float sq_acc[kTile] = {};
     for (int64_t r = f; r < f_end; ++r) {
       const auto* __restrict row = x + r * row_stride + c;
-      PrefetchLines(row + rows_ahead, kTile);
       for (int j = 0; j < kTile; ++j) {
         const float d = E::Load(row[j]) - center[j];
         dev_acc[j] += d;
@@ -585,17 +577,11 @@ template <bool kBFloat16>
   for (int v = 0; v < 4; ++v) center[v] = _mm512_mul_ps(center[v], inverse);
   __m512d dev[8], sq[8];
   for (int w = 0; w < 8; ++w) dev[w] = sq[w] = _mm512_setzero_pd();
-  const int64_t ahead = 2 * kPrefetchAhead;  // kPrefetchAhead floats' bytes.
-  const int64_t rows_ahead =
-      std::max<int64_t>(1, ahead / row_stride) * row_stride;
   for (int64_t f0 = r0; f0 < r1; f0 += kTileFlush) {
     const int64_t f_end = std::min(r1, f0 + kTileFlush);
     __m512 dev_acc[4], sq_acc[4];
     for (int v = 0; v < 4; ++v) dev_acc[v] = sq_acc[v] = _mm512_setzero_ps();
     for (int64_t r = f0; r < f_end; ++r) {
-      const uint16_t* ahead_row = x + r * row_stride + c + rows_ahead;
-      _mm_prefetch(reinterpret_cast<const char*>(ahead_row), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(ahead_row + 32), _MM_HINT_T0);
       __m512 f[4];
       load(r, f);
       for (int v = 0; v < 4; ++v) {
