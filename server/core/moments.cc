@@ -30,17 +30,16 @@ constexpr int kLanes = 8;
 // short).
 constexpr int kFloatLanes = 64;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
-// How far ahead of the loads the 16-bit block loop prefetches, in fp32
-// values' bytes (8 KiB). Only there: on Zen 4, reading 64 MiB from DRAM, the
-// hardware prefetcher keeps up alone with every fp32 loop and with the
-// channels-last tiles, and software prefetches cost time (paired, in one
-// process: fp32 blocks 0.94 -> 1.06-1.14x a read-only sum, channels-last
-// fp32 Fit 0.92-0.95 -> 1.00x, GroupNorm NHWC +2-4%); the 16-bit blocks do
-// twice the arithmetic per byte and need them (bf16 Fit NCHW 0.91-0.95 ->
-// 1.02-1.09x sum, bf16 LayerNorm 0.73 -> 0.81x copy). (On the Xeon of
-// sessions 1-12, with the 64 MiB in its L3, prefetching the fp32 blocks
-// took 38 -> 50 GB/s.)
-constexpr int64_t kPrefetchAhead = 2048;
+// How far ahead of its loads the 16-bit block loop prefetches. Only there: on
+// Zen 4, reading 64 MiB from DRAM, the hardware prefetcher keeps up alone with
+// every fp32 loop and with the channels-last tiles, and software prefetches
+// cost time (paired, in one process: fp32 blocks 0.94 -> 1.06-1.14x a read-only
+// sum, channels-last fp32 Fit 0.92-0.95 -> 1.00x, GroupNorm NHWC +2-4%); the
+// 16-bit blocks do twice the arithmetic per byte and need them (bf16 Fit NCHW
+// 0.91-0.95 -> 1.02-1.09x sum, bf16 LayerNorm 0.73 -> 0.81x copy). (On the Xeon
+// of sessions 1-12, with the 64 MiB in its L3, prefetching the fp32 blocks took
+// 38 -> 50 GB/s.)
+constexpr int64_t kHalfPrefetchBytes = 8192;
 // Values the fp32 fast path averages for its shift (see ShiftCenter).
 constexpr int64_t kShiftSample = 32;
 // The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
@@ -317,13 +316,13 @@ template <typename In, bool kBFloat16, bool kStore>
     __m512 dev[4], sq[4];
     for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
     for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      // 16-bit only (see kPrefetchAhead): 8 KiB ahead into L1 (bf16 Fit
-      // NCHW 1.77 -> 1.66 ms against 16 KiB into L2).
+      // 16-bit only (see kHalfPrefetchBytes): into L1 (bf16 Fit NCHW 1.77
+      // -> 1.66 ms against 16 KiB into L2).
       if constexpr (!kFloat) {
-        constexpr int64_t kAhead = kPrefetchAhead * 4 / sizeof(In);
+        const char* ahead =
+            reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
         for (int line = 0; line < kFloatLanes * int{sizeof(In)}; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(x + k + kAhead) + line,
-                       _MM_HINT_T0);
+          _mm_prefetch(ahead + line, _MM_HINT_T0);
         }
       }
       __m512 f[4];
