@@ -223,6 +223,7 @@ TEST(HalfTest, StreamingNarrowingWritesTheSameBits) {
 }
 
 TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
+  // HalfMoments (no widened copy left behind) too.
   // Lengths around the 64-value steps, the 1024-value flushes, the 32-value
   // shift sample and the kMomentsBlock-value blocks; data near and far (1e4)
   // from 0, and a block whose first values sit far from the rest (the exact
@@ -242,16 +243,21 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
         for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, wide[i]);
         std::vector<float> fused(n + 1, -1.0f), plain(n + 1, -1.0f);
         const Moments got = WidenWithMoments(dtype, x.data(), fused.data(), n);
+        std::vector<float> scratch(n);
+        const Moments unstored =
+            HalfMoments(dtype, x.data(), scratch.data(), n);
         WidenHalf(dtype, x.data(), plain.data(), n);
         const Moments want = ContiguousMoments(plain.data(), n);
         SCOPED_TRACE(::testing::Message()
                      << DTypeName(dtype) << " n " << n << " offset " << offset);
         EXPECT_EQ(fused, plain);
-        EXPECT_EQ(got.count, want.count);
-        EXPECT_EQ(std::bit_cast<uint64_t>(got.mean),
-                  std::bit_cast<uint64_t>(want.mean));
-        EXPECT_EQ(std::bit_cast<uint64_t>(got.m2),
-                  std::bit_cast<uint64_t>(want.m2));
+        for (const Moments* m : {&got, &unstored}) {
+          EXPECT_EQ(m->count, want.count);
+          EXPECT_EQ(std::bit_cast<uint64_t>(m->mean),
+                    std::bit_cast<uint64_t>(want.mean));
+          EXPECT_EQ(std::bit_cast<uint64_t>(m->m2),
+                    std::bit_cast<uint64_t>(want.m2));
+        }
       }
     }
   }
@@ -893,10 +899,21 @@ TEST(HalfTensorTest, ShortAndLongRowsAlike) {
 // (AVX-512); they must carry exactly the bits of the cached path (fp32
 // results narrowed by NarrowToHalf), for every style, with and without
 // affine parameters, at aligned and misaligned outputs, for rows that start
-// mid-line, and for rows holding a NaN or an infinity.
+// mid-line, and for rows holding a NaN or an infinity. The rows are
+// computed from a widened copy or from the input itself, by where the output
+// sits against the input (see ReadsHalfRowsDirectly): the outputs below
+// start at 0, 1, 5, 32 and 1029 values past a page-aligned copy of the
+// input (1, 5 and 32: less than 512 bytes above, so widened; 1029:
+// unaligned, read directly except bfloat16 with weights).
 TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   Engine engine;
-  for (int64_t n : {3, 771, 4096, 5000}) {
+  // Page-aligned storage for `count` values.
+  auto page_aligned = [](std::vector<uint16_t>& storage, int64_t count) {
+    storage.assign(count + 2048, 0x5555);
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    return storage.data() + (4096 - address % 4096) % 4096 / 2;
+  };
+  for (int64_t n : {3, 768, 771, 4096, 5000}) {
     const int64_t rows = 40000 / n + 3;
     const auto wide = RandomValues<double>(rows * n, 23, 50.0, 4.0);
     std::vector<double> w(n), b(n);
@@ -910,6 +927,9 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
       // A NaN row and an infinite row (NaN results: the quieting path).
       x[n + n / 2] = dtype == DType::kBFloat16 ? 0x7f81 : 0x7c01;
       x[2 * n] = dtype == DType::kBFloat16 ? 0xff80 : 0xfc00;
+      std::vector<uint16_t> x_storage;
+      uint16_t* const x_page = page_aligned(x_storage, x.size());
+      std::copy(x.begin(), x.end(), x_page);
       for (const auto& [mode, style] :
            {std::pair{NormMode::kLayerNorm, LayerNormStyle::kPyTorch},
             std::pair{NormMode::kLayerNorm, LayerNormStyle::kBertUnbiasedStd},
@@ -919,20 +939,23 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
           spec.mode = mode;
           spec.layer_norm_style = style;
           spec.input = View(x, {rows, n}, dtype);
+          spec.input.data = x_page;
           if (affine) {
             spec.weight = Param(w);
             spec.bias = Param(b);
           }
           auto run = [&](int64_t threshold, int64_t offset) {
             SetStreamingOutputBytes(threshold);
-            std::vector<uint16_t> y(x.size() + offset, 0x5555);
-            EXPECT_TRUE(engine.Normalize(spec, y.data() + offset).ok());
+            std::vector<uint16_t> storage;
+            uint16_t* const y =
+                page_aligned(storage, offset + x.size()) + offset;
+            EXPECT_TRUE(engine.Normalize(spec, y).ok());
             SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-            return std::vector<uint16_t>(y.begin() + offset, y.end());
+            return std::vector<uint16_t>(y, y + x.size());
           };
           const std::vector<uint16_t> cached =
               run(std::numeric_limits<int64_t>::max(), 0);
-          for (int64_t offset : {0, 1, 5}) {
+          for (int64_t offset : {0, 1, 5, 32, 1029}) {
             EXPECT_EQ(run(0, offset), cached)
                 << DTypeName(dtype) << " n " << n << " mode "
                 << static_cast<int>(mode) << " style "

@@ -892,16 +892,29 @@ Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written) {
   return BlockMomentsF32(x, n);
 }
 
-Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
-                         int64_t n) {
-  // ContiguousMoments' blocks, merged in the same order.
+namespace {
+
+// ContiguousMoments' blocks of the widened x, merged in the same order.
+template <bool kStore>
+Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
   Moments total;
   for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total, WidenedBlockMoments</*kStore=*/true>(
-                            dtype, x + begin, out + begin,
-                            std::min(kMomentsBlock, n - begin)));
+    MergeMoments(
+        total, WidenedBlockMoments<kStore>(dtype, x + begin, out + begin,
+                                           std::min(kMomentsBlock, n - begin)));
   }
   return total;
+}
+
+}  // namespace
+
+Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
+                         int64_t n) {
+  return WidenedMoments</*kStore=*/true>(dtype, x, out, n);
+}
+
+Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n) {
+  return WidenedMoments</*kStore=*/false>(dtype, x, scratch, n);
 }
 
 template Moments ContiguousMoments<float>(const float*, int64_t);

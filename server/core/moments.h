@@ -73,6 +73,13 @@ Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written);
 // over x. Serial: for rows of a kernel that is parallel over rows.
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 
+// The same moments as WidenWithMoments (bit for bit) without leaving the
+// widened values behind: `scratch` (n floats) gets only what the block
+// kernels' scalar parts read. bfloat16 is read as pairs of lanes (see
+// BlockMomentsAvx512): fewer operations and no stores for rows whose
+// outputs are computed from the 16-bit values again.
+Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
+
 // Per-channel moments of a tensor laid out as [outer, channels, inner]
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
 template <typename T>
