@@ -498,40 +498,6 @@ NORMD_AVX512BW void StreamAffineRunToHalfAvx512(const float* x, uint16_t* y,
       prefetch.ahead_bytes);
 }
 
-// The HalfAffineLanes computation of the 16-bit row x[0..n) into the 16-bit
-// y[0..n), read from x itself (in cache: its statistics were just read) and
-// narrowed in registers. bfloat16 is read as BFloat16Pairs (no word
-// permutes), and a.weight / a.bias then hold each line's 32 values in pair
-// order (see PairOrder), so with either of them every line must be whole.
-// The same operations on the same values as StreamAffineRunToHalfAvx512 on
-// the widened row: the same bits, without the widened row's stores and
-// loads.
-template <bool kBFloat16, bool kCanonicalNaN>
-NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
-                                        int64_t n, const StreamAffine& a,
-                                        const uint16_t* next_row) {
-  const HalfAffineLanes lanes(a);
-  const StreamPrefetch<uint16_t> prefetch(x, next_row);
-  StreamHalfLineWriterAvx512(
-      prefetch.source, y, n,
-      [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
-        const __m512i v = _mm512_maskz_loadu_epi16(m, x + j);
-        if constexpr (kBFloat16) {
-          const auto all = static_cast<__mmask16>(0xFFFF);
-          const BFloat16Pair p = WidenBFloat16Pair(v);
-          return NarrowBFloat16Pair<kCanonicalNaN>(
-              lanes.Of(p.even, j, all), lanes.Of(p.odd, j + 16, all));
-        } else {
-          const __m512 low = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
-          const __m512 high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
-          return Float16x32<kCanonicalNaN>(
-              lanes.Of(low, j, static_cast<__mmask16>(m)),
-              lanes.Of(high, j + 16, static_cast<__mmask16>(m >> 16)));
-        }
-      },
-      prefetch.ahead_bytes);
-}
-
 // 16 values of a 16-bit x from x[j], the lanes `m` selects (others 0),
 // widened by kWiden.
 template <__m512 (*kWiden)(__m256i)>
@@ -607,17 +573,54 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
 // Writes the bfloat16 y[0..n) from compute(v, j), the fp32 results (a
 // BFloat16Pair) of the widened values v = WidenBFloat16Pair(32 values from
 // x[j], masked: zeros past the ends), 64-byte lines with streaming stores,
-// a partial line at either end with masked ones.
+// a partial line at either end with masked ones; `prefetch` as for
+// StreamHalfLineWriterAvx512 (by default x itself, ahead of the loads).
 template <bool kCanonicalNaN, typename Compute>
-NORMD_AVX512BW void StreamBFloat16PairsAvx512(const uint16_t* x, uint16_t* y,
-                                              int64_t n,
-                                              const Compute& compute) {
+NORMD_AVX512BW void StreamBFloat16PairsAvx512(
+    const uint16_t* x, uint16_t* y, int64_t n, const Compute& compute,
+    const uint16_t* next_row = nullptr) {
+  const StreamPrefetch<uint16_t> prefetch(x, next_row);
   StreamHalfLineWriterAvx512(
-      x, y, n, [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+      prefetch.source, y, n,
+      [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
         const BFloat16Pair r =
             compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
         return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
-      });
+      },
+      prefetch.ahead_bytes);
+}
+
+// The HalfAffineLanes computation of the 16-bit row x[0..n) into the 16-bit
+// y[0..n), read from x itself (in cache: its statistics were just read) and
+// narrowed in registers. bfloat16 is read as BFloat16Pairs (no word
+// permutes), and a.weight / a.bias then hold each line's 32 values in pair
+// order (see PairOrder), so with either of them every line must be whole.
+// The same operations on the same values as StreamAffineRunToHalfAvx512 on
+// the widened row: the same bits, without the widened row's stores and
+// loads.
+template <bool kBFloat16, bool kCanonicalNaN>
+NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
+                                        int64_t n, const StreamAffine& a,
+                                        const uint16_t* next_row) {
+  const HalfAffineLanes lanes(a);
+  if constexpr (kBFloat16) {
+    const auto all = static_cast<__mmask16>(0xFFFF);
+    StreamBFloat16PairsAvx512<kCanonicalNaN>(
+        x, y, n,
+        [&](const BFloat16Pair& v, int64_t j) NORMD_AVX512BW {
+          return BFloat16Pair{lanes.Of(v.even, j, all),
+                              lanes.Of(v.odd, j + 16, all)};
+        },
+        next_row);
+  } else {
+    const StreamPrefetch<uint16_t> prefetch(x, next_row);
+    StreamHalfLinesAvx512<Float16x32<kCanonicalNaN>>(
+        prefetch.source, y, n,
+        [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
+          return lanes.Of(WidenLanes<FloatsOfFloat16x16>(x, j, m), j, m);
+        },
+        prefetch.ahead_bytes);
+  }
 }
 
 // StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs.
@@ -1188,9 +1191,10 @@ struct HalfRowsJob {
 
 // True when the fused 16-bit rows x -> y (rows of n values) should be
 // computed from x itself (StreamHalfRow) rather than from a widened copy:
-// 64 MiB [B,T,4096] on 2 cores, both in one process, bfloat16 3.86-4.45 ->
-// 3.51-4.18 ms, with weight and bias 5.20-6.28 -> 4.24-5.13 ms; float16
-// 4.37 -> 4.31 ms, with weight and bias 6.12 -> 5.37 ms. Not for bfloat16
+// 64 MiB [B,T,4096] on 2 cores, both in one process (3 busy hours),
+// bfloat16 3.86-4.63 -> 3.51-4.18 ms, with weight and bias 5.20-6.28 ->
+// 4.24-5.13 ms; float16 4.37-4.52 -> 4.31-4.32 ms, with weight and bias
+// 5.86-6.12 -> 4.97-5.37 ms. Not for bfloat16
 // with weights or biases in lines the rows do not fill (n not a multiple
 // of 32 or y not 64-byte aligned). Nor when y sits less than 512 bytes
 // above x modulo 4 KiB: loads of x then look like (4K-aliasing) overlaps of
