@@ -293,6 +293,26 @@ BENCHMARK(BM_HalfRows)
     ->Args({0, 1})
     ->UseManualTime();
 
+// Reference, not a target: bf16 LayerNorm [1, T, 4096] with a weight and a
+// bias (as trained models have), into the 64-byte aligned Output().
+void BM_HalfLayerNormAffine(benchmark::State& state) {
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kLayerNorm;
+  spec.input = InputTensor{DType::kBFloat16, {1, 2 * kElements / 4096, 4096},
+                           Halves().data(), 2 * kElements};
+  std::vector<double> weight(4096), bias(4096);
+  for (int64_t i = 0; i < 4096; ++i) {
+    weight[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
+    bias[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
+  }
+  spec.weight = AffineParam{{4096}, weight};
+  spec.bias = AffineParam{{4096}, bias};
+  TimeNormalize(state, engine, spec);
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfLayerNormAffine)->UseManualTime();
+
 // bf16 GroupNorm (32 groups) of [32, 64, 128, 128] or channels-last
 // [32, 128, 128, 64]: 64 MiB, as BM_Copy.
 void BM_HalfGroupNorm(benchmark::State& state) {

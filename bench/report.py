@@ -139,6 +139,12 @@ def main():
         print(f"reference: LayerNorm [B,T,768] into an output 16 bytes past a "
               f"cache line (malloc's) {unaligned * 1e3:.2f} ms, "
               f"{unaligned / normd['BM_LayerNorm/768']:.2f}x the aligned time")
+    affine = paired.get("BM_HalfLayerNormAffine")
+    if affine:
+        ratio = statistics.median(b / k for k, b in affine)
+        print(f"reference: LayerNorm bf16 [B,T,4096] with weight and bias "
+              f"{normd['BM_HalfLayerNormAffine'] * 1e3:.2f} ms, "
+              f"{ratio:.2f}x copy bw")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
     if len(sys.argv) > 3:
         print()

@@ -96,6 +96,15 @@ def check_hand_worked(report_py, tmp):
     text, _ = report(report_py, write(tmp, "no_unaligned.json", {
         "benchmarks": standalone + rows_768}), torch)
     assert "16 bytes past" not in text, text
+    # The bf16 LayerNorm with weight and bias: the median of its paired
+    # ratios (2 / 4, 3 / 4, 3 / 5: 0.60), its own median time.
+    name = "BM_HalfLayerNormAffine/manual_time"
+    affine = [entry(name, k, baseline_ms=b) for k, b in ((4, 2), (4, 3), (5, 3))]
+    affine.append(entry(name, 4, "aggregate", "median", 3))
+    text, _ = report(report_py, write(tmp, "affine.json", {
+        "benchmarks": standalone + affine}), torch)
+    assert ("LayerNorm bf16 [B,T,4096] with weight and bias 4.00 ms, 0.60x "
+            "copy bw") in text, text
 
 
 def check_real_run(kernel_bench, report_py, tmp):
