@@ -299,8 +299,10 @@ void BM_HalfLayerNormAffine(benchmark::State& state) {
   Engine engine;
   NormalizeSpec spec;
   spec.mode = NormMode::kLayerNorm;
-  spec.input = InputTensor{DType::kBFloat16, {1, 2 * kElements / 4096, 4096},
-                           Halves().data(), 2 * kElements};
+  spec.input = InputTensor{DType::kBFloat16,
+                           {1, 2 * kElements / 4096, 4096},
+                           Halves().data(),
+                           2 * kElements};
   std::vector<double> weight(4096), bias(4096);
   for (int64_t i = 0; i < 4096; ++i) {
     weight[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
