@@ -2,7 +2,6 @@
 // numbers of numerics.md, the accuracy bar and thread-count determinism.
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
-#include <tbb/task_arena.h>
 
 #include <bit>
 #include <cmath>
@@ -738,11 +737,14 @@ TEST(ScatteredInputTest, EveryPathMatchesContiguousBitwise) {
   CheckScatteredMatchesContiguous<double>();
 }
 
-// Runs `f` in an arena of `threads` threads.
+// Runs `f` with the core limited to `threads` threads. The core computes in
+// its own arena (ComputeArena), so an arena made here would not limit it; a
+// global_control does (the most restrictive one is in effect).
 template <typename F>
 auto WithThreads(int threads, F f) {
-  tbb::task_arena arena(threads);
-  return arena.execute(f);
+  tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                            threads);
+  return f();
 }
 
 TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
