@@ -556,6 +556,8 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
   const Case cases[] = {
       {NormMode::kLayerNorm, {4096, 768}, 1, true},
       {NormMode::kLayerNorm, {2, 1, 40000}, 1, false},  // Long rows.
+      // Enough long rows for whole rows per work item.
+      {NormMode::kLayerNorm, {16, 40000}, 1, true},
       {NormMode::kBatchNorm, {8, 16, 128, 128}, 1, true},
       {NormMode::kBatchNorm, {8, 128, 128, 16}, -1, false},
       // Odd row lengths and channel counts: rows and channel periods that
@@ -753,9 +755,16 @@ TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
     Shape shape;
     int32_t axis;
   };
-  const Case cases[] = {{{64, 3, 64, 64}, 1},  {{64, 64, 64, 3}, -1},
-                        {{200000, 7}, 1},      {{2, 3, 300000}, 1},
-                        {{1, 5, 700, 300}, 1}, {{3, 20000, 33}, 2}};
+  const Case cases[] = {{{64, 3, 64, 64}, 1},
+                        {{64, 64, 64, 3}, -1},
+                        {{200000, 7}, 1},
+                        {{2, 3, 300000}, 1},
+                        {{1, 5, 700, 300}, 1},
+                        {{3, 20000, 33}, 2},
+                        // LayerNorm rows of 40000: whole rows per work item
+                        // on 1 and 2 threads, spread over the threads one
+                        // at a time on 3 and 8 (see LayerNormKernel).
+                        {{8, 2, 20000}, 1}};
   for (const Case& c : cases) {
     int64_t n = 1;
     for (int64_t d : c.shape) n *= d;

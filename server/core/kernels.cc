@@ -35,9 +35,13 @@ constexpr int64_t kApplyChunk = 16384;
 constexpr int64_t kStagingElements = 4096;
 // Rows at least this long (kLongLayerNormRow) are reduced and written in
 // parallel one at a time (ContiguousMoments reduces rows of two blocks or
-// more in parallel); shorter rows are processed whole, many rows per work
-// item.
+// more in parallel) unless there are enough of them (LongRowsAsWhole);
+// shorter rows are processed whole, many rows per work item.
 static_assert(kLongLayerNormRow >= kMomentsBlock);
+// Long rows are still processed whole, one per work item, when every
+// thread gets at least this many and a row fits L2 (a core's share of it).
+constexpr int64_t kWholeLongRowsPerThread = 4;
+constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
 
 // y[j] = (x[j] - mean) * scale * weight[j] + bias[j] for j in [0, n), with
 // weight / bias optional; all in fp64.
@@ -1037,7 +1041,15 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   auto offset = [](const T* p, int64_t j) {
     return p == nullptr ? nullptr : p + j;
   };
-  if (n >= kLongLayerNormRow) {
+  // Long rows one at a time, each spread over every thread: two parallel
+  // loops per row, and a row reduced on one core is written by another.
+  // With enough rows, whole rows per work item instead: [512, 32768] fp32,
+  // 64 MiB on 2 cores, 6.54 -> 3.87 ms (the copy: 3.94).
+  const bool whole_long_rows =
+      source.data != nullptr &&
+      n * static_cast<int64_t>(sizeof(T)) <= kMaxWholeLongRowBytes &&
+      rows.rows >= kWholeLongRowsPerThread * ComputeConcurrency();
+  if (n >= kLongLayerNormRow && !whole_long_rows) {
     const T* x = source.data;
     for (int64_t r = 0; r < rows.rows; ++r) {
       const T* xr = x + r * n;
@@ -1067,6 +1079,9 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   ParallelFor(
       tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
       [&](const tbb::blocked_range<int64_t>& range) {
+        // Long rows' statistics on this thread too (whole_long_rows: every
+        // thread has rows of its own).
+        const SerialLoopsScope serial;
         T* in = source.data != nullptr
                     ? nullptr
                     : Staging<T, kInputSlot>(rows_per_piece * n);
