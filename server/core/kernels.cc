@@ -39,7 +39,8 @@ constexpr int64_t kStagingElements = 4096;
 // shorter rows are processed whole, many rows per work item.
 static_assert(kLongLayerNormRow >= kMomentsBlock);
 // Long rows are still processed whole, one per work item, when every
-// thread gets at least this many and a row fits L2 (a core's share of it).
+// thread gets at least this many and a row has at most this many bytes
+// (paths with a staging buffer grow it to a row).
 constexpr int64_t kWholeLongRowsPerThread = 4;
 constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
 
@@ -1043,8 +1044,10 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   };
   // Long rows one at a time, each spread over every thread: two parallel
   // loops per row, and a row reduced on one core is written by another.
-  // With enough rows, whole rows per work item instead: [512, 32768] fp32,
-  // 64 MiB on 2 cores, 6.54 -> 3.87 ms (the copy: 3.94).
+  // With enough rows, whole rows per work item instead (64 MiB fp32 on 2
+  // cores, in one process: [512, 32768] 6.54 -> 3.83 ms with the copy at
+  // 3.94-3.97; [32, 524288] 5.44 -> 4.38, [8, 2097152] 5.64 -> 4.63 ms
+  // with the copy at 4.16-4.44).
   const bool whole_long_rows =
       source.data != nullptr &&
       n * static_cast<int64_t>(sizeof(T)) <= kMaxWholeLongRowBytes &&

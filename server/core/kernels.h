@@ -55,7 +55,8 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                   bias);
 }
 
-// Rows at least this long are reduced and written in parallel one at a time.
+// Rows at least this long are reduced and written in parallel one at a time
+// when there are too few of them to give every thread several.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
 // LayerNormKernel for contiguous 16-bit rows (`dtype` bfloat16 or float16,
