@@ -301,6 +301,77 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
   }
 }
 
+// Channels in short runs (1 <= inner < 256) are reduced in row blocks with
+// hand-written AVX-512 loops (channels-last register tiles; for runs of 16
+// values or more, fp64 lanes per run) and, on other CPUs, compiled ones:
+// both must give the same bits, for fp32 and 16-bit data, ragged run
+// lengths, data far from 0, and a shift sample far from the mean (the exact
+// fallback); and the runs' fp64 sums must be the fp64 moments. (On a CPU
+// without AVX-512 both sides run the same loops.)
+TEST(HalfTest, ShortRunMomentsHandWrittenEqualCompiledBitwise) {
+  for (int64_t inner : {1, 16, 17, 49, 64, 100, 196, 255}) {
+    for (int64_t channels : {3, 64, 70}) {
+      for (int64_t outer : {5, 40}) {
+        for (double offset : {2.0, 1e4}) {
+          const ChannelLayout layout{outer, channels, inner};
+          const int64_t n = layout.NumElements();
+          auto wide =
+              RandomValues<double>(n, 31 + inner + channels, offset, 3.0);
+          if (outer == 40 && inner >= 16) {
+            // Channel 1's shift sample (its first 32 values) far off.
+            for (int64_t i = 0; i < 16; ++i) wide[inner + i] += 5000.0;
+          }
+          for (DType dtype :
+               {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+            std::vector<float> f(n);
+            std::vector<uint16_t> h(n);
+            std::vector<double> values(n);
+            for (int64_t i = 0; i < n; ++i) {
+              if (dtype == DType::kFloat32) {
+                f[i] = static_cast<float>(wide[i]);
+                values[i] = f[i];
+              } else {
+                h[i] = DoubleToHalf(dtype, wide[i]);
+                values[i] = HalfValue(dtype, h[i]);
+              }
+            }
+            const void* x = dtype == DType::kFloat32
+                                ? static_cast<const void*>(f.data())
+                                : static_cast<const void*>(h.data());
+            SCOPED_TRACE(::testing::Message()
+                         << DTypeName(dtype) << " [" << outer << ", "
+                         << channels << ", " << inner << "] offset " << offset);
+            const auto hand = ShortRunChannelMoments(dtype, x, layout, true);
+            const auto loop = ShortRunChannelMoments(dtype, x, layout, false);
+            const auto ref =
+                ReferenceChannelStats(values, outer, channels, inner);
+            ASSERT_EQ(hand.size(), static_cast<size_t>(channels));
+            ASSERT_EQ(loop.size(), static_cast<size_t>(channels));
+            for (int64_t c = 0; c < channels; ++c) {
+              EXPECT_EQ(hand[c].count, outer * inner);
+              EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].mean),
+                        std::bit_cast<uint64_t>(loop[c].mean))
+                  << c;
+              EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].m2),
+                        std::bit_cast<uint64_t>(loop[c].m2))
+                  << c;
+              if (inner >= 16) {
+                EXPECT_NEAR(
+                    hand[c].mean, ref.mean[c],
+                    1e-13 * (std::abs(ref.mean[c]) + std::sqrt(ref.var[c])))
+                    << c;
+                EXPECT_NEAR(hand[c].BiasedVariance(), ref.var[c],
+                            1e-12 * ref.var[c])
+                    << c;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(HalfTest, DoublesAreRoundedOnceNotTwice) {
   // 1 + 2^-11 + 2^-30 lies just above the float16 midpoint between 1 and
   // 1 + 2^-10; via float it would become the midpoint and round to 1.

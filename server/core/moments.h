@@ -68,6 +68,15 @@ Moments ContiguousMoments(const T* x, int64_t n);
 // (exposed so that tests can check that).
 Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written);
 
+// ChannelMoments / HalfChannelMoments of x (`dtype` float32, bfloat16 or
+// float16) as the row blocks of channels in short runs (inner < 256)
+// reduce them: `hand_written` with the AVX-512 loops (register tiles,
+// short-run sums) where the CPU has them, else the compiled loops. The same
+// bits either way (exposed so that tests can check that).
+std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
+                                            const ChannelLayout& layout,
+                                            bool hand_written);
+
 // Widens n values of the 16-bit `dtype` at x into out (as WidenHalf) and
 // returns ContiguousMoments(out, n), bit for bit; with AVX-512 in one pass
 // over x. Serial: for rows of a kernel that is parallel over rows.
