@@ -936,10 +936,11 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
 
 TEST(HalfTensorTest, ShortAndLongRowsAlike) {
   // Rows up to 64Ki elements go through per-thread fp32 buffers a few rows
-  // at a time (LayerNormHalfKernel); longer ones are widened whole. Both stay
-  // within one rounding of the reference, for every piece boundary.
+  // at a time (LayerNormHalfKernel); longer ones one at a time, in pieces
+  // over the threads. Both stay within one rounding of the reference, for
+  // every piece boundary.
   Engine engine;
-  for (int64_t n : {3, 4096, 5000, 70000}) {
+  for (int64_t n : {3, 4096, 5000, 70000, 300000}) {
     SCOPED_TRACE(n);
     const int64_t rows = n > 10000 ? 2 : 37;
     const auto wide = RandomValues<double>(rows * n, 19, -4.0, 2.0);
@@ -1032,6 +1033,57 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
                 << static_cast<int>(mode) << " style "
                 << static_cast<int>(style) << " affine " << affine << " offset "
                 << offset;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Long 16-bit rows go one at a time, each spread over the threads, when
+// there are too few to give every thread several, or when they are longer
+// than the per-thread buffers (unless computed from the input directly);
+// otherwise whole rows per work item. Both must give the same bits: here 2
+// and 8 rows of 40000 and 70000 on one thread (whole rows from 4), cached
+// and streamed, with and without weights.
+TEST(HalfTensorTest, LongRowsOneAtATimeEqualWholeRowsBitwise) {
+  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism,
+                                 1);
+  Engine engine;
+  for (const int64_t kN : {40000, 70000}) {
+    const auto wide = RandomValues<double>(8 * kN, 53, 7.0, 3.0);
+    std::vector<double> w(kN), b(kN);
+    for (int64_t i = 0; i < kN; ++i) {
+      w[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
+      b[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
+    }
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      std::vector<uint16_t> x(wide.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);
+      for (NormMode mode : {NormMode::kLayerNorm, NormMode::kRmsNorm}) {
+        for (bool affine : {false, true}) {
+          for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+            auto run = [&](int64_t rows) {
+              NormalizeSpec spec;
+              spec.mode = mode;
+              spec.input = View(x, {rows, kN}, dtype);
+              spec.input.size = rows * kN;
+              if (affine) {
+                spec.weight = Param(w);
+                if (mode == NormMode::kLayerNorm) spec.bias = Param(b);
+              }
+              SetStreamingOutputBytes(threshold);
+              std::vector<uint16_t> y(rows * kN, 0x5555);
+              EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
+              SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+              return y;
+            };
+            const std::vector<uint16_t> all = run(8);
+            const std::vector<uint16_t> two = run(2);
+            EXPECT_TRUE(std::equal(two.begin(), two.end(), all.begin()))
+                << DTypeName(dtype) << " n " << kN << " mode "
+                << static_cast<int>(mode) << " affine " << affine
+                << " threshold " << threshold;
           }
         }
       }

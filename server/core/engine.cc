@@ -95,37 +95,6 @@ bool AllDeviationsBounded(absl::Span<const Moments> moments) {
   return std::all_of(moments.begin(), moments.end(), DeviationsBounded);
 }
 
-// Elements converted per task when widening / narrowing 16-bit tensors.
-constexpr int64_t kConvertChunk = 64 * 1024;
-
-// The 16-bit tensor `input` (contiguous) widened to fp32 into `storage`.
-InputTensor Widened(const InputTensor& input,
-                    std::unique_ptr<float[]>& storage) {
-  storage = std::make_unique_for_overwrite<float[]>(input.size);
-  const auto* src = static_cast<const uint16_t*>(input.data);
-  ParallelFor(tbb::blocked_range<int64_t>(0, input.size, kConvertChunk),
-              input.size, [&](const tbb::blocked_range<int64_t>& r) {
-                WidenHalf(input.dtype, src + r.begin(),
-                          storage.get() + r.begin(), r.size());
-              });
-  InputTensor out = input;
-  out.dtype = DType::kFloat32;
-  out.data = storage.get();
-  return out;
-}
-
-// n fp32 values narrowed to the 16-bit `dtype` at dst; large outputs with
-// streaming stores (the same bits).
-void Narrow(DType dtype, const float* src, void* dst, int64_t n) {
-  auto* out = static_cast<uint16_t*>(dst);
-  const bool stream = StreamOutput(n, sizeof(uint16_t));
-  ParallelFor(tbb::blocked_range<int64_t>(0, n, kConvertChunk), n,
-              [&](const tbb::blocked_range<int64_t>& r) {
-                (stream ? NarrowToHalfStreaming : NarrowToHalf)(
-                    dtype, src + r.begin(), out + r.begin(), r.size());
-              });
-}
-
 std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
@@ -457,30 +426,7 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
     return absl::InvalidArgumentError(
         "layer_norm_style: only LAYER_NORM takes a style");
   }
-  if (IsHalf(spec.input.dtype) &&
-      (spec.mode == NormMode::kLayerNorm || spec.mode == NormMode::kRmsNorm)) {
-    absl::StatusOr<RowLayout> rows =
-        ResolveNormalizedDims(spec.input.shape, spec.normalized_ndim);
-    // Rows longer than LayerNormHalfKernel's buffers: widened whole.
-    if (rows.ok() && rows->row_size > kMaxHalfKernelRow) {
-      return NormalizeWidened(spec, output);
-    }
-  }
   return NormalizeByMode(spec, output);
-}
-
-absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeWidened(
-    const NormalizeSpec& spec, void* output) {
-  // Computed in fp32 in one widened copy, in place, and rounded once at the
-  // end.
-  std::unique_ptr<float[]> wide;
-  NormalizeSpec widened = spec;
-  widened.input = Widened(spec.input, wide);
-  absl::StatusOr<std::optional<BatchNormModel>> result =
-      NormalizeByMode(widened, wide.get());
-  if (result.ok())
-    Narrow(spec.input.dtype, wide.get(), output, spec.input.size);
-  return result;
 }
 
 absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeByMode(

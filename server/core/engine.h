@@ -101,13 +101,8 @@ class Engine {
   const ModelStore& store() const { return store_; }
 
  private:
-  // Normalize by spec.mode, for any dtype (16-bit LayerNorm / RMSNorm rows
-  // up to kMaxHalfKernelRow).
+  // Normalize by spec.mode, for any dtype.
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeByMode(
-      const NormalizeSpec& spec, void* output);
-  // A 16-bit spec computed in fp32 in one widened copy of the whole input
-  // (LayerNorm / RMSNorm rows too long for LayerNormHalfKernel).
-  absl::StatusOr<std::optional<BatchNormModel>> NormalizeWidened(
       const NormalizeSpec& spec, void* output);
   absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
   absl::StatusOr<BatchNormModel> NormalizeBatch(const NormalizeSpec& spec,

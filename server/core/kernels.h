@@ -63,8 +63,9 @@ inline constexpr int64_t kLongLayerNormRow = 32768;
 // x != y), computed in fp32 with fp64 statistics and rounded once: a few rows
 // at a time are widened into a per-thread buffer, reduced there, and their
 // results narrowed as they are written (streaming stores for large outputs),
-// so the tensor crosses memory once each way. Rows of at most
-// kMaxHalfKernelRow values (the buffer holds one).
+// so the tensor crosses memory once each way. Rows longer than
+// kMaxHalfKernelRow values (or long and too few for the threads) go one at
+// a time, each reduced and written by every thread in pieces.
 void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                          const RowLayout& rows, double eps,
                          LayerNormStyle style, const double* weight,

@@ -1088,14 +1088,15 @@ Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written) {
 
 namespace {
 
-// ContiguousMoments' blocks of the widened x, merged in the same order.
+// ContiguousMoments' blocks of the widened x, merged in the same order
+// (kStore: widened into out[0..n); else out is one block's scratch).
 template <bool kStore>
 Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
   Moments total;
   for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(
-        total, WidenedBlockMoments<kStore>(dtype, x + begin, out + begin,
-                                           std::min(kMomentsBlock, n - begin)));
+    MergeMoments(total, WidenedBlockMoments<kStore>(
+                            dtype, x + begin, kStore ? out + begin : out,
+                            std::min(kMomentsBlock, n - begin)));
   }
   return total;
 }

@@ -83,9 +83,11 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 
 // The same moments as WidenWithMoments (bit for bit) without leaving the
-// widened values behind: `scratch` (n floats) gets only what the block
-// kernels' scalar parts read. bfloat16 is read as pairs of lanes (see
-// BlockMomentsAvx512): fewer operations and no stores for rows whose
+// widened values behind: `scratch` (min(n, kMomentsBlock) floats) gets
+// only what the block kernels' scalar parts read. Made of blocks of
+// kMomentsBlock values merged in order: the moments of a longer x are its
+// blocks' HalfMoments folded with MergeMoments. bfloat16 is read as pairs of
+// lanes (see BlockMomentsAvx512): fewer operations and no stores for rows whose
 // outputs are computed from the 16-bit values again.
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
 
