@@ -967,6 +967,18 @@ TEST(HalfTensorTest, ShortAndLongRowsAlike) {
   }
 }
 
+// Per-element weights and biases for rows of n values: ramps of 1000
+// distinct values, so that a weight applied to the wrong element shows.
+std::pair<std::vector<double>, std::vector<double>> RowWeightsAndBiases(
+    int64_t n) {
+  std::vector<double> w(n), b(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
+    b[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
+  }
+  return {w, b};
+}
+
 // Large 16-bit row outputs are narrowed in registers and streamed out
 // (AVX-512); they must carry exactly the bits of the cached path (fp32
 // results narrowed by NarrowToHalf), for every style, with and without
@@ -988,11 +1000,7 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   for (int64_t n : {3, 768, 771, 4096, 5000}) {
     const int64_t rows = 40000 / n + 3;
     const auto wide = RandomValues<double>(rows * n, 23, 50.0, 4.0);
-    std::vector<double> w(n), b(n);
-    for (int64_t i = 0; i < n; ++i) {
-      w[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
-      b[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
-    }
+    const auto [w, b] = RowWeightsAndBiases(n);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
       std::vector<uint16_t> x(wide.size());
       for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);
@@ -1052,11 +1060,7 @@ TEST(HalfTensorTest, LongRowsOneAtATimeEqualWholeRowsBitwise) {
   Engine engine;
   for (const int64_t kN : {40000, 70000}) {
     const auto wide = RandomValues<double>(8 * kN, 53, 7.0, 3.0);
-    std::vector<double> w(kN), b(kN);
-    for (int64_t i = 0; i < kN; ++i) {
-      w[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
-      b[i] = 0.25 - 0.002 * static_cast<double>(i % 1000);
-    }
+    const auto [w, b] = RowWeightsAndBiases(kN);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
       std::vector<uint16_t> x(wide.size());
       for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);
