@@ -988,7 +988,8 @@ std::pair<std::vector<double>, std::vector<double>> RowWeightsAndBiases(
 // sits against the input (see ReadsHalfRowsDirectly): the outputs below
 // start at 0, 1, 5, 32 and 1029 values past a page-aligned copy of the
 // input (1, 5 and 32: less than 512 bytes above, so widened; 1029:
-// unaligned, read directly except bfloat16 with weights).
+// unaligned, read directly except bfloat16 with weights), or on the input
+// itself (in place: read directly).
 TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   Engine engine;
   // Page-aligned storage for `count` values.
@@ -1024,18 +1025,26 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
             spec.weight = Param(w);
             spec.bias = Param(b);
           }
+          // offset -1: in place, in a page-aligned copy of x.
           auto run = [&](int64_t threshold, int64_t offset) {
             SetStreamingOutputBytes(threshold);
             std::vector<uint16_t> storage;
             uint16_t* const y =
-                page_aligned(storage, offset + x.size()) + offset;
-            EXPECT_TRUE(engine.Normalize(spec, y).ok());
+                page_aligned(storage, std::max<int64_t>(offset, 0) + x.size()) +
+                std::max<int64_t>(offset, 0);
+            NormalizeSpec call = spec;
+            if (offset < 0) {
+              std::copy(x.begin(), x.end(), y);
+              call.input.data = y;
+            }
+            EXPECT_TRUE(engine.Normalize(call, y).ok());
             SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
             return std::vector<uint16_t>(y, y + x.size());
           };
           const std::vector<uint16_t> cached =
               run(std::numeric_limits<int64_t>::max(), 0);
-          for (int64_t offset : {0, 1, 5, 32, 1029}) {
+          EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), -1), cached);
+          for (int64_t offset : {0, 1, 5, 32, 1029, -1}) {
             EXPECT_EQ(run(0, offset), cached)
                 << DTypeName(dtype) << " n " << n << " mode "
                 << static_cast<int>(mode) << " style "
