@@ -167,6 +167,16 @@ SERVICE_ROWS = [
 ]
 
 
+def paired_ratio(num, den):
+    """The median of the per-repetition ratios num / den when both servers
+    ran every repetition (service_bench.py runs them in turn within each), so
+    that drift between repetitions cancels; else the ratio of the medians."""
+    a, b = num.get("runs"), den.get("runs")
+    if a and b and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b))
+    return num["median"] / den["median"]
+
+
 def service_table(service):
     cases = service["cases"]
     print(f"{'service (loopback, fp32)':40} {'normd':>10} {'baseline':>10} "
@@ -179,12 +189,14 @@ def service_table(service):
         c = cases[case]
         unit = "QPS" if c["metric"] == "qps" else "MB/s"
         if num == "stream":
+            # Two cases, run minutes apart: not paired.
             n, d = c["normd"], cases["ln_768_unary_16"]["normd"]
             base = "unary"
+            ratio = n["median"] / d["median"]
         else:
             n, d = c[num], c[den]
             base = den
-        ratio = n["median"] / d["median"]
+            ratio = paired_ratio(n, d)
         ok = ratio >= target
         misses += not ok
         print(f"{label:40} {n['median']:>10.0f} {d['median']:>10.0f} "

@@ -3,8 +3,9 @@
 (bench/echo_server, normd's transport settings) and the Python peer
 (bench/peers/torch_server.py), all driven by the same load generator
 (bench/loadgen) over loopback in one run. Runs are interleaved (echo, normd,
-peer, echo, ...) and the median of --reps is reported, so slow phases of a
-noisy machine hit every server alike.
+peer, echo, ...) and the median of --reps is reported with every run, so
+slow phases of a noisy machine hit every server alike; report.py takes each
+ratio as the median of the repetitions' own ratios.
 
 Usage: service_bench.py --build BUILD_DIR [--reps 3] [--duration 2]
 Writes JSON to stdout: {"cases": {...}, "memory": {...}}.

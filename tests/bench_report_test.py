@@ -107,6 +107,48 @@ def check_hand_worked(report_py, tmp):
             "copy bw") in text, text
 
 
+def check_service_pairing(report_py, tmp):
+    """Service rows: the median of each repetition's normd / baseline ratio
+    (the servers take turns within a repetition), not the ratio of medians;
+    NormalizeStream against unary (two cases, not interleaved): the ratio of
+    the medians."""
+    def server(runs):
+        return {"median": statistics.median(runs), "p50_us": 100.0,
+                "p99_us": 200.0, "runs": runs}
+    # normd 90, 100, 130 beside echo 100, 140, 120: ratios 0.90, 0.714,
+    # 1.083, median 0.90 (the medians' ratio: 100 / 120 = 0.83).
+    four_mib = {"metric": "mb_per_s", "normd": server([90, 100, 130]),
+                "echo": server([100, 140, 120]),
+                "peer": server([40, 50, 45])}
+    small = {"metric": "qps", "normd": server([1000, 1000, 1000]),
+             "echo": server([1000, 1000, 1000]),
+             "peer": server([100, 100, 100])}
+    stream = {"metric": "qps", "normd": server([1500, 2500, 2100]),
+              "echo": server([3000, 3000, 3000])}
+    service = write(tmp, "service.json", {
+        "cases": {"ln_4mib_unary_4": four_mib, "ln_768_unary_16": small,
+                  "bn_eval_4mib_unary_4": four_mib,
+                  "ln_768_stream_16": stream},
+        "memory": {}})
+    kernel = write(tmp, "kernel_min.json", {"benchmarks": [
+        entry("BM_Copy/real_time", 3.0, "aggregate", "median"),
+        entry("BM_ReadSum/real_time", 1.0, "aggregate", "median")]})
+    torch = write(tmp, "torch_min.json", {"BM_Copy": 0.004})
+    text = subprocess.run(
+        [sys.executable, report_py, kernel, torch, service], check=True,
+        capture_output=True, text=True).stdout
+    line = next(l for l in text.splitlines()
+                if l.startswith("LayerNorm 4 MiB, 4 in flight"))
+    assert " 0.90x " in line, text
+    line = next(l for l in text.splitlines()
+                if l.startswith("LayerNorm 4 MiB vs Python peer"))
+    # 90 / 40, 100 / 50, 130 / 45: 2.25, 2.00, 2.89 -> 2.25.
+    assert " 2.25x " in line, text
+    line = next(l for l in text.splitlines()
+                if l.startswith("NormalizeStream [1,768] vs unary"))
+    assert " 2.10x " in line, text  # 2100 / 1000.
+
+
 def check_real_run(kernel_bench, report_py, tmp):
     out = os.path.join(tmp, "kernel.json")
     subprocess.run(
@@ -144,6 +186,7 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         check_hand_worked(args.report, tmp)
+        check_service_pairing(args.report, tmp)
         check_real_run(args.kernel_bench, args.report, tmp)
     print("bench report: OK")
 
