@@ -35,8 +35,9 @@ constexpr int64_t kApplyChunk = 16384;
 constexpr int64_t kStagingElements = 4096;
 // Rows at least this long (kLongLayerNormRow) are reduced and written in
 // parallel one at a time (ContiguousMoments reduces rows of two blocks or
-// more in parallel) unless there are enough of them (LongRowsAsWhole);
-// shorter rows are processed whole, many rows per work item.
+// more in parallel) unless there are enough of them (see whole_long_rows
+// in LayerNormKernel); shorter rows are processed whole, many rows per work
+// item.
 static_assert(kLongLayerNormRow >= kMomentsBlock);
 // Long rows are still processed whole, one per work item, when every
 // thread gets at least this many and a row has at most this many bytes
@@ -839,6 +840,12 @@ void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
 void StreamFence() {}
 #endif
 
+// p + j, or null for a null p (optional per-element parameters).
+template <typename T>
+const T* OffsetOrNull(const T* p, int64_t j) {
+  return p == nullptr ? nullptr : p + j;
+}
+
 // The per-call affine parameters in the element type of the data.
 template <typename T>
 struct AffineParams {
@@ -1039,9 +1046,6 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   if (rows.rows == 0 || n == 0) return;
   const AffineParams<T> affine(weight, bias, n);
   const bool stream = StreamOutput(rows.rows * n, sizeof(T));
-  auto offset = [](const T* p, int64_t j) {
-    return p == nullptr ? nullptr : p + j;
-  };
   // Long rows one at a time, each spread over every thread: two parallel
   // loops per row, and a row reduced on one core is written by another.
   // With enough rows, whole rows per work item instead (64 MiB fp32 on 2
@@ -1059,18 +1063,19 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
       T* yr = y + r * n;
       const Moments moments = ContiguousMoments(xr, n);
       const double scale = RowScale(moments, eps, style);
-      ParallelFor(
-          tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
-          [&](const tbb::blocked_range<int64_t>& range) {
-            for (int64_t j = range.begin(); j < range.end();
-                 j += kStagingElements) {
-              const int64_t len = std::min(range.end() - j, kStagingElements);
-              T* out = stream ? Staging<T>(kStagingElements) : yr + j;
-              AffineRow(xr + j, out, len, RowCenter(moments, style), scale,
-                        offset(affine.weight, j), offset(affine.bias, j));
-              if (stream) StreamCopy(yr + j, out, len * sizeof(T));
-            }
-          });
+      ParallelFor(tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
+                  [&](const tbb::blocked_range<int64_t>& range) {
+                    for (int64_t j = range.begin(); j < range.end();
+                         j += kStagingElements) {
+                      const int64_t len =
+                          std::min(range.end() - j, kStagingElements);
+                      T* out = stream ? Staging<T>(kStagingElements) : yr + j;
+                      AffineRow(xr + j, out, len, RowCenter(moments, style),
+                                scale, OffsetOrNull(affine.weight, j),
+                                OffsetOrNull(affine.bias, j));
+                      if (stream) StreamCopy(yr + j, out, len * sizeof(T));
+                    }
+                  });
     }
     return;
   }
@@ -1214,13 +1219,12 @@ struct HalfRowsJob {
 // 64 MiB [B,T,4096] on 2 cores, both in one process (3 busy hours),
 // bfloat16 3.86-4.63 -> 3.51-4.18 ms, with weight and bias 5.20-6.28 ->
 // 4.24-5.13 ms; float16 4.37-4.52 -> 4.31-4.32 ms, with weight and bias
-// 5.86-6.12 -> 4.97-5.37 ms. Not for bfloat16
-// with weights or biases in lines the rows do not fill (n not a multiple
-// of 32 or y not 64-byte aligned). Nor when y sits less than 512 bytes
-// above x modulo 4 KiB: loads of x then look like (4K-aliasing) overlaps of
-// the streaming stores just issued to y and wait for them (y above x by 16
-// to 240 bytes, [4096,4096] bfloat16: 1.4 -> 1.6-2.9 ms; the widened copy
-// is not affected).
+// 5.86-6.12 -> 4.97-5.37 ms. Not for bfloat16 with weights or biases in
+// lines the rows do not fill (n not a multiple of 32 or y not 64-byte
+// aligned). Nor when y sits less than 512 bytes above x modulo 4 KiB: loads
+// of x then look like (4K-aliasing) overlaps of the streaming stores just
+// issued to y and wait for them (y above x by 16 to 240 bytes, [4096,4096]
+// bfloat16: 1.4 -> 1.6-2.9 ms; the widened copy is not affected).
 bool ReadsHalfRowsDirectly(DType dtype, const uint16_t* x, const uint16_t* y,
                            int64_t n, const AffineParams<float>& affine) {
   const auto x_address = reinterpret_cast<uintptr_t>(x);
@@ -1247,9 +1251,6 @@ void LongHalfRows(const HalfRowsJob& job, int64_t num_rows) {
   const int64_t n = job.n;
   const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
   std::vector<Moments> parts(num_blocks);
-  auto offset = [](const float* p, int64_t j) {
-    return p == nullptr ? nullptr : p + j;
-  };
   for (int64_t r = 0; r < num_rows; ++r) {
     const uint16_t* const xr = job.x + r * n;
     uint16_t* const yr = job.y + r * n;
@@ -1275,8 +1276,8 @@ void LongHalfRows(const HalfRowsJob& job, int64_t num_rows) {
                j += kStagingElements) {
             const int64_t len = std::min(range.end() - j, kStagingElements);
             StreamAffine piece = run;
-            piece.weight = offset(run.weight, j);
-            piece.bias = offset(run.bias, j);
+            piece.weight = OffsetOrNull(run.weight, j);
+            piece.bias = OffsetOrNull(run.bias, j);
             WidenHalf(job.dtype, xr + j, wide, len);
             if (job.fused) {
               StreamAffineRunToHalf(job.dtype, wide, yr + j, len, piece,
