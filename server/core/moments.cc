@@ -247,23 +247,25 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 // 2 b + h) it is lane 32 a + 16 h + 2 k + b. FoldHalves halves the natural
 // index from the top bit down: a, then b and h (natural) or h and, after
 // the lanes, b (pairs).
+// FoldHalves<8> of the lanes of v: lanes 0-3 += 4-7, then 0-1 += 2-3, then
+// 0 += 1.
+[[gnu::target("avx512f")]] inline double FoldLanes(__m512d v) {
+  const __m256d quarter =
+      _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
+  const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(quarter),
+                                  _mm256_extractf128_pd(quarter, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+}
+
 template <bool kPairs>
 [[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[8]) {
-  // k: lanes 0-3 += 4-7, then 0-1 += 2-3, then 0 += 1.
-  auto fold_lanes = [](__m512d v) __attribute__((target("avx512f"))) {
-    const __m256d quarter =
-        _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
-    const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(quarter),
-                                    _mm256_extractf128_pd(quarter, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
-  };
   __m512d a[4];
   for (int j = 0; j < 4; ++j) a[j] = _mm512_add_pd(w[j], w[j + 4]);
   if constexpr (kPairs) {
-    return fold_lanes(_mm512_add_pd(a[0], a[1])) +
-           fold_lanes(_mm512_add_pd(a[2], a[3]));
+    return FoldLanes(_mm512_add_pd(a[0], a[1])) +
+           FoldLanes(_mm512_add_pd(a[2], a[3]));
   } else {
-    return fold_lanes(
+    return FoldLanes(
         _mm512_add_pd(_mm512_add_pd(a[0], a[2]), _mm512_add_pd(a[1], a[3])));
   }
 }
@@ -626,14 +628,14 @@ template <bool kBFloat16>
 // kMinRun): channel c of each row is a run of `inner` values, whose
 // d = x - shift and d^2 are summed in kRunLanes fp64 lanes (value i in lane
 // i % kRunLanes), folded in a fixed order and added to the channel's sums.
-// Each channel's shift is the mean of its first kShiftSample values in the
-// block (in row order). fp64 rather than fp32 as the other fast paths: the
-// runs are short, so the lanes' setup and fold per run cost more than the
-// wider arithmetic, and the statistics stay as exact as the loops this
-// replaces, whose one sum per channel made every addition wait on the
-// previous one (BatchNorm training [4096, 64, 8, 8], 64 MiB on 2 cores:
-// 32 ms against a 4.3 ms copy). Writes the shifts, S1 and S2 of channels
-// [0, width) (RowBlockMoments checks them with NeedsExactPath).
+// Each channel's shift is RunCenter of its first run in the block. fp64
+// rather than fp32 as the other fast paths, so that these statistics stay
+// as exact as those of the loops this replaces (the 16-bit tests bound
+// pooled statistics of such shapes at 1e-12; fp32 lanes gave 1e-8), whose
+// one sum per channel made every addition wait on the previous one
+// (BatchNorm training [4096, 64, 8, 8], 64 MiB on 2 cores: 32 ms against a
+// 4.3 ms copy). Writes the shifts, S1 and S2 of channels [0, width)
+// (RowBlockMoments checks them with NeedsExactPath).
 constexpr int kRunLanes = 16;
 
 // ShortRunSums' shift for a channel: the mean of the first kRunLanes values
@@ -718,15 +720,9 @@ template <typename E>
     halves[1] = _mm512_cvtps_pd(
         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
   };
-  // FoldHalves<16> of lanes 0-7 in a, 8-15 in b: a + b, then lanes 0-3 +=
-  // 4-7, 0-1 += 2-3, 0 += 1.
+  // FoldHalves<16> of lanes 0-7 in a, 8-15 in b.
   auto fold = [](__m512d a, __m512d b) __attribute__((target("avx512f"))) {
-    const __m512d v = _mm512_add_pd(a, b);
-    const __m256d quarter =
-        _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
-    const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(quarter),
-                                    _mm256_extractf128_pd(quarter, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+    return FoldLanes(_mm512_add_pd(a, b));
   };
   for (int64_t r = block.r0; r < block.r1; ++r) {
     for (int64_t c = 0; c < block.width(); ++c) {
