@@ -1302,8 +1302,14 @@ void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
   const bool fused =
       StreamOutput(rows.rows * n, sizeof(uint16_t)) && CpuHasAvx512Bw();
   const bool direct = fused && ReadsHalfRowsDirectly(dtype, x, y, n, affine);
+  // Whole rows need a widened row per thread unless direct.
+  const bool one_at_a_time =
+      (n > kMaxHalfKernelRow && !direct) ||
+      (n >= kLongLayerNormRow &&
+       rows.rows < kWholeLongRowsPerThread * ComputeConcurrency());
+  // LongHalfRows widens its pieces: the pair order only for whole rows.
   const AffineParams<float> paired =
-      direct && dtype == DType::kBFloat16
+      direct && !one_at_a_time && dtype == DType::kBFloat16
           ? PairOrder(affine, n)
           : AffineParams<float>(nullptr, nullptr, 0);
   const HalfRowsJob job{
@@ -1317,12 +1323,9 @@ void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
       .rows_per_piece = std::max<int64_t>(1, kStagingElements / n),
       .fused = fused,
       .finite_affine = AllFinite(affine.weight, n) && AllFinite(affine.bias, n),
-      .direct = direct,
+      .direct = direct && !one_at_a_time,
       .direct_affine = dtype == DType::kBFloat16 ? paired : affine};
-  // Whole rows need a widened row per thread unless direct.
-  if ((n > kMaxHalfKernelRow && !direct) ||
-      (n >= kLongLayerNormRow &&
-       rows.rows < kWholeLongRowsPerThread * ComputeConcurrency())) {
+  if (one_at_a_time) {
     LongHalfRows(job, rows.rows);
     return;
   }

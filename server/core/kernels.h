@@ -59,9 +59,9 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
 // when there are too few of them to give every thread several.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
-// LayerNormKernel for contiguous 16-bit rows (`dtype` bfloat16 or float16,
-// x != y), computed in fp32 with fp64 statistics and rounded once: a few rows
-// at a time are widened into a per-thread buffer, reduced there, and their
+// LayerNormKernel for contiguous 16-bit rows (`dtype` bfloat16 or float16;
+// y may be x), computed in fp32 with fp64 statistics and rounded once: a few
+// rows at a time are widened into a per-thread buffer, reduced there, and their
 // results narrowed as they are written (streaming stores for large outputs),
 // so the tensor crosses memory once each way. Rows longer than
 // kMaxHalfKernelRow values (or long and too few for the threads) go one at

@@ -239,14 +239,6 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 }
 
 #ifdef NORMD_HALF_AVX512
-// SumLanes of the 64 fp64 lanes held in w[0..8) as BlockMomentsAvx512
-// keeps them, in registers: the same additions in the same tree as
-// FoldHalves<64> on the lanes in their natural order, so the same bits,
-// without storing and reordering them (a few percent of a 16 Ki-value
-// block). Lane k of w[j] is natural lane 8 j + k; with kPairs (j = 4 a +
-// 2 b + h) it is lane 32 a + 16 h + 2 k + b. FoldHalves halves the natural
-// index from the top bit down: a, then b and h (natural) or h and, after
-// the lanes, b (pairs).
 // FoldHalves<8> of the lanes of v: lanes 0-3 += 4-7, then 0-1 += 2-3, then
 // 0 += 1.
 [[gnu::target("avx512f")]] inline double FoldLanes(__m512d v) {
@@ -257,6 +249,14 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
   return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
 }
 
+// SumLanes of the 64 fp64 lanes held in w[0..8) as BlockMomentsAvx512
+// keeps them, in registers: the same additions in the same tree as
+// FoldHalves<64> on the lanes in their natural order, so the same bits,
+// without storing and reordering them (a few percent of a 16 Ki-value
+// block). Lane k of w[j] is natural lane 8 j + k; with kPairs (j = 4 a +
+// 2 b + h) it is lane 32 a + 16 h + 2 k + b. FoldHalves halves the natural
+// index from the top bit down: a, then b and h (natural) or h and, after
+// the lanes, b (pairs).
 template <bool kPairs>
 [[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[8]) {
   __m512d a[4];
