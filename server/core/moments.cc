@@ -217,7 +217,7 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
       for (int j = 0; j < kFloatLanes; ++j) {
         const float d = x[i + k + j] - center;
         dev[j] += d;
-        sq[j] += d * d;
+        sq[j] = std::fma(d, d, sq[j]);
       }
     }
     if (i == 0) {
@@ -239,6 +239,20 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
 }
 
 #ifdef NORMD_HALF_AVX512
+// x - shift for vector number v of a step: a subtraction for even v, a fused
+// multiply-add x * 1 - shift for odd v, which rounds the same exact value
+// once, as the subtraction does: the same bits. The shifted-sum loops do a subtraction,
+// an addition and a fused multiply-add per vector; on Zen 4 additions and
+// multiply-adds issue on separate pipes, and moving half the subtractions
+// to the multiply-add pipe balances them (see BlockMomentsAvx512).
+[[gnu::target("avx512f")]] inline __m512 ShiftedLanes(__m512 x, __m512 shift,
+                                                      int v) {
+  if (v % 2 == 0) return _mm512_sub_ps(x, shift);
+  const __m512 negated_shift = _mm512_castsi512_ps(_mm512_xor_si512(
+      _mm512_castps_si512(shift), _mm512_set1_epi32(INT32_MIN)));
+  return _mm512_fmadd_ps(x, _mm512_set1_ps(1.0f), negated_shift);
+}
+
 // FoldHalves<8> of the lanes of v: lanes 0-3 += 4-7, then 0-1 += 2-3, then
 // 0 += 1.
 [[gnu::target("avx512f")]] inline double FoldLanes(__m512d v) {
@@ -346,9 +360,9 @@ template <typename In, bool kBFloat16, bool kStore>
         }
       }
       for (int v = 0; v < 4; ++v) {
-        const __m512 d = _mm512_sub_ps(f[v], shift);
+        const __m512 d = ShiftedLanes(f[v], shift, v);
         dev[v] = _mm512_add_ps(dev[v], d);
-        sq[v] = _mm512_add_ps(sq[v], _mm512_mul_ps(d, d));
+        sq[v] = _mm512_fmadd_ps(d, d, sq[v]);
       }
     }
     for (int v = 0; v < 4; ++v) {
@@ -521,7 +535,7 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
       for (int j = 0; j < kTile; ++j) {
         const float d = E::Load(row[j]) - center[j];
         dev_acc[j] += d;
-        sq_acc[j] += d * d;
+        sq_acc[j] = std::fma(d, d, sq_acc[j]);
       }
     }
     for (int j = 0; j < kTile; ++j) {
@@ -586,9 +600,9 @@ template <bool kBFloat16>
       __m512 f[4];
       load(r, f);
       for (int v = 0; v < 4; ++v) {
-        const __m512 d = _mm512_sub_ps(f[v], center[v]);
+        const __m512 d = ShiftedLanes(f[v], center[v], v);
         dev_acc[v] = _mm512_add_ps(dev_acc[v], d);
-        sq_acc[v] = _mm512_add_ps(sq_acc[v], _mm512_mul_ps(d, d));
+        sq_acc[v] = _mm512_fmadd_ps(d, d, sq_acc[v]);
       }
     }
     for (int v = 0; v < 4; ++v) {
