@@ -167,9 +167,28 @@ TEST(MomentsTest, NonFiniteInputIsFlagged) {
 // sides run the same loop.)
 TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
   std::vector<std::pair<std::string, std::vector<float>>> blocks;
-  for (int64_t n :
-       std::vector<int64_t>{1, 5, 31, 32, 33, 63, 64, 65, 768, 1023, 1024, 1025,
-                            1088, 4113, kMomentsBlock - 1, kMomentsBlock}) {
+  for (int64_t n : std::vector<int64_t>{1,
+                                        5,
+                                        16,
+                                        31,
+                                        32,
+                                        33,
+                                        48,
+                                        63,
+                                        64,
+                                        65,
+                                        100,
+                                        127,
+                                        128,
+                                        129,
+                                        768,
+                                        1023,
+                                        1024,
+                                        1025,
+                                        1088,
+                                        4113,
+                                        kMomentsBlock - 1,
+                                        kMomentsBlock}) {
     blocks.emplace_back("normal " + std::to_string(n),
                         RandomValues<float>(n, 7 + n, 3.0, 2.0));
     blocks.emplace_back("offset 1e4 " + std::to_string(n),
@@ -179,6 +198,12 @@ TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
   std::fill(far.begin(), far.begin() + 32, 1e6f);  // The shift's sample.
   blocks.emplace_back("shift far from the mean", far);
   blocks.emplace_back("constant", std::vector<float>(3000, 0.1f));
+  // Short blocks (one vector of lanes) on their exact path: constant, and a
+  // far outlier that its own mean cannot shift away from.
+  blocks.emplace_back("short constant", std::vector<float>(64, 0.1f));
+  std::vector<float> outlier = RandomValues<float>(64, 4, 0.0, 1e-3);
+  outlier[5] = 3e7f;
+  blocks.emplace_back("short outlier", outlier);
   blocks.emplace_back("tiny", RandomValues<float>(3000, 6, 0.0, 1e-30));
   std::vector<float> inf = RandomValues<float>(3000, 8, 3.0, 2.0);
   inf[2000] = std::numeric_limits<float>::infinity();
@@ -202,6 +227,49 @@ TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
       // And both are the fp64 moments.
       const auto ref = ReferenceChannelStats(x, 1, 1, n);
       ExpectStatsNear<float>(hand, ref.mean[0], ref.var[0]);
+    }
+  }
+}
+
+// Rows of up to 128 values reduced sixteen at a time, their folds done
+// across the rows, give each row's FloatBlockMoments bit for bit, whatever
+// row of a batch it is, including rows that take the exact path and a last
+// batch of fewer than 16 rows.
+TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
+  for (int64_t n : {16, 32, 48, 64, 80, 128}) {
+    constexpr int kRows = 37;  // Two whole batches and 5 rows.
+    std::vector<float> x = RandomValues<float>(kRows * n, 11 + n, 3.0, 2.0);
+    const auto offset = RandomValues<float>(n, 12 + n, 1e4, 1.0);
+    std::copy(offset.begin(), offset.end(), x.begin() + 3 * n);
+    std::fill(x.begin() + 7 * n, x.begin() + 8 * n, 0.1f);  // Constant.
+    x[9 * n + 2] = std::numeric_limits<float>::infinity();
+    x[17 * n + 1] = std::numeric_limits<float>::quiet_NaN();
+    x[20 * n + 4] = 3e7f;  // An outlier: cancellation, the exact path.
+    std::fill(x.begin() + 33 * n, x.begin() + 34 * n, -0.0f);
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    for (int64_t r0 = 0; r0 < kRows; r0 += 16) {
+      const int count = static_cast<int>(std::min<int64_t>(16, kRows - r0));
+      Moments batch[16];
+      ShortRowMoments16(x.data() + r0 * n, n, count, batch);
+      for (int k = 0; k < count; ++k) {
+        const float* row = x.data() + (r0 + k) * n;
+        for (bool hand_written : {true, false}) {
+          const Moments one = FloatBlockMoments(row, n, hand_written);
+          EXPECT_EQ(batch[k].count, n);
+          EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].mean),
+                    std::bit_cast<uint64_t>(one.mean))
+              << "row " << r0 + k << ": " << batch[k].mean << " vs "
+              << one.mean;
+          EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].m2),
+                    std::bit_cast<uint64_t>(one.m2))
+              << "row " << r0 + k << ": " << batch[k].m2 << " vs " << one.m2;
+        }
+        const std::vector<float> values(row, row + n);
+        if (std::isfinite(batch[k].mean)) {
+          const auto ref = ReferenceChannelStats(values, 1, 1, n);
+          ExpectStatsNear<float>(batch[k], ref.mean[0], ref.var[0]);
+        }
+      }
     }
   }
 }
@@ -620,6 +688,90 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
           << "output offset " << offset;
     }
     SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+  }
+}
+
+// Rows of 16-128 values stream sixteen at a time (into a 64-byte aligned
+// output, as the service's), with the bits of the cached path and of a
+// misaligned output (a row at a time), in every row style, with and without
+// weights and biases, and against the fp64 definitions.
+TEST(StreamingTest, ShortRowsStreamedInBatchesEqualCachedBitwise) {
+  using ::normd::testing::ReferenceRmsNorm;
+  for (int64_t n : {16, 48, 64, 128, 100}) {
+    constexpr int64_t kRows = 1000;  // 62 batches and 8 rows.
+    const auto x = RandomValues<float>(kRows * n, 21 + n, 2.0, 3.0);
+    std::vector<double> w(n), b(n);
+    for (int64_t j = 0; j < n; ++j) {
+      w[j] = 0.5 + 0.01 * static_cast<double>(j);
+      b[j] = 0.25 - 0.02 * static_cast<double>(j);
+    }
+    for (LayerNormStyle style :
+         {LayerNormStyle::kPyTorch, LayerNormStyle::kBertUnbiasedStd,
+          LayerNormStyle::kRms}) {
+      for (int affine = 0; affine < 3; ++affine) {
+        SCOPED_TRACE(::testing::Message()
+                     << "n " << n << " style " << static_cast<int>(style)
+                     << " affine " << affine);
+        NormalizeSpec spec;
+        spec.mode = style == LayerNormStyle::kRms ? NormMode::kRmsNorm
+                                                  : NormMode::kLayerNorm;
+        spec.layer_norm_style =
+            style == LayerNormStyle::kRms ? LayerNormStyle::kPyTorch : style;
+        spec.normalized_ndim = 1;
+        spec.input = View(x, {kRows, n});
+        if (affine >= 1) spec.weight = AffineParam{{n}, w};
+        if (affine >= 2) spec.bias = AffineParam{{n}, b};
+        auto run = [&](int64_t threshold, int64_t offset) {
+          SetStreamingOutputBytes(threshold);
+          std::vector<float> buffer(kRows * n + 32);
+          const auto address = reinterpret_cast<uintptr_t>(buffer.data());
+          float* y = buffer.data() + (64 - address % 64) % 64 / 4 + offset;
+          Engine engine;
+          EXPECT_TRUE(engine.Normalize(spec, y).ok());
+          SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+          return std::vector<float>(y, y + kRows * n);
+        };
+        const auto cached = run(std::numeric_limits<int64_t>::max(), 0);
+        for (int64_t offset : {0, 1}) {
+          const auto streamed = run(0, offset);
+          EXPECT_EQ(std::memcmp(streamed.data(), cached.data(),
+                                cached.size() * sizeof(float)),
+                    0)
+              << "output offset " << offset;
+        }
+        const std::vector<double> no;
+        const auto& weight = affine >= 1 ? w : no;
+        const auto& bias = affine >= 2 ? b : no;
+        std::vector<double> ref;
+        if (style == LayerNormStyle::kRms) {
+          ref = ReferenceRmsNorm(x, n, 1e-5, weight, bias);
+        } else if (style == LayerNormStyle::kPyTorch) {
+          ref = ReferenceLayerNorm(x, n, 1e-5, weight, bias);
+        } else {
+          // (x - mean) / (unbiased std + 1e-6), from the fp64 statistics.
+          ref.resize(x.size());
+          for (int64_t r = 0; r < kRows; ++r) {
+            const auto s = ReferenceChannelStats(
+                std::vector<float>(x.begin() + r * n, x.begin() + (r + 1) * n),
+                1, 1, n);
+            const double std_unbiased = std::sqrt(
+                s.var[0] * static_cast<double>(n) / static_cast<double>(n - 1));
+            for (int64_t j = 0; j < n; ++j) {
+              double v = (x[r * n + j] - s.mean[0]) / (std_unbiased + 1e-6);
+              if (affine >= 1) v *= w[j];
+              if (affine >= 2) v += b[j];
+              ref[r * n + j] = v;
+            }
+          }
+        }
+        double worst = 0.0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          worst = std::max(
+              worst, std::abs(cached[i] - ref[i]) / (1.0 + std::abs(ref[i])));
+        }
+        EXPECT_LE(worst, 2e-6);
+      }
+    }
   }
 }
 

@@ -14,8 +14,9 @@
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_* placeholders (GCC bug 105593).
+// _mm512_undefined_* placeholders (GCC bug 105593), in either form.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace normd {
@@ -42,6 +43,12 @@ constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kHalfPrefetchBytes = 8192;
 // Values the fp32 fast path averages for its shift (see ShiftCenter).
 constexpr int64_t kShiftSample = 32;
+// Blocks of at most this many values (short rows: attention heads, small
+// hidden sizes) take ShortBlockMomentsF32: one vector of kShortLanes fp32
+// lanes, at most 8 values in each. (At 256 values, 16 additions in a row per
+// lane, the 64-lane loop was faster: [65536, 256] 3.3 against 4.5-5.4 ms.)
+constexpr int64_t kShortBlock = 128;
+constexpr int kShortLanes = 16;
 // The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
 // the shift is off the mean by more than ~2.6 standard deviations, S2 exceeds
 // M2 by more than this factor, and so would the fp32 rounding of S2:
@@ -238,13 +245,47 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
   return FinishFastBlock(x, i, n, center, wide_dev, wide_sq);
 }
 
+// The fast path for a block of n <= kShortBlock values, with the per-block
+// work of BlockMomentsF32 (a shift sample, 64 lanes to fold, a scalar tail)
+// cut to fit rows of up to 128 values: value i goes to lane i % 16 of one
+// fp32 vector. The shift is the block's own mean, summed in those lanes and
+// folded in fp32; then d = x - shift and d^2 (fused) in the lanes, which are
+// folded in fp64 and corrected as in BlockMomentsF32 (exact path and all).
+NORMD_MULTIVERSION Moments ShortBlockMomentsF32(const float* x, int64_t n) {
+  float sum[kShortLanes] = {};
+  for (int64_t i = 0; i < n; i += kShortLanes) {
+    const int lanes = static_cast<int>(std::min<int64_t>(kShortLanes, n - i));
+    for (int j = 0; j < lanes; ++j) sum[j] += x[i + j];
+  }
+  FoldHalves<kShortLanes>(sum);
+  const float center = sum[0] / static_cast<float>(n);
+  float dev[kShortLanes] = {};
+  float sq[kShortLanes] = {};
+  for (int64_t i = 0; i < n; i += kShortLanes) {
+    const int lanes = static_cast<int>(std::min<int64_t>(kShortLanes, n - i));
+    for (int j = 0; j < lanes; ++j) {
+      const float d = x[i + j] - center;
+      dev[j] += d;
+      sq[j] = std::fma(d, d, sq[j]);
+    }
+  }
+  double wide_dev[kShortLanes];
+  double wide_sq[kShortLanes];
+  for (int j = 0; j < kShortLanes; ++j) {
+    wide_dev[j] = static_cast<double>(dev[j]);
+    wide_sq[j] = static_cast<double>(sq[j]);
+  }
+  return FinishFastBlock(x, n, n, center, SumLanes(wide_dev), SumLanes(wide_sq),
+                         [&] { return BlockMomentsExactF32(x, n); });
+}
+
 #ifdef NORMD_HALF_AVX512
 // x - shift for vector number v of a step: a subtraction for even v, a fused
 // multiply-add x * 1 - shift for odd v, which rounds the same exact value
-// once, as the subtraction does: the same bits. The shifted-sum loops do a subtraction,
-// an addition and a fused multiply-add per vector; on Zen 4 additions and
-// multiply-adds issue on separate pipes, and moving half the subtractions
-// to the multiply-add pipe balances them (see BlockMomentsAvx512).
+// once, as the subtraction does: the same bits. The shifted-sum loops do a
+// subtraction, an addition and a fused multiply-add per vector; on Zen 4
+// additions and multiply-adds issue on separate pipes, and moving half the
+// subtractions to the multiply-add pipe balances them (see BlockMomentsAvx512).
 [[gnu::target("avx512f")]] inline __m512 ShiftedLanes(__m512 x, __m512 shift,
                                                       int v) {
   if (v % 2 == 0) return _mm512_sub_ps(x, shift);
@@ -399,14 +440,164 @@ template <typename In, bool kBFloat16, bool kStore>
   });
 }
 
+// SumLanes of the 16 fp32 lanes of v widened to fp64: lanes 0-7 += 8-15,
+// then FoldHalves<8>.
+[[gnu::target("avx512f")]] inline double SumWidenedLanes(__m512 v) {
+  return FoldLanes(_mm512_add_pd(
+      _mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+      _mm512_cvtps_pd(
+          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))));
+}
+
+// ShortBlockMomentsF32 in one register per sum, the lanes past n masked
+// off: the same operations per lane and the same folds, so the same bits.
+[[gnu::target("avx512f")]] Moments ShortBlockMomentsAvx512(const float* x,
+                                                           int64_t n) {
+  static_assert(kShortLanes == 16);
+  auto mask = [n](int64_t i) {
+    const int64_t lanes = std::min<int64_t>(kShortLanes, n - i);
+    return static_cast<__mmask16>((1u << lanes) - 1);
+  };
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kShortLanes) {
+    const __mmask16 m = mask(i);
+    sum = _mm512_mask_add_ps(sum, m, sum, _mm512_maskz_loadu_ps(m, x + i));
+  }
+  // FoldHalves<16>: lanes 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1.
+  const __m256 eighth = _mm256_add_ps(
+      _mm512_castps512_ps256(sum),
+      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
+  const __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(eighth),
+                                    _mm256_extractf128_ps(eighth, 1));
+  const __m128 half = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+  const float total = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+  const float center = total / static_cast<float>(n);
+  const __m512 shift = _mm512_set1_ps(center);
+  __m512 dev = _mm512_setzero_ps();
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kShortLanes) {
+    const __mmask16 m = mask(i);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift);
+    dev = _mm512_mask_add_ps(dev, m, dev, d);
+    sq = _mm512_mask3_fmadd_ps(d, d, sq, m);
+  }
+  return FinishFastBlock(x, n, n, center, SumWidenedLanes(dev),
+                         SumWidenedLanes(sq),
+                         [&] { return BlockMomentsExactF32(x, n); });
+}
+
+// FoldHalves<16> of each of 16 vectors at once: lane k of the result is
+// vector k's lanes folded as FoldHalves<16> folds them (the same additions:
+// 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1), each level adding the lower
+// and upper halves of two vectors' live lanes gathered by one shuffle each.
+[[gnu::target("avx512f")]] inline __m512 FoldSixteenVectors(
+    const __m512 (&v)[16]) {
+  __m512 c[8];  // Vector i: rows 2i (lanes 0-7) and 2i + 1 (8-15).
+  for (int i = 0; i < 8; ++i) {
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  __m512 e[4];  // Quarter q of vector m: row 4m + q.
+  for (int m = 0; m < 4; ++m) {
+    e[m] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0xDD));
+  }
+  __m512 g[2];  // Quarter q of vector p: rows 8p + q (lanes 0-1), 8p + 4 + q.
+  for (int p = 0; p < 2; ++p) {
+    g[p] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * p], e[2 * p + 1], 0x44),
+                         _mm512_shuffle_ps(e[2 * p], e[2 * p + 1], 0xEE));
+  }
+  // Lane 4q + r: row 4r + q; put back in row order.
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x88),
+                                 _mm512_shuffle_ps(g[0], g[1], 0xDD));
+  alignas(64) static constexpr int32_t kRowOrder[16] = {
+      0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  return _mm512_permutexvar_ps(_mm512_load_si512(kRowOrder), t);
+}
+
+// SumWidenedLanes of each of 16 vectors at once, into out[0..16).
+[[gnu::target("avx512f")]] inline void SumWidenedSixteenVectors(
+    const __m512 (&v)[16], double* out) {
+  __m512d a[16];  // Row k: its lanes 0-7 += 8-15, in fp64.
+  for (int k = 0; k < 16; ++k) {
+    a[k] =
+        _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v[k])),
+                      _mm512_cvtps_pd(_mm256_castpd_ps(
+                          _mm512_extractf64x4_pd(_mm512_castps_pd(v[k]), 1))));
+  }
+  __m512d c[8];  // Vector i: rows 2i (lanes 0-3) and 2i + 1 (4-7).
+  for (int i = 0; i < 8; ++i) {
+    c[i] = _mm512_add_pd(_mm512_shuffle_f64x2(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f64x2(a[2 * i], a[2 * i + 1], 0xEE));
+  }
+  __m512d e[4];  // Quarter q of vector m: row 4m + q.
+  for (int m = 0; m < 4; ++m) {
+    e[m] = _mm512_add_pd(_mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0x88),
+                         _mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0xDD));
+  }
+  // Lane 2q + h of vector p: row 8p + 4h + q.
+  for (int p = 0; p < 2; ++p) {
+    const __m512d t = _mm512_add_pd(_mm512_unpacklo_pd(e[2 * p], e[2 * p + 1]),
+                                    _mm512_unpackhi_pd(e[2 * p], e[2 * p + 1]));
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, t);
+    for (int q = 0; q < 4; ++q) {
+      out[8 * p + q] = lanes[2 * q];
+      out[8 * p + 4 + q] = lanes[2 * q + 1];
+    }
+  }
+}
+
+// ShortBlockMomentsF32 of 16 rows at once (see ShortRowMoments16).
+[[gnu::target("avx512f")]] void ShortRowMomentsAvx512(const float* x, int64_t n,
+                                                      int count, Moments* out) {
+  const float* rows[16];
+  for (int k = 0; k < 16; ++k) rows[k] = x + std::min(k, count - 1) * n;
+  __m512 v[16];
+  for (int k = 0; k < 16; ++k) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += kShortLanes) {
+      sum = _mm512_add_ps(sum, _mm512_loadu_ps(rows[k] + i));
+    }
+    v[k] = sum;
+  }
+  alignas(64) float centers[16];
+  _mm512_store_ps(centers,
+                  _mm512_div_ps(FoldSixteenVectors(v),
+                                _mm512_set1_ps(static_cast<float>(n))));
+  __m512 sq[16];
+  for (int k = 0; k < 16; ++k) {
+    const __m512 shift = _mm512_set1_ps(centers[k]);
+    __m512 dev = _mm512_setzero_ps();
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += kShortLanes) {
+      const __m512 d = ShiftedLanes(_mm512_loadu_ps(rows[k] + i), shift,
+                                    static_cast<int>(i / kShortLanes));
+      dev = _mm512_add_ps(dev, d);
+      squares = _mm512_fmadd_ps(d, d, squares);
+    }
+    v[k] = dev;
+    sq[k] = squares;
+  }
+  double devs[16];
+  double sqs[16];
+  SumWidenedSixteenVectors(v, devs);
+  SumWidenedSixteenVectors(sq, sqs);
+  for (int k = 0; k < count; ++k) {
+    const float* row = rows[k];
+    out[k] = FinishFastBlock(row, n, n, centers[k], devs[k], sqs[k],
+                             [&] { return BlockMomentsExactF32(row, n); });
+  }
+}
+
 #endif  // NORMD_HALF_AVX512
 
 // BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
 // into out[0..n): in one pass with AVX-512, else widened first. kStore
 // false: out is scratch, not necessarily left holding the widened block.
 template <bool kStore>
-Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
-                            int64_t n) {
+Moments WidenedLongBlockMoments(DType dtype, const uint16_t* x, float* out,
+                                int64_t n) {
 #ifdef NORMD_HALF_AVX512
   if (CpuHasAvx512Bw()) {
     return dtype == DType::kBFloat16
@@ -416,6 +607,30 @@ Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
 #endif
   WidenHalf(dtype, x, out, n);
   return BlockMomentsF32(out, n);
+}
+
+// FloatBlockMoments (see moments.h).
+Moments FloatBlockMomentsOf(const float* x, int64_t n, bool hand_written) {
+  const bool short_block = n <= kShortBlock;
+#ifdef NORMD_HALF_AVX512
+  if (hand_written && CpuHasAvx512Bw()) {
+    return short_block ? ShortBlockMomentsAvx512(x, n)
+                       : BlockMomentsAvx512<float, false, false>(x, nullptr, n);
+  }
+#endif
+  return short_block ? ShortBlockMomentsF32(x, n) : BlockMomentsF32(x, n);
+}
+
+// The moments of a 16-bit block as FloatBlockMoments of its widening: short
+// blocks widened into out first, longer ones by WidenedLongBlockMoments.
+template <bool kStore>
+Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
+                            int64_t n) {
+  if (n <= kShortBlock) {
+    WidenHalf(dtype, x, out, n);
+    return FloatBlockMomentsOf(out, n, /*hand_written=*/true);
+  }
+  return WidenedLongBlockMoments<kStore>(dtype, x, out, n);
 }
 
 Moments BlockMoments(const float* x, int64_t n) {
@@ -1088,12 +1303,27 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
 }
 
 Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written) {
+  return FloatBlockMomentsOf(x, n, hand_written);
+}
+
+bool HasShortRowMoments16(int64_t n) {
 #ifdef NORMD_HALF_AVX512
-  if (hand_written && CpuHasAvx512Bw()) {
-    return BlockMomentsAvx512<float, false, false>(x, nullptr, n);
+  return n > 0 && n % kShortLanes == 0 && n <= kShortBlock && CpuHasAvx512F();
+#else
+  return false;
+#endif
+}
+
+void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out) {
+#ifdef NORMD_HALF_AVX512
+  if (HasShortRowMoments16(n) && count >= 1 && count <= 16) {
+    ShortRowMomentsAvx512(x, n, count, out);
+    return;
   }
 #endif
-  return BlockMomentsF32(x, n);
+  for (int k = 0; k < count; ++k) {
+    out[k] = FloatBlockMoments(x + k * n, n, /*hand_written=*/true);
+  }
 }
 
 namespace {

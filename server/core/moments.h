@@ -68,6 +68,14 @@ Moments ContiguousMoments(const T* x, int64_t n);
 // (exposed so that tests can check that).
 Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written);
 
+// FloatBlockMoments(x + k n, n) of `count` <= 16 consecutive rows of n
+// values into out[0..count), bit for bit: where HasShortRowMoments16(n)
+// (n a multiple of 16, at most 128, and AVX-512), with the rows' folds done
+// across them at once, for rows so short that a row's folds and finish
+// cost more than its values; elsewhere a row at a time.
+bool HasShortRowMoments16(int64_t n);
+void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out);
+
 // ChannelMoments / HalfChannelMoments of x (`dtype` float32, bfloat16 or
 // float16) as the row blocks of channels in short runs (inner < 256)
 // reduce them: `hand_written` with the AVX-512 loops (register tiles,
