@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
       Make(NormMode::kLayerNorm, {1 << 20, 16}, f32, x, 1),
       Make(NormMode::kLayerNorm, {256, 131072}, bf16, h, 1),
       Make(NormMode::kLayerNorm, {512, 65536}, bf16, h, 1),
+      // Attention heads (QK-norm) in bf16.
+      Make(NormMode::kRmsNorm, {524288, 64}, bf16, h, 1),
+      Make(NormMode::kLayerNorm, {262144, 128}, bf16, h, 1),
       Make(NormMode::kGroupNorm, {1, 64, 512, 512}, f32, x, 1, 32),
       Make(NormMode::kGroupNorm, {1, 512, 512, 64}, f32, x, -1, 32),
       Make(NormMode::kGroupNorm, {64, 32, 32, 256}, f32, x, -1, 32),

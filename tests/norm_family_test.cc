@@ -998,7 +998,9 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
     const auto address = reinterpret_cast<uintptr_t>(storage.data());
     return storage.data() + (4096 - address % 4096) % 4096 / 2;
   };
-  for (int64_t n : {3, 768, 771, 4096, 5000}) {
+  // 32, 64 and 128: short rows sixteen at a time where y is 64-byte aligned
+  // (offsets 0, 32 and in place); 48: a row at a time.
+  for (int64_t n : {3, 32, 48, 64, 128, 768, 771, 4096, 5000}) {
     const int64_t rows = 40000 / n + 3;
     const auto wide = RandomValues<double>(rows * n, 23, 50.0, 4.0);
     const auto [w, b] = RowWeightsAndBiases(n);
