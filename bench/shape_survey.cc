@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
       Make(NormMode::kBatchNorm, {5349, 64, 7, 7}, f32, x, 1, 0, true),
       Make(NormMode::kBatchNorm, {4096, 64, 8, 8}, f32, x, 1),
       Make(NormMode::kBatchNorm, {5349, 64, 7, 7}, f32, x, 1),
+      Make(NormMode::kBatchNorm, {10698, 64, 7, 7}, bf16, h, 1),
       Make(NormMode::kBatchNorm, {16384, 1024}, f32, x, 1),
   };
   const std::string filter = absl::GetFlag(FLAGS_filter);

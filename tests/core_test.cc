@@ -643,6 +643,13 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
       {NormMode::kBatchNorm, {4, 100, 99, 5}, -1, true},
       {NormMode::kBatchNorm, {4, 100, 99, 80}, -1, true},
       {NormMode::kBatchNorm, {6, 6}, -1, true},
+      // Runs of 16-255 values (7x7, 5x5, 4x4 images) go line by line across
+      // runs, a line's lanes from up to two channels.
+      {NormMode::kBatchNorm, {64, 32, 7, 7}, 1, true},
+      {NormMode::kBatchNorm, {50, 20, 5, 5}, 1, false},
+      {NormMode::kBatchNorm, {30, 8, 4, 4}, 1, true},
+      {NormMode::kBatchNorm, {20, 12, 15, 17}, 1, true},
+      {NormMode::kBatchNorm, {7, 3, 16, 16}, 1, true},
       {NormMode::kGroupNorm, {4, 60, 61, 64}, -1, true, 8},
       {NormMode::kGroupNorm, {4, 60, 61, 48}, -1, false, 4},
       {NormMode::kInstanceNorm, {4, 60, 61, 64}, -1, true},

@@ -1265,6 +1265,12 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       {NormMode::kBatchNorm, {{4, 30, 9, 24}, -1, 0}, true, true},
       {NormMode::kInstanceNorm, {{3, 5, 20, 20}, 1, 0}, true, true},
       {NormMode::kInstanceNorm, {{3, 20, 20, 12}, -1, 0}, true, false},
+      // Runs of 16-255 values: lines across runs (7x7, 5x5, 4x4, 15x17).
+      {NormMode::kBatchNorm, {{40, 16, 7, 7}, 1, 0}, true, false},
+      {NormMode::kBatchNorm, {{40, 16, 7, 7}, 1, 0}, true, true},
+      {NormMode::kInstanceNorm, {{20, 8, 5, 5}, 1, 0}},
+      {NormMode::kGroupNorm, {{16, 8, 4, 4}, 1, 4}},
+      {NormMode::kBatchNorm, {{9, 5, 15, 17}, 1, 0}, true, false},
   };
   for (const Case& c : cases) {
     const Shape& shape = c.shape.shape;
