@@ -515,9 +515,19 @@ template <typename In, bool kBFloat16, bool kStore>
   return _mm512_permutexvar_ps(_mm512_load_si512(kRowOrder), t);
 }
 
-// SumWidenedLanes of each of 16 vectors at once, into out[0..16).
+// std::isfinite of each lane: |a| < infinity (false for NaN).
+[[gnu::target("avx512f")]] inline __mmask8 FiniteLanes(__m512d a) {
+  const __m512d magnitude = _mm512_castsi512_pd(
+      _mm512_and_si512(_mm512_castpd_si512(a), _mm512_set1_epi64(INT64_MAX)));
+  return _mm512_cmp_pd_mask(
+      magnitude, _mm512_set1_pd(std::numeric_limits<double>::infinity()),
+      _CMP_LT_OQ);
+}
+
+// SumWidenedLanes of each of 16 vectors at once: out[h] lane r is vector
+// 8 h + r's.
 [[gnu::target("avx512f")]] inline void SumWidenedSixteenVectors(
-    const __m512 (&v)[16], double* out) {
+    const __m512 (&v)[16], __m512d (&out)[2]) {
   __m512d a[16];  // Row k: its lanes 0-7 += 8-15, in fp64.
   for (int k = 0; k < 16; ++k) {
     a[k] =
@@ -535,16 +545,13 @@ template <typename In, bool kBFloat16, bool kStore>
     e[m] = _mm512_add_pd(_mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0x88),
                          _mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0xDD));
   }
-  // Lane 2q + h of vector p: row 8p + 4h + q.
+  // Lane 2q + h of vector p: row 8p + 4h + q; put back in row order.
+  alignas(64) static constexpr int64_t kRowOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  const __m512i order = _mm512_load_si512(kRowOrder);
   for (int p = 0; p < 2; ++p) {
     const __m512d t = _mm512_add_pd(_mm512_unpacklo_pd(e[2 * p], e[2 * p + 1]),
                                     _mm512_unpackhi_pd(e[2 * p], e[2 * p + 1]));
-    alignas(64) double lanes[8];
-    _mm512_store_pd(lanes, t);
-    for (int q = 0; q < 4; ++q) {
-      out[8 * p + q] = lanes[2 * q];
-      out[8 * p + 4 + q] = lanes[2 * q + 1];
-    }
+    out[p] = _mm512_permutexvar_pd(order, t);
   }
 }
 
@@ -579,14 +586,48 @@ template <typename In, bool kBFloat16, bool kStore>
     v[k] = dev;
     sq[k] = squares;
   }
-  double devs[16];
-  double sqs[16];
+  __m512d devs[2];
+  __m512d sqs[2];
   SumWidenedSixteenVectors(v, devs);
   SumWidenedSixteenVectors(sq, sqs);
+  // FinishFastBlock (no tail) of the 16 rows in fp64 vectors: Corrected,
+  // then NeedsExactPath; the same operations, so the same bits.
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512d count_n = _mm512_set1_pd(static_cast<double>(n));
+  const __m512d nan = _mm512_set1_pd(std::numeric_limits<double>::quiet_NaN());
+  auto finite = FiniteLanes;
+  alignas(64) double means[16];
+  alignas(64) double m2s[16];
+  unsigned exact = 0;
+  for (int h = 0; h < 2; ++h) {
+    const __m512d mean0 = _mm512_cvtps_pd(h == 0 ? _mm256_load_ps(centers)
+                                                 : _mm256_load_ps(centers + 8));
+    const __m512d residual = _mm512_add_pd(devs[h], zero);
+    const __m512d squares = _mm512_add_pd(sqs[h], zero);
+    __m512d mean = _mm512_add_pd(mean0, _mm512_div_pd(residual, count_n));
+    __m512d m2 = _mm512_max_pd(
+        _mm512_sub_pd(
+            squares, _mm512_div_pd(_mm512_mul_pd(residual, residual), count_n)),
+        zero);
+    const __mmask8 marked = ~(finite(mean0) & finite(squares));
+    mean = _mm512_mask_mov_pd(mean, marked, nan);
+    m2 = _mm512_mask_mov_pd(m2, marked, nan);
+    const __mmask8 needs =
+        ~(finite(mean) & finite(m2)) |
+        _mm512_cmp_pd_mask(m2, _mm512_mul_pd(_mm512_set1_pd(1e-30), count_n),
+                           _CMP_LT_OQ) |
+        _mm512_cmp_pd_mask(_mm512_mul_pd(m2, _mm512_set1_pd(kMaxCancellation)),
+                           squares, _CMP_LT_OQ);
+    exact |= static_cast<unsigned>(needs) << (8 * h);
+    _mm512_store_pd(means + 8 * h, mean);
+    _mm512_store_pd(m2s + 8 * h, m2);
+  }
   for (int k = 0; k < count; ++k) {
-    const float* row = rows[k];
-    out[k] = FinishFastBlock(row, n, n, centers[k], devs[k], sqs[k],
-                             [&] { return BlockMomentsExactF32(row, n); });
+    if ((exact >> k) & 1) {
+      out[k] = BlockMomentsExactF32(rows[k], n);
+    } else {
+      out[k] = Moments{n, means[k], m2s[k]};
+    }
   }
 }
 
