@@ -697,7 +697,7 @@ constexpr int64_t kShortChannelRun = 256;
 // Where element begin + j of a layout with short runs (16 <= inner <
 // kShortChannelRun) is, for j moving by a few lines at a time in either
 // direction, without a division per line; and the channel constants of its
-// 16 lanes.
+// 16 lanes. Mutable, one per streaming loop: not shared between threads.
 struct ShortRunCursor {
   ShortRunCursor(const ChannelLayout& layout, int64_t begin,
                  const ChannelParamsF32& params)
@@ -871,18 +871,28 @@ bool StreamAffineRun(const float* x, float* y, int64_t n, const StreamAffine& a,
   return true;
 }
 
+// kernel.template operator()<kNarrow32>() for the narrowing of `dtype`:
+// without the canonical-NaN fix-up when `never_nan` (the caller proved that
+// no result is NaN, see HalfRowsJob::NeverNaN).
+template <typename Kernel>
+auto ForNarrowing(DType dtype, bool never_nan, const Kernel& kernel) {
+  if (dtype == DType::kBFloat16) {
+    return never_nan ? kernel.template operator()<BFloat16x32<false>>()
+                     : kernel.template operator()<BFloat16x32<true>>();
+  }
+  return never_nan ? kernel.template operator()<Float16x32<false>>()
+                   : kernel.template operator()<Float16x32<true>>();
+}
+
 // StreamAffineRunToHalfAvx512 for `dtype`; only where CpuHasAvx512Bw().
-// `never_nan`: the caller proved that no result is NaN (see
-// HalfRowsJob::NeverNaN), so narrowing skips the canonical-NaN fix-up.
+// `never_nan` as for ForNarrowing.
 void StreamAffineRunToHalf(DType dtype, const float* x, uint16_t* y, int64_t n,
                            const StreamAffine& a, bool never_nan,
                            const uint16_t* next_row) {
-  auto run = dtype == DType::kBFloat16
-                 ? (never_nan ? StreamAffineRunToHalfAvx512<BFloat16x32<false>>
-                              : StreamAffineRunToHalfAvx512<BFloat16x32<true>>)
-                 : (never_nan ? StreamAffineRunToHalfAvx512<Float16x32<false>>
-                              : StreamAffineRunToHalfAvx512<Float16x32<true>>);
-  run(x, y, n, a, next_row);
+  ForNarrowing(
+      dtype, never_nan, []<auto kNarrow32>() {
+        return StreamAffineRunToHalfAvx512<kNarrow32>;
+      })(x, y, n, a, next_row);
 }
 
 // StreamAffineRunToHalfAvx512's computation for a row of whole lines (n a
@@ -906,16 +916,14 @@ NORMD_AVX512BW void StreamHalfRowLinesAvx512(const float* x, uint16_t* y,
 }
 
 // StreamHalfRowLinesAvx512 for `dtype`; only where CpuHasAvx512Bw().
-// `never_nan` as for StreamAffineRunToHalf.
+// `never_nan` as for ForNarrowing.
 void StreamHalfRowLines(DType dtype, const float* x, uint16_t* y, int64_t n,
                         const StreamAffine& a, bool never_nan,
                         const uint16_t* ahead) {
-  auto run = dtype == DType::kBFloat16
-                 ? (never_nan ? StreamHalfRowLinesAvx512<BFloat16x32<false>>
-                              : StreamHalfRowLinesAvx512<BFloat16x32<true>>)
-                 : (never_nan ? StreamHalfRowLinesAvx512<Float16x32<false>>
-                              : StreamHalfRowLinesAvx512<Float16x32<true>>);
-  run(x, y, n, a, ahead);
+  ForNarrowing(
+      dtype, never_nan, []<auto kNarrow32>() {
+        return StreamHalfRowLinesAvx512<kNarrow32>;
+      })(x, y, n, a, ahead);
 }
 
 // StreamHalfRowAvx512 for `dtype`; only where CpuHasAvx512Bw(). `never_nan`
@@ -1155,7 +1163,8 @@ StreamAffine RowAffine(const Moments& moments, double eps, LayerNormStyle style,
 // The StreamAffine of each of up to 16 rows (RowAffine without weights or
 // biases), computed in fp64 vectors: the same operations in lanes (the
 // conversions to float round to nearest, as casts do), so the same bits,
-// without a square root and two divisions in a row per row.
+// without a square root and two divisions in a row per row. A value, built
+// and read by one thread.
 struct ShortRowAffines {
   NORMD_AVX512 ShortRowAffines(const Moments* moments, int count, double eps,
                                LayerNormStyle style) {

@@ -486,6 +486,32 @@ template <typename In, bool kBFloat16, bool kStore>
                          [&] { return BlockMomentsExactF32(x, n); });
 }
 
+// One level of a fold across vectors: out[i] = the 128-bit quarters of
+// in[2i] and in[2i + 1] that kLow picks (vshuff: two from each) plus those
+// that kHigh picks, for fp32 or fp64 lanes.
+[[gnu::target("avx512f")]] inline __m512 AddLanes(__m512 a, __m512 b) {
+  return _mm512_add_ps(a, b);
+}
+[[gnu::target("avx512f")]] inline __m512d AddLanes(__m512d a, __m512d b) {
+  return _mm512_add_pd(a, b);
+}
+template <int kPick>
+[[gnu::target("avx512f")]] inline __m512 PickQuarters(__m512 a, __m512 b) {
+  return _mm512_shuffle_f32x4(a, b, kPick);
+}
+template <int kPick>
+[[gnu::target("avx512f")]] inline __m512d PickQuarters(__m512d a, __m512d b) {
+  return _mm512_shuffle_f64x2(a, b, kPick);
+}
+template <int kLow, int kHigh, typename V, int N>
+[[gnu::target("avx512f")]] inline void AddQuarterPairs(const V (&in)[N],
+                                                       V (&out)[N / 2]) {
+  for (int i = 0; i < N / 2; ++i) {
+    out[i] = AddLanes(PickQuarters<kLow>(in[2 * i], in[2 * i + 1]),
+                      PickQuarters<kHigh>(in[2 * i], in[2 * i + 1]));
+  }
+}
+
 // FoldHalves<16> of each of 16 vectors at once: lane k of the result is
 // vector k's lanes folded as FoldHalves<16> folds them (the same additions:
 // 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1), each level adding the lower
@@ -493,15 +519,9 @@ template <typename In, bool kBFloat16, bool kStore>
 [[gnu::target("avx512f")]] inline __m512 FoldSixteenVectors(
     const __m512 (&v)[16]) {
   __m512 c[8];  // Vector i: rows 2i (lanes 0-7) and 2i + 1 (8-15).
-  for (int i = 0; i < 8; ++i) {
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  }
+  AddQuarterPairs<0x44, 0xEE>(v, c);
   __m512 e[4];  // Quarter q of vector m: row 4m + q.
-  for (int m = 0; m < 4; ++m) {
-    e[m] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0x88),
-                         _mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0xDD));
-  }
+  AddQuarterPairs<0x88, 0xDD>(c, e);
   __m512 g[2];  // Quarter q of vector p: rows 8p + q (lanes 0-1), 8p + 4 + q.
   for (int p = 0; p < 2; ++p) {
     g[p] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * p], e[2 * p + 1], 0x44),
@@ -536,15 +556,9 @@ template <typename In, bool kBFloat16, bool kStore>
                           _mm512_extractf64x4_pd(_mm512_castps_pd(v[k]), 1))));
   }
   __m512d c[8];  // Vector i: rows 2i (lanes 0-3) and 2i + 1 (4-7).
-  for (int i = 0; i < 8; ++i) {
-    c[i] = _mm512_add_pd(_mm512_shuffle_f64x2(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f64x2(a[2 * i], a[2 * i + 1], 0xEE));
-  }
+  AddQuarterPairs<0x44, 0xEE>(a, c);
   __m512d e[4];  // Quarter q of vector m: row 4m + q.
-  for (int m = 0; m < 4; ++m) {
-    e[m] = _mm512_add_pd(_mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0x88),
-                         _mm512_shuffle_f64x2(c[2 * m], c[2 * m + 1], 0xDD));
-  }
+  AddQuarterPairs<0x88, 0xDD>(c, e);
   // Lane 2q + h of vector p: row 8p + 4h + q; put back in row order.
   alignas(64) static constexpr int64_t kRowOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
   const __m512i order = _mm512_load_si512(kRowOrder);
