@@ -728,18 +728,25 @@ TEST(StreamingTest, ShortRowsStreamedInBatchesEqualCachedBitwise) {
         spec.input = View(x, {kRows, n});
         if (affine >= 1) spec.weight = AffineParam{{n}, w};
         if (affine >= 2) spec.bias = AffineParam{{n}, b};
+        // offset -1: in place, in an aligned copy of x.
         auto run = [&](int64_t threshold, int64_t offset) {
           SetStreamingOutputBytes(threshold);
           std::vector<float> buffer(kRows * n + 32);
           const auto address = reinterpret_cast<uintptr_t>(buffer.data());
-          float* y = buffer.data() + (64 - address % 64) % 64 / 4 + offset;
+          float* y = buffer.data() + (64 - address % 64) % 64 / 4 +
+                     std::max<int64_t>(offset, 0);
+          NormalizeSpec call = spec;
+          if (offset < 0) {
+            std::copy(x.begin(), x.end(), y);
+            call.input.data = y;
+          }
           Engine engine;
-          EXPECT_TRUE(engine.Normalize(spec, y).ok());
+          EXPECT_TRUE(engine.Normalize(call, y).ok());
           SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
           return std::vector<float>(y, y + kRows * n);
         };
         const auto cached = run(std::numeric_limits<int64_t>::max(), 0);
-        for (int64_t offset : {0, 1}) {
+        for (int64_t offset : {0, 1, -1}) {
           const auto streamed = run(0, offset);
           EXPECT_EQ(std::memcmp(streamed.data(), cached.data(),
                                 cached.size() * sizeof(float)),
