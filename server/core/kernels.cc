@@ -693,6 +693,9 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
 // at most two channels) are streamed line by line across runs rather than
 // run by run.
 constexpr int64_t kShortChannelRun = 256;
+bool HasShortRuns(const ChannelLayout& layout) {
+  return layout.inner >= 16 && layout.inner < kShortChannelRun;
+}
 
 // Where element begin + j of a layout with short runs (16 <= inner <
 // kShortChannelRun) is, for j moving by a few lines at a time in either
@@ -829,7 +832,7 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
   if (!CpuHasAvx512Bw()) return false;
   const HalfChannelStreams& f = HalfChannelStreamsFor(dtype, never_nan);
   const int64_t channels = layout.channels;
-  if (layout.inner >= 16 && layout.inner < kShortChannelRun) {
+  if (HasShortRuns(layout)) {
     f.short_runs(x + begin, y + begin, begin, end - begin, layout, p);
     return true;
   }
@@ -1637,8 +1640,7 @@ template <typename Params>
 bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
                        const ChannelLayout& layout, const Params& p) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (layout.inner >= 16 && layout.inner < kShortChannelRun &&
-      CpuHasAvx512F()) {
+  if (HasShortRuns(layout) && CpuHasAvx512F()) {
     StreamShortChannelRunsAvx512(x, y + begin, begin, end - begin, layout, p);
     return true;
   }
