@@ -1366,11 +1366,23 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
             }
           }
           T* out = stream ? Staging<T>(rows_per_piece * n) : y + r0 * n;
-          for (int64_t r = 0; r < r1 - r0; ++r) {
-            const Moments moments = ContiguousMoments(x + r * n, n);
-            AffineRow(x + r * n, out + r * n, n, RowCenter(moments, style),
-                      RowScale(moments, eps, style), affine.weight,
-                      affine.bias);
+          // Short fp32 rows' moments sixteen rows at a time (the same bits
+          // as a row at a time, see ShortRowMoments16).
+          const int64_t batch =
+              std::is_same_v<T, float> && HasShortRowMoments16(n) ? 16 : 1;
+          Moments moments[16];
+          for (int64_t b = 0; b < r1 - r0; b += batch) {
+            const int count = static_cast<int>(std::min(batch, r1 - r0 - b));
+            if constexpr (std::is_same_v<T, float>) {
+              if (batch > 1) ShortRowMoments16(x + b * n, n, count, moments);
+            }
+            if (batch == 1) moments[0] = ContiguousMoments(x + b * n, n);
+            for (int k = 0; k < count; ++k) {
+              const int64_t r = b + k;
+              AffineRow(x + r * n, out + r * n, n, RowCenter(moments[k], style),
+                        RowScale(moments[k], eps, style), affine.weight,
+                        affine.bias);
+            }
           }
           if (stream) StreamCopy(y + r0 * n, out, (r1 - r0) * n * sizeof(T));
         }
@@ -1476,8 +1488,25 @@ struct HalfRowsJob {
     float* const buffer = reinterpret_cast<float*>(
         (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
     float* const results = buffer + piece;
+    // Cached short rows: the piece widened at once, their moments sixteen
+    // rows at a time (the same bits as WidenWithMoments row by row).
+    const bool short_rows = !fused && !direct && HasShortRowMoments16(n);
     for (int64_t r0 = begin; r0 < end; r0 += rows_per_piece) {
       const int64_t count = std::min(end - r0, rows_per_piece);
+      if (short_rows) {
+        WidenHalf(dtype, x + r0 * n, buffer, count * n);
+        Moments moments[16];
+        for (int64_t b = 0; b < count; b += 16) {
+          const int rows = static_cast<int>(std::min<int64_t>(16, count - b));
+          ShortRowMoments16(buffer + b * n, n, rows, moments);
+          for (int k = 0; k < rows; ++k) {
+            AffineRowHalf(buffer + (b + k) * n, results + (b + k) * n, n,
+                          RowAffine(moments[k], eps, style, affine));
+          }
+        }
+        NarrowToHalf(dtype, results, y + r0 * n, count * n);
+        continue;
+      }
       for (int64_t r = 0; r < count; ++r) {
         const int64_t next = r0 + r + 1;
         const uint16_t* const next_row = next < end ? x + next * n : nullptr;
