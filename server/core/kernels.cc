@@ -688,7 +688,6 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
   }
 }
 
-// The three half channel-affine bodies for one 16-bit dtype.
 // Runs shorter than this (and at least 16 values, so that 16 lanes hold
 // at most two channels) are streamed line by line across runs rather than
 // run by run.
@@ -775,6 +774,7 @@ NORMD_AVX512BW void StreamHalfShortChannelRunsAvx512(
       });
 }
 
+// The half channel-affine bodies for one 16-bit dtype.
 struct HalfChannelStreams {
   void (*run)(const uint16_t*, uint16_t*, int64_t,
               const ChannelParamsF32::One&);
@@ -1439,19 +1439,13 @@ struct HalfRowsJob {
   }
 
   // Rows [begin, end) sixteen at a time, as StreamShortRows does fp32 rows:
-  // widened into a buffer, their moments with ShortRowMoments16, then each
-  // row narrowed and streamed from its widened values while the next
-  // sixteen rows are read into cache. The bits of a row at a time (the
-  // widened path below), without its per-row folds and calls: bf16 RMSNorm
-  // [524288, 64] took 20 ms against a 4 ms copy.
-  void RunShortRows(int64_t begin, int64_t end) const {
+  // widened into `widened` (16 n floats), their moments with
+  // ShortRowMoments16, then each row narrowed and streamed from its widened
+  // values while the next sixteen rows are read into cache. The bits of a
+  // row at a time (the widened path below), without its per-row folds and
+  // calls: bf16 RMSNorm [524288, 64] took 20 ms against a 4 ms copy.
+  void RunShortRows(int64_t begin, int64_t end, float* widened) const {
 #ifdef NORMD_HALF_AVX512
-    thread_local std::vector<float> storage;
-    if (static_cast<int64_t>(storage.size()) < 16 * n + 16) {
-      storage.resize(16 * n + 16);
-    }
-    float* const widened = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
     Moments moments[16];
     for (int64_t r0 = begin; r0 < end; r0 += 16) {
       const int rows = static_cast<int>(std::min<int64_t>(16, end - r0));
@@ -1472,15 +1466,13 @@ struct HalfRowsJob {
 
   // Rows [begin, end), a piece at a time.
   void Run(int64_t begin, int64_t end) const {
-    if (ShortRows()) {
-      RunShortRows(begin, end);
-      return;
-    }
+    const bool short_batches = ShortRows();
     // The widened piece and (unless fused) its results, or (direct) one
-    // statistics block's scratch; 64-byte aligned, so that full-vector
-    // loads never split lines.
-    const int64_t piece = direct ? std::min(n, kMomentsBlock)
-                                 : (rows_per_piece * n + 15) / 16 * 16;
+    // statistics block's scratch, or (short_batches) sixteen widened rows;
+    // 64-byte aligned, so that full-vector loads never split lines.
+    const int64_t piece = short_batches ? 16 * n
+                          : direct      ? std::min(n, kMomentsBlock)
+                                        : (rows_per_piece * n + 15) / 16 * 16;
     thread_local std::vector<float> storage;
     if (static_cast<int64_t>(storage.size()) < 2 * piece + 16) {
       storage.resize(2 * piece + 16);
@@ -1488,6 +1480,10 @@ struct HalfRowsJob {
     float* const buffer = reinterpret_cast<float*>(
         (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
     float* const results = buffer + piece;
+    if (short_batches) {
+      RunShortRows(begin, end, buffer);
+      return;
+    }
     // Cached short rows: the piece widened at once, their moments sixteen
     // rows at a time (the same bits as WidenWithMoments row by row).
     const bool short_rows = !fused && !direct && HasShortRowMoments16(n);

@@ -664,18 +664,6 @@ Moments WidenedLongBlockMoments(DType dtype, const uint16_t* x, float* out,
   return BlockMomentsF32(out, n);
 }
 
-// FloatBlockMoments (see moments.h).
-Moments FloatBlockMomentsOf(const float* x, int64_t n, bool hand_written) {
-  const bool short_block = n <= kShortBlock;
-#ifdef NORMD_HALF_AVX512
-  if (hand_written && CpuHasAvx512Bw()) {
-    return short_block ? ShortBlockMomentsAvx512(x, n)
-                       : BlockMomentsAvx512<float, false, false>(x, nullptr, n);
-  }
-#endif
-  return short_block ? ShortBlockMomentsF32(x, n) : BlockMomentsF32(x, n);
-}
-
 // The moments of a 16-bit block as FloatBlockMoments of its widening: short
 // blocks widened into out first, longer ones by WidenedLongBlockMoments.
 template <bool kStore>
@@ -683,7 +671,7 @@ Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
                             int64_t n) {
   if (n <= kShortBlock) {
     WidenHalf(dtype, x, out, n);
-    return FloatBlockMomentsOf(out, n, /*hand_written=*/true);
+    return FloatBlockMoments(out, n, /*hand_written=*/true);
   }
   return WidenedLongBlockMoments<kStore>(dtype, x, out, n);
 }
@@ -1408,7 +1396,14 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
 }
 
 Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written) {
-  return FloatBlockMomentsOf(x, n, hand_written);
+  const bool short_block = n <= kShortBlock;
+#ifdef NORMD_HALF_AVX512
+  if (hand_written && CpuHasAvx512Bw()) {
+    return short_block ? ShortBlockMomentsAvx512(x, n)
+                       : BlockMomentsAvx512<float, false, false>(x, nullptr, n);
+  }
+#endif
+  return short_block ? ShortBlockMomentsF32(x, n) : BlockMomentsF32(x, n);
 }
 
 bool HasShortRowMoments16(int64_t n) {
