@@ -588,71 +588,92 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
   }
 }
 
-// Batches of several samples per thread run one sample per task, reduced and
-// then written backwards (FusedGroupSamples); a batch of one sample takes the
-// two-pass path. Each sample of a batch must come out with the bits it gets
-// alone, streamed or not, channels-last (parameters in registers or not) or
-// with the channel axis in the middle.
+// Batches of several samples per thread run each sample's moments and then
+// its output on one thread (FusedGroupSamples): channels-last and streamed,
+// sample n's output written while sample n + 1's moments are read (in
+// steps of 16 rows of the 64-channel tiles, which rows counts not a
+// multiple of 16 and channels outside the tiles leave to the end, and
+// which a block's exact-path redo does not step); else written backwards.
+// A batch of one sample takes the two-pass path. Each sample of a batch
+// must come out with the bits it gets alone, on 1 or 2 threads, streamed
+// or not, channels-last (parameters in registers or not) or with the
+// channel axis in the middle.
 template <typename T>
 void CheckFusedSamplesMatchOneSampleRuns() {
-  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism,
-                                 1);
   struct Case {
     NormMode mode;
     GroupCase shape;
+    // The first 32 rows of every sample shifted by 5e3: the tiles' shift
+    // (the mean of those rows) is then far from the sample's mean, and the
+    // blocks are redone exactly.
+    bool shifted_head = false;
   };
   const Case cases[] = {
       {NormMode::kGroupNorm, {{6, 40, 33, 64}, -1, 16}},
       {NormMode::kInstanceNorm, {{5, 20, 21, 24}, -1, 0}},
       {NormMode::kGroupNorm, {{4, 30, 17, 10}, -1, 5}},
       {NormMode::kGroupNorm, {{4, 3, 6, 500}, 2, 3}},
+      {NormMode::kGroupNorm, {{9, 20, 11, 64}, -1, 8}},    // 220 rows.
+      {NormMode::kInstanceNorm, {{5, 7, 9, 128}, -1, 0}},  // Two tiles.
+      {NormMode::kGroupNorm, {{6, 5, 13, 96}, -1, 32}},    // A tile and 32.
+      {NormMode::kGroupNorm, {{8, 32, 32, 64}, -1, 4}, true},
   };
-  for (const Case& c : cases) {
-    const Shape& shape = c.shape.shape;
-    const int64_t channels = shape[ResolvedAxis(c.shape)];
-    const int64_t n = NumElementsOf(shape);
-    const int64_t sample = n / shape[0];
-    const auto x = RandomValues<T>(n, 9, 1e3, 5.0);
-    std::vector<double> w(channels), b(channels);
-    for (int64_t ch = 0; ch < channels; ++ch) {
-      w[ch] = 0.75 + 0.01 * static_cast<double>(ch);
-      b[ch] = 0.5 - 0.02 * static_cast<double>(ch);
-    }
-    for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "mode " << static_cast<int>(c.mode) << " C " << channels
-                   << " streamed " << (threshold == 0));
-      SetStreamingOutputBytes(threshold);
-      Engine engine;
-      auto run = [&](const T* input, Shape s, T* y) {
-        NormalizeSpec spec;
-        spec.mode = c.mode;
-        spec.num_groups = c.shape.groups;
-        spec.channel_axis = c.shape.axis;
-        const int64_t size = NumElementsOf(s);
-        spec.input = InputTensor{DTypeOf<T>(), std::move(s), input, size};
-        spec.weight = Param(w);
-        spec.bias = Param(b);
-        spec.eps = 1e-3;
-        EXPECT_TRUE(engine.Normalize(spec, y).ok());
-      };
-      std::vector<T> batch(n), alone(n);
-      run(x.data(), shape, batch.data());
-      Shape one = shape;
-      one[0] = 1;
-      for (int64_t i = 0; i < shape[0]; ++i) {
-        run(x.data() + i * sample, one, alone.data() + i * sample);
+  for (const int threads : {1, 2}) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                              threads);
+    for (const Case& c : cases) {
+      const Shape& shape = c.shape.shape;
+      const int64_t channels = shape[ResolvedAxis(c.shape)];
+      const int64_t n = NumElementsOf(shape);
+      const int64_t sample = n / shape[0];
+      auto x = RandomValues<T>(n, 9, 1e3, 5.0);
+      if (c.shifted_head) {
+        for (int64_t i = 0; i < n; ++i) {
+          if (i % sample < 32 * channels) x[i] += 5e3;
+        }
       }
-      EXPECT_EQ(std::memcmp(batch.data(), alone.data(), n * sizeof(T)), 0);
-      // And the values are GroupNorm's (the fp64 reference).
-      const int64_t groups =
-          c.mode == NormMode::kGroupNorm ? c.shape.groups : channels;
-      const auto ref = ReferenceGroupNorm(x, shape, ResolvedAxis(c.shape),
-                                          groups, 1e-3, w, b);
-      const double tolerance = std::is_same_v<T, float> ? 5e-6 : 1e-12;
-      EXPECT_LE(MaxAbsDiff(batch, ref), tolerance);
+      std::vector<double> w(channels), b(channels);
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        w[ch] = 0.75 + 0.01 * static_cast<double>(ch);
+        b[ch] = 0.5 - 0.02 * static_cast<double>(ch);
+      }
+      for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "mode " << static_cast<int>(c.mode) << " C " << channels
+                     << " streamed " << (threshold == 0) << " threads "
+                     << threads);
+        SetStreamingOutputBytes(threshold);
+        Engine engine;
+        auto run = [&](const T* input, Shape s, T* y) {
+          NormalizeSpec spec;
+          spec.mode = c.mode;
+          spec.num_groups = c.shape.groups;
+          spec.channel_axis = c.shape.axis;
+          const int64_t size = NumElementsOf(s);
+          spec.input = InputTensor{DTypeOf<T>(), std::move(s), input, size};
+          spec.weight = Param(w);
+          spec.bias = Param(b);
+          spec.eps = 1e-3;
+          EXPECT_TRUE(engine.Normalize(spec, y).ok());
+        };
+        std::vector<T> batch(n), alone(n);
+        run(x.data(), shape, batch.data());
+        Shape one = shape;
+        one[0] = 1;
+        for (int64_t i = 0; i < shape[0]; ++i) {
+          run(x.data() + i * sample, one, alone.data() + i * sample);
+        }
+        EXPECT_EQ(std::memcmp(batch.data(), alone.data(), n * sizeof(T)), 0);
+        // And the values are GroupNorm's (the fp64 reference).
+        const int64_t groups =
+            c.mode == NormMode::kGroupNorm ? c.shape.groups : channels;
+        const auto ref = ReferenceGroupNorm(x, shape, ResolvedAxis(c.shape),
+                                            groups, 1e-3, w, b);
+        const double tolerance = std::is_same_v<T, float> ? 5e-6 : 1e-12;
+        EXPECT_LE(MaxAbsDiff(batch, ref), tolerance);
+      }
+      SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
     }
-    SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
   }
 }
 
@@ -1257,6 +1278,9 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       {NormMode::kInstanceNorm, {{4, 20, 21, 24}, -1, 0}},
       {NormMode::kGroupNorm, {{2, 33, 35, 64}, -1, 32}},
       {NormMode::kGroupNorm, {{16, 5, 7, 48}, -1, 16}},  // Sample per task.
+      // Samples per task, written while the next is read (64-channel tiles).
+      {NormMode::kGroupNorm, {{10, 9, 11, 64}, -1, 16}},
+      {NormMode::kInstanceNorm, {{9, 6, 7, 128}, -1, 0}},
       {NormMode::kInstanceNorm, {{5, 11, 13, 5}, -1, 0}},
       {NormMode::kGroupNorm, {{5, 3, 6, 200}, 2, 3}},  // Axis 2.
       {NormMode::kBatchNorm, {{4, 6, 30, 30}, 1, 0}, true, false},

@@ -358,16 +358,16 @@ NORMD_AVX512 inline void LoadChannelVectors(const float* hi, const float* lo,
 // each of the four is loaded once into kVectors registers. The same
 // operations as the per-element loads, so the same bits; it saves the loads
 // that kept the per-element loop from streaming at copy speed.
+// `prefetch_input`: x is prefetched ahead of the loads (see
+// InterleavedChannelAffine for when it is not).
 template <int kVectors>
-NORMD_AVX512 void StreamChannelsLastRegistersAvx512(const float* x, float* y,
-                                                    int64_t n, const float* hi,
-                                                    const float* lo,
-                                                    const float* scale,
-                                                    const float* shift) {
+NORMD_AVX512 void StreamChannelsLastRegistersAvx512(
+    const float* x, float* y, int64_t n, const float* hi, const float* lo,
+    const float* scale, const float* shift, bool prefetch_input) {
   __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
   LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
-    PrefetchStreamInput(x, j, 16 * kVectors);
+    if (prefetch_input) PrefetchStreamInput(x, j, 16 * kVectors);
 #pragma GCC unroll 4
     for (int k = 0; k < kVectors; ++k) {
       _mm512_stream_ps(y + j + 16 * k,
@@ -382,12 +382,12 @@ NORMD_AVX512 void StreamChannelsLastRegistersAvx512(const float* x, float* y,
 void StreamChannelsLastRepeating(const float* x, float* y, int64_t n,
                                  int64_t repeat, const float* hi,
                                  const float* lo, const float* scale,
-                                 const float* shift) {
+                                 const float* shift, bool prefetch_input) {
   auto* body = repeat == 16   ? StreamChannelsLastRegistersAvx512<1>
                : repeat == 32 ? StreamChannelsLastRegistersAvx512<2>
                : repeat == 48 ? StreamChannelsLastRegistersAvx512<3>
                               : StreamChannelsLastRegistersAvx512<4>;
-  body(x, y, n, hi, lo, scale, shift);
+  body(x, y, n, hi, lo, scale, shift, prefetch_input);
 }
 
 // The affine of the 16-bit rows in registers, with fused multiply-adds (two
@@ -558,7 +558,7 @@ template <int kVectors, __m512 (*kWiden)(__m256i),
           __m512i (*kNarrow32)(__m512, __m512)>
 NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
-    const float* scale, const float* shift) {
+    const float* scale, const float* shift, bool prefetch_input) {
   static_assert(kVectors % 2 == 0);
   __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
   LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
@@ -568,7 +568,7 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
     return ChannelAffineLanes(v, h[k], l[k], s[k], b[k]);
   };
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
-    PrefetchStreamInput(x, j, 16 * kVectors);
+    if (prefetch_input) PrefetchStreamInput(x, j, 16 * kVectors);
 #pragma GCC unroll 3
     for (int k = 0; k < kVectors; k += 2) {
       _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j + 16 * k),
@@ -650,7 +650,7 @@ NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
 template <int kLines, bool kCanonicalNaN>
 NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
-    const float* scale, const float* shift) {
+    const float* scale, const float* shift, bool prefetch_input) {
   alignas(64) static constexpr int32_t kEven[16] = {
       0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   alignas(64) static constexpr int32_t kOdd[16] = {
@@ -672,7 +672,7 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
   split(scale, s);
   split(shift, b);
   for (int64_t j = 0; j < n; j += 32 * kLines) {
-    PrefetchStreamInput(x, j, 32 * kLines);
+    if (prefetch_input) PrefetchStreamInput(x, j, 32 * kLines);
 #pragma GCC unroll 3
     for (int k = 0; k < kLines; ++k) {
       const BFloat16Pair v = WidenBFloat16Pair(
@@ -784,7 +784,7 @@ struct HalfChannelStreams {
                         const float*, const float*, const float*);
   // Registers, by lcm(channels, 32) / 32 - 1 (1, 2 or 3 lines).
   void (*registers[3])(const uint16_t*, uint16_t*, int64_t, const float*,
-                       const float*, const float*, const float*);
+                       const float*, const float*, const float*, bool);
 };
 
 template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
@@ -824,11 +824,13 @@ const HalfChannelStreams& HalfChannelStreamsFor(DType dtype, bool never_nan) {
 // CPU cannot. Channels-last (inner == 1) as StreamChannelsLastRuns: the
 // 64-byte-aligned middle with the parameters in registers when they repeat
 // within 96 elements (lcm(channels, 32) <= 96: 1-4, 6, 8, 12, 16, 24, 32, 48
-// or 64 channels), else (and at the ends) per-element parameter loads.
+// or 64 channels; x prefetched ahead if `prefetch_input`), else (and at the
+// ends) per-element parameter loads.
 bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
                             int64_t begin, int64_t end,
                             const ChannelLayout& layout, int64_t period,
-                            const ChannelParamsF32& p, bool never_nan) {
+                            const ChannelParamsF32& p, bool never_nan,
+                            bool prefetch_input) {
   if (!CpuHasAvx512Bw()) return false;
   const HalfChannelStreams& f = HalfChannelStreamsFor(dtype, never_nan);
   const int64_t channels = layout.channels;
@@ -861,7 +863,8 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
                       const int64_t phase = from % channels;
                       f.registers[repeat / 32 - 1](
                           x + from, y + from, to - from, p.hi + phase,
-                          p.lo + phase, p.scale + phase, p.shift + phase);
+                          p.lo + phase, p.scale + phase, p.shift + phase,
+                          prefetch_input);
                     });
   return true;
 }
@@ -957,14 +960,14 @@ void StreamChannelsLastRunAvx512(const float*, float*, int64_t, const float*,
                                  const float*, const float*, const float*) {}
 void StreamChannelsLastRepeating(const float*, float*, int64_t, int64_t,
                                  const float*, const float*, const float*,
-                                 const float*) {}
+                                 const float*, bool) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&,
                      const float*) {
   return false;
 }
 bool StreamHalfChannelRange(DType, const uint16_t*, uint16_t*, int64_t, int64_t,
                             const ChannelLayout&, int64_t,
-                            const ChannelParamsF32&, bool) {
+                            const ChannelParamsF32&, bool, bool) {
   return false;
 }
 void StreamAffineRunToHalf(DType, const float*, uint16_t*, int64_t,
@@ -1687,10 +1690,12 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
 // The same for channels-last (parameters expanded as for
 // ChannelAffineRangeImpl). When the parameters repeat within 64 elements
 // (lcm(channels, 16) <= 64: 1-4, 6, 8, 12, 16, 24, 32, 48 or 64 channels),
-// the 64-byte-aligned middle of the range runs with them in registers.
+// the 64-byte-aligned middle of the range runs with them in registers, x
+// prefetched ahead if `prefetch_input`.
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,
-                            const ChannelParamsF32& p) {
+                            const ChannelParamsF32& p,
+                            bool prefetch_input = true) {
   if (!CpuHasAvx512F()) return false;
   // Elements [from, to) with per-element parameter loads.
   auto per_element = [&](int64_t from, int64_t to) {
@@ -1706,9 +1711,9 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
       channels, period, /*unit=*/16, /*max_repeat=*/64, per_element,
       [&](int64_t from, int64_t to, int64_t repeat) {
         const int64_t phase = from % channels;
-        StreamChannelsLastRepeating(x + (from - begin), y + from, to - from,
-                                    repeat, p.hi + phase, p.lo + phase,
-                                    p.scale + phase, p.shift + phase);
+        StreamChannelsLastRepeating(
+            x + (from - begin), y + from, to - from, repeat, p.hi + phase,
+            p.lo + phase, p.scale + phase, p.shift + phase, prefetch_input);
       });
   return true;
 }
@@ -1851,8 +1856,9 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                          AllFinite(storage.s.data(), layout.channels) &&
                          AllFinite(storage.b.data(), layout.channels);
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
-    if (stream && StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(),
-                                         layout, period, params, never_nan)) {
+    if (stream &&
+        StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(), layout, period,
+                               params, never_nan, /*prefetch_input=*/true)) {
       return true;
     }
     // Widen a staging piece, run the fp32 kernel's loop on it, narrow.
@@ -1867,6 +1873,96 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
     }
     return false;
   });
+}
+
+namespace {
+
+// InterleavedChannelAffine: the pieces of ChannelAffineKernel<float>'s and
+// ChannelAffineHalfKernel's streaming branches, in order.
+class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
+ public:
+  InterleavedChannelAffineImpl(DType dtype, const void* x, void* y,
+                               const ChannelLayout& layout, int64_t period,
+                               const double* mean, const double* scale,
+                               const double* shift, bool deviations_bounded)
+      : dtype_(dtype),
+        x_(x),
+        y_(y),
+        layout_(layout),
+        period_(period),
+        storage_(layout, period, mean, scale, shift),
+        never_nan_(deviations_bounded &&
+                   AllFinite(storage_.hi.data(), layout.channels) &&
+                   AllFinite(storage_.lo.data(), layout.channels) &&
+                   AllFinite(storage_.s.data(), layout.channels) &&
+                   AllFinite(storage_.b.data(), layout.channels)) {}
+
+  void Step(int64_t elements) override {
+    const int64_t end = std::min(layout_.NumElements(), written_ + elements);
+    if (end > written_) Write(written_, end, /*prefetch_input=*/false);
+    written_ = end;
+  }
+
+  void Finish() override {
+    Write(written_, layout_.NumElements(), /*prefetch_input=*/true);
+    written_ = layout_.NumElements();
+    StreamFence();
+  }
+
+ private:
+  // Elements [begin, end); the stream loops exist (see Create).
+  void Write(int64_t begin, int64_t end, bool prefetch_input) {
+    if (begin >= end) return;
+    const ChannelParamsF32 params = storage_.params();
+    if (dtype_ == DType::kFloat32) {
+      const float* x = static_cast<const float*>(x_) + begin;
+      float* y = static_cast<float*>(y_);
+      if (layout_.inner > 1) {
+        StreamChannelRuns(x, y, begin, end, layout_, params);
+      } else {
+        StreamChannelsLastRuns(x, y, begin, end, layout_.channels, period_,
+                               params, prefetch_input);
+      }
+      return;
+    }
+    StreamHalfChannelRange(dtype_, static_cast<const uint16_t*>(x_),
+                           static_cast<uint16_t*>(y_), begin, end, layout_,
+                           period_, params, never_nan_, prefetch_input);
+  }
+
+  const DType dtype_;
+  const void* const x_;
+  void* const y_;
+  const ChannelLayout layout_;
+  const int64_t period_;
+  const ChannelParamsF32Storage storage_;
+  const bool never_nan_;
+  int64_t written_ = 0;
+};
+
+}  // namespace
+
+bool InterleavedChannelAffine::Supported(DType dtype, int64_t output_elements) {
+  const bool dtype_supported = dtype == DType::kFloat32 ||
+                               dtype == DType::kBFloat16 ||
+                               dtype == DType::kFloat16;
+  return dtype_supported && CpuHasAvx512Bw() &&
+         StreamOutput(output_elements, ElementSize(dtype));
+}
+
+std::unique_ptr<InterleavedChannelAffine> InterleavedChannelAffine::Create(
+    DType dtype, const void* x, void* y, const ChannelLayout& layout,
+    const double* mean, const double* scale, const double* shift,
+    int64_t output_elements, bool deviations_bounded) {
+  const int64_t total = layout.NumElements();
+  if (total == 0 || !Supported(dtype, std::max(total, output_elements))) {
+    return nullptr;
+  }
+  const int64_t period = layout.inner == 1
+                             ? ChannelsLastPeriod(layout.channels, layout.outer)
+                             : layout.channels;
+  return std::make_unique<InterleavedChannelAffineImpl>(
+      dtype, x, y, layout, period, mean, scale, shift, deviations_bounded);
 }
 
 template void LayerNormKernel<float>(const InputSource<float>&, float*,

@@ -758,20 +758,43 @@ struct RowScratch {
   std::vector<double> wide;
 };
 
+// What a channels-last tile does as it loads its rows: nothing, or steps
+// an InterleavedWork every kInterleaveRows rows (of kTile values): 4 KiB of
+// fp32 (2 KiB of 16-bit) values. GroupNorm NHWC (16 x 4 MiB, 2 cores),
+// paired runs: 8 or 16 rows alike; 4 or fewer lost to the calls (each also
+// spills the tile's registers), 32 or more lost the overlap.
+struct NoInterleave {
+  void Row() {}
+};
+constexpr int kInterleaveRows = 16;
+struct StepInterleave {
+  void Row() {
+    if (++rows == kInterleaveRows) {
+      rows = 0;
+      work->Step(kInterleaveRows * kTileValues);
+    }
+  }
+  static constexpr int64_t kTileValues = 64;
+  InterleavedWork* work;
+  int rows = 0;
+};
+
 // Channels-last (inner == 1) shifted sums of fp32 data for kTile consecutive
 // channels starting at `c`, over rows [r0, r1), with the accumulators held in
 // registers across rows: the shift of each channel is the fp32-rounded mean
 // of its first kShiftSample rows; one pass accumulates d = x - shift and d^2
 // in fp32, flushed into fp64 every kTileFlush rows. Writes the shifts, S1 and
-// S2 (RowBlockMoments checks them with NeedsExactPath).
+// S2 (RowBlockMoments checks them with NeedsExactPath). side.Row() after
+// each row of the pass.
 constexpr int kTile = 64;
+static_assert(StepInterleave::kTileValues == kTile);
 constexpr int64_t kTileFlush = 32;
 
-template <typename E>
+template <typename E, typename Side>
 NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
     int64_t r0, int64_t r1, double* __restrict center_out,
-    double* __restrict dev_out, double* __restrict sq_out) {
+    double* __restrict dev_out, double* __restrict sq_out, Side& side) {
   // The shift need only be near the mean: fp32 sums suffice (an overflow
   // gives a non-finite shift, which NeedsExactPath catches).
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
@@ -795,6 +818,7 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
         dev_acc[j] += d;
         sq_acc[j] = std::fma(d, d, sq_acc[j]);
       }
+      side.Row();
     }
     for (int j = 0; j < kTile; ++j) {
       dev[j] += static_cast<double>(dev_acc[j]);
@@ -815,10 +839,10 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
 // .., 30 of the tile, 1 channels 1, 3, .., 31, 2 and 3 the same for 32..63.
 // Each lane does what the generic loop does for its channel, and the results
 // are put back in channel order at the end.
-template <bool kBFloat16>
+template <bool kBFloat16, typename Side>
 [[gnu::target("avx512f,avx512bw")]] void HalfChannelsLastTileAvx512(
     const uint16_t* x, int64_t row_stride, int64_t c, int64_t r0, int64_t r1,
-    double* center_out, double* dev_out, double* sq_out) {
+    double* center_out, double* dev_out, double* sq_out, Side& side) {
   static_assert(kTile == 64);
   auto load = [&](int64_t r, __m512 * f)
       __attribute__((target("avx512f,avx512bw"))) {
@@ -862,6 +886,7 @@ template <bool kBFloat16>
         dev_acc[v] = _mm512_add_ps(dev_acc[v], d);
         sq_acc[v] = _mm512_fmadd_ps(d, d, sq_acc[v]);
       }
+      side.Row();
     }
     for (int v = 0; v < 4; ++v) {
       dev[2 * v] = _mm512_add_pd(
@@ -1047,12 +1072,13 @@ enum class RowPass { kFast, kFastCompiled, kExact };
 // register tiles of kTile channels, see ChannelsLastTile; runs of
 // kMinSummedRun or more: ShortRunSums), as `pass` says. scratch.wide holds
 // the shifts (or means), S1 and S2 of every channel afterwards.
-template <typename E>
+template <typename E, typename Side>
 NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
                                                   const ChannelLayout& layout,
                                                   const RowBlock& block,
                                                   RowScratch& scratch,
-                                                  Moments* out, RowPass pass) {
+                                                  Moments* out, RowPass pass,
+                                                  Side& side) {
   using T = typename E::Storage;
   const bool tile = pass != RowPass::kExact;
   [[maybe_unused]] const bool hand_written =
@@ -1074,13 +1100,13 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
         if (hand_written) {
           HalfChannelsLastTileAvx512<std::is_same_v<E, BFloat16Values>>(
               x, row_stride, block.c0 + t, block.r0, block.r1, sum + t, dev + t,
-              sq + t);
+              sq + t, side);
           continue;
         }
       }
 #endif
       ChannelsLastTile<E>(x, row_stride, block.c0 + t, block.r0, block.r1,
-                          sum + t, dev + t, sq + t);
+                          sum + t, dev + t, sq + t, side);
     }
     if (tile && inner >= kMinSummedRun) {
 #ifdef NORMD_HALF_AVX512
@@ -1126,7 +1152,9 @@ NORMD_MULTIVERSION void RowBlockMomentsF32(const float* x,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out,
                                            RowPass pass) {
-  RowBlockMomentsImpl<Stored<float>>(x, layout, block, scratch, out, pass);
+  NoInterleave none;
+  RowBlockMomentsImpl<Stored<float>>(x, layout, block, scratch, out, pass,
+                                     none);
 }
 
 NORMD_MULTIVERSION void RowBlockMomentsBF16(const uint16_t* x,
@@ -1134,7 +1162,9 @@ NORMD_MULTIVERSION void RowBlockMomentsBF16(const uint16_t* x,
                                             const RowBlock& block,
                                             RowScratch& scratch, Moments* out,
                                             RowPass pass) {
-  RowBlockMomentsImpl<BFloat16Values>(x, layout, block, scratch, out, pass);
+  NoInterleave none;
+  RowBlockMomentsImpl<BFloat16Values>(x, layout, block, scratch, out, pass,
+                                      none);
 }
 
 NORMD_MULTIVERSION void RowBlockMomentsF16(const uint16_t* x,
@@ -1142,26 +1172,50 @@ NORMD_MULTIVERSION void RowBlockMomentsF16(const uint16_t* x,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out,
                                            RowPass pass) {
-  RowBlockMomentsImpl<Float16Values>(x, layout, block, scratch, out, pass);
+  NoInterleave none;
+  RowBlockMomentsImpl<Float16Values>(x, layout, block, scratch, out, pass,
+                                     none);
 }
 
 NORMD_MULTIVERSION void RowBlockMomentsF64(const double* x,
                                            const ChannelLayout& layout,
                                            const RowBlock& block,
                                            RowScratch& scratch, Moments* out) {
+  NoInterleave none;
   RowBlockMomentsImpl<Stored<double>>(x, layout, block, scratch, out,
-                                      RowPass::kExact);
+                                      RowPass::kExact, none);
 }
+
+#ifdef NORMD_HALF_AVX512
+// The fast pass of RowBlockMomentsF32 / BF16 / F16 with `side` stepped by
+// the tiles: the AVX-512 instance only (the same bits as every clone).
+template <typename E>
+[[gnu::target("avx512f,avx512bw")]] void RowBlockMomentsInterleaved(
+    const typename E::Storage* x, const ChannelLayout& layout,
+    const RowBlock& block, RowScratch& scratch, Moments* out,
+    StepInterleave& side) {
+  RowBlockMomentsImpl<E>(x, layout, block, scratch, out, RowPass::kFast, side);
+}
+#endif
 
 // Moments of a row block of elements E: fp32 values (stored or widened) on
 // the fast paths (`hand_written`: with their AVX-512 loops where the CPU has
 // them), redone with the exact fp64 loops where they lost accuracy (see
-// NeedsExactPath); fp64 always exact.
+// NeedsExactPath); fp64 always exact. `side` (hand-written only, and not on
+// the exact redo) as for ChannelsLastTile.
 template <typename E>
 void RowBlockMoments(const typename E::Storage* x, const ChannelLayout& layout,
                      const RowBlock& block, RowScratch& scratch, Moments* out,
-                     bool hand_written) {
+                     bool hand_written, StepInterleave* side) {
   auto run = [&](RowPass pass) {
+#ifdef NORMD_HALF_AVX512
+    if constexpr (!std::is_same_v<E, Stored<double>>) {
+      if (side != nullptr && pass == RowPass::kFast) {
+        RowBlockMomentsInterleaved<E>(x, layout, block, scratch, out, *side);
+        return;
+      }
+    }
+#endif
     if constexpr (std::is_same_v<E, Stored<float>>) {
       RowBlockMomentsF32(x, layout, block, scratch, out, pass);
     } else if constexpr (std::is_same_v<E, BFloat16Values>) {
@@ -1188,10 +1242,12 @@ void RowBlockMoments(const typename E::Storage* x, const ChannelLayout& layout,
 // (N, C)). Work items are (channel range, row group); the ranges and groups
 // depend only on the shape. Each item folds its row blocks in order; the
 // groups are then folded per channel in order.
+// `work` as for ChannelMoments.
 template <typename E>
 std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
                                              const ChannelLayout& layout,
-                                             bool hand_written = true) {
+                                             bool hand_written = true,
+                                             InterleavedWork* work = nullptr) {
   // Elements of one row per block: channels-last, 1024 channels (kTile
   // register tiles); runs of one channel (inner > 1), 16 Ki elements. Runs
   // read as strips of 1 Ki elements left the hardware prefetcher starting
@@ -1217,6 +1273,11 @@ std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
   const int64_t num_groups = std::clamp<int64_t>(
       layout.PerChannel() / kMinPerGroup, 1, std::min(num_blocks, kMaxGroups));
 
+  // Only a serial reduction steps `work` (on this thread, in order).
+  StepInterleave side{work};
+  const bool interleave = work != nullptr && hand_written &&
+                          layout.inner == 1 && SerialLoopsScope::Active() &&
+                          CpuHasAvx512Bw();
   std::vector<Moments> per_group(num_groups * channels);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, num_ranges * num_groups),
@@ -1235,7 +1296,7 @@ std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
             const RowBlock block{c0, c1, r0,
                                  std::min(layout.outer, r0 + rows_per_block)};
             RowBlockMoments<E>(x, layout, block, scratch, block_moments.data(),
-                               hand_written);
+                               hand_written, interleave ? &side : nullptr);
             for (int64_t c = 0; c < c1 - c0; ++c) {
               MergeMoments(acc[c], block_moments[c]);
             }
@@ -1344,7 +1405,8 @@ std::vector<Moments> OneRunChannelMoments(const ChannelLayout& layout,
 }
 
 template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
+std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
+                                    InterleavedWork* work) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(x, layout);
@@ -1355,11 +1417,12 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
       });
     }
   }
-  return ChannelMomentsShortRuns<Stored<T>>(x, layout);
+  return ChannelMomentsShortRuns<Stored<T>>(x, layout, true, work);
 }
 
 std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout) {
+                                        const ChannelLayout& layout,
+                                        InterleavedWork* work) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) {
@@ -1373,8 +1436,8 @@ std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
         });
   }
   return dtype == DType::kBFloat16
-             ? ChannelMomentsShortRuns<BFloat16Values>(x, layout)
-             : ChannelMomentsShortRuns<Float16Values>(x, layout);
+             ? ChannelMomentsShortRuns<BFloat16Values>(x, layout, true, work)
+             : ChannelMomentsShortRuns<Float16Values>(x, layout, true, work);
 }
 
 std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
@@ -1455,8 +1518,10 @@ Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n) {
 template Moments ContiguousMoments<float>(const float*, int64_t);
 template Moments ContiguousMoments<double>(const double*, int64_t);
 template std::vector<Moments> ChannelMoments<float>(const float*,
-                                                    const ChannelLayout&);
+                                                    const ChannelLayout&,
+                                                    InterleavedWork*);
 template std::vector<Moments> ChannelMoments<double>(const double*,
-                                                     const ChannelLayout&);
+                                                     const ChannelLayout&,
+                                                     InterleavedWork*);
 
 }  // namespace normd

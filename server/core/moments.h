@@ -99,17 +99,33 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 // outputs are computed from the 16-bit values again.
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
 
+// Work that a reduction runs in step with its loads, so that one core
+// writes one tensor while it reads the next. Called on the reducing thread
+// only.
+class InterleavedWork {
+ public:
+  virtual ~InterleavedWork() = default;
+  // The reduction has loaded `elements` more values.
+  virtual void Step(int64_t elements) = 0;
+};
+
 // Per-channel moments of a tensor laid out as [outer, channels, inner]
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
+// `work`, if given, is stepped as the channels-last (inner == 1) register
+// tiles load their rows, when the reduction runs on the calling thread
+// alone (SerialLoopsScope) and the CPU has AVX-512 (F and BW); elsewhere
+// not at all. The same moments either way.
 template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout);
+std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
+                                    InterleavedWork* work = nullptr);
 
 // ChannelMoments of a 16-bit tensor (`dtype` bfloat16 or float16): the
 // moments of its fp32 widening, bit for bit, without widening it in memory
 // (values are widened as they are loaded, or a block at a time into small
-// per-task buffers).
+// per-task buffers). `work` as for ChannelMoments.
 std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout);
+                                        const ChannelLayout& layout,
+                                        InterleavedWork* work = nullptr);
 
 }  // namespace normd
 
