@@ -589,15 +589,16 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
 }
 
 // Batches of several samples per thread run each sample's moments and then
-// its output on one thread (FusedGroupSamples): channels-last and streamed,
-// sample n's output written while sample n + 1's moments are read (in
-// steps of 16 rows of the 64-channel tiles, which rows counts not a
-// multiple of 16 and channels outside the tiles leave to the end, and
-// which a block's exact-path redo does not step); else written backwards.
-// A batch of one sample takes the two-pass path. Each sample of a batch
-// must come out with the bits it gets alone, on 1 or 2 threads, streamed
-// or not, channels-last (parameters in registers or not) or with the
-// channel axis in the middle.
+// its output on one thread (FusedGroupSamples): channels-last with 64
+// channels and streamed, sample n's output is written while sample n + 1's
+// moments are read, in steps of 16 rows of the register tile (which rows
+// counts not a multiple of 16 leave to the end, and which a block's
+// exact-path redo does not step; the test lowers the sample size from
+// which this happens); else written backwards. A batch of one sample takes
+// the two-pass path. Each sample of a batch must come out with the bits it
+// gets alone, on 1 or 2 threads, streamed or not, channels-last
+// (parameters in registers or not; one tile, two, or one and 32 channels)
+// or with the channel axis in the middle.
 template <typename T>
 void CheckFusedSamplesMatchOneSampleRuns() {
   struct Case {
@@ -643,6 +644,7 @@ void CheckFusedSamplesMatchOneSampleRuns() {
                      << " streamed " << (threshold == 0) << " threads "
                      << threads);
         SetStreamingOutputBytes(threshold);
+        SetInterleavedSampleBytes(0);  // Small samples interleave too.
         Engine engine;
         auto run = [&](const T* input, Shape s, T* y) {
           NormalizeSpec spec;
@@ -673,6 +675,7 @@ void CheckFusedSamplesMatchOneSampleRuns() {
         EXPECT_LE(MaxAbsDiff(batch, ref), tolerance);
       }
       SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+      SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
     }
   }
 }
@@ -1346,6 +1349,7 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
         for (int64_t offset : {0, 1, -1}) {  // -1: in place.
           SetStreamingOutputBytes(threshold);
+          SetInterleavedSampleBytes(0);  // Small samples interleave too.
           std::vector<uint16_t> buffer = x;
           buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
           uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
@@ -1353,6 +1357,7 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
               offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
               y);
           SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+          SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
           const std::string what = absl::StrCat(
               DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
               channels, " streamed ", threshold == 0, " offset ", offset);

@@ -7,6 +7,7 @@
 #include <tbb/blocked_range.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -1941,6 +1942,18 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<int64_t> interleaved_sample_bytes{kDefaultInterleavedSampleBytes};
+}  // namespace
+
+int64_t InterleavedSampleBytes() {
+  return interleaved_sample_bytes.load(std::memory_order_relaxed);
+}
+
+void SetInterleavedSampleBytes(int64_t bytes) {
+  interleaved_sample_bytes.store(bytes, std::memory_order_relaxed);
+}
 
 bool InterleavedChannelAffine::Supported(DType dtype, int64_t output_elements) {
   const bool dtype_supported = dtype == DType::kFloat32 ||

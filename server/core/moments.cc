@@ -1440,6 +1440,10 @@ std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
              : ChannelMomentsShortRuns<Float16Values>(x, layout, true, work);
 }
 
+bool ChannelMomentsStepWork(const ChannelLayout& layout) {
+  return layout.inner == 1 && layout.channels == kTile;
+}
+
 std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
                                             const ChannelLayout& layout,
                                             bool hand_written) {
