@@ -567,6 +567,32 @@ TEST(LayerNormTest, NonFiniteValuesPassThroughAsIeee) {
   EXPECT_NEAR(y[3], -1.0 / std::sqrt(2.0 / 3.0 + 1e-5), 1e-6);
 }
 
+// The same bar for channels-last data with the channel counts that take
+// the fp32 register tiles (64 channels, and the narrower tiles of 32, 16,
+// .., 1 beside or instead of them): their error comes from each flush of
+// fp32 lanes, so it does not shrink with the count per channel, and fewer
+// values per channel show it (2.1e-7 with 32 rows per flush).
+TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
+  struct Case {
+    int64_t channels;
+    int64_t per_channel;
+  };
+  for (const Case& c : {Case{64, 100'000}, Case{96, 40'000}, Case{16, 100'000},
+                        Case{3, 200'000}}) {
+    SCOPED_TRACE(c.channels);
+    const int64_t n = c.channels * c.per_channel;
+    const auto x = RandomValues<float>(n, 44, 1e4, 1.0);
+    const ChannelLayout layout{c.per_channel, c.channels, 1};
+    const auto ref =
+        ReferenceChannelStats(x, layout.outer, layout.channels, layout.inner);
+    const auto moments = ChannelMoments(x.data(), layout);
+    for (int64_t ch = 0; ch < c.channels; ++ch) {
+      EXPECT_LE(RelErr(moments[ch].BiasedVariance(), ref.var[ch]), 1e-7) << ch;
+      EXPECT_LE(RelErr(moments[ch].mean, ref.mean[ch]), 1e-12) << ch;
+    }
+  }
+}
+
 // numerics.md accuracy bar: 1e4 + N(0,1), 1e7 values per channel / row,
 // relative variance error <= 1e-7 in every layout.
 TEST(AccuracyTest, OffsetTenThousandEveryLayout) {

@@ -199,7 +199,9 @@ def test_fit_and_models(client):
     check(state.num_batches_tracked == 3 and state.sample_count == 15,
           f"fit counts: {state.num_batches_tracked} {state.sample_count}")
     close(state.mean, every.mean(0), 1e-12, "pooled mean vs fp64")
-    check(np.allclose(state.var, every.var(0), rtol=1e-12, atol=0),
+    # fp32 data: variances within numerics.md's bar (1e-7 relative), the
+    # fp32 lanes of the channels-last statistics.
+    check(np.allclose(state.var, every.var(0), rtol=1e-7, atol=0),
           f"pooled var {state.var} vs {every.var(0)}")
     names = [m.name for m in client.list_models()]
     check("py-fit" in names and "py-bn2d" in names, f"list_models: {names}")
@@ -207,7 +209,7 @@ def test_fit_and_models(client):
     # merge of it into the original doubles the data (same mean, same var).
     exported = client.export_model("py-fit")
     check(exported.pooled_m2.size == 4 and np.allclose(
-        exported.pooled_m2, every.var(0) * 15, rtol=1e-12, atol=0),
+        exported.pooled_m2, every.var(0) * 15, rtol=1e-7, atol=0),
         f"export pooled_m2: {exported.pooled_m2}")
     copy = client.import_model(exported, name="py-fit-copy")
     for field in ("running_mean", "running_var", "mean", "var", "weight"):
@@ -223,7 +225,7 @@ def test_fit_and_models(client):
     check(doubled.sample_count == 30 and doubled.num_batches_tracked == 6,
           f"merge counts: {doubled.sample_count} {doubled.num_batches_tracked}")
     close(doubled.mean, every.mean(0), 1e-12, "merged pooled mean")
-    close(doubled.var, every.var(0), 1e-12, "merged pooled var")
+    close(doubled.var, every.var(0), 1e-7, "merged pooled var")
     client.delete_model("py-fit-copy")
     reset = client.reset_model("py-fit")
     check(reset.num_batches_tracked == 0 and reset.mean.size == 0 and
