@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
       Make(NormMode::kGroupNorm, {1, 512, 512, 64}, f32, x, -1, 32),
       Make(NormMode::kGroupNorm, {64, 32, 32, 256}, f32, x, -1, 32),
       Make(NormMode::kGroupNorm, {1024, 64, 16, 16}, f32, x, 1, 32),
+      // Channels-last with fewer than 64 channels (the narrow tiles).
+      Make(NormMode::kGroupNorm, {64, 128, 128, 16}, f32, x, -1, 8),
+      Make(NormMode::kBatchNorm, {128, 64, 64, 32}, f32, x, -1, 0, true),
       Make(NormMode::kInstanceNorm, {4096, 64, 8, 8}, f32, x, 1),
       Make(NormMode::kInstanceNorm, {1, 512, 512, 64}, f32, x, -1),
       Make(NormMode::kBatchNorm, {4096, 64, 8, 8}, f32, x, 1, 0, true),

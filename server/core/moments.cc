@@ -794,21 +794,31 @@ constexpr int kTile = 64;
 static_assert(StepInterleave::kTileValues == kTile);
 constexpr int64_t kTileFlush = 16;
 
+// The shifts of kChannels channels-last channels starting at `c` over rows
+// [r0, r1): the fp32 mean of each one's first kShiftSample rows. The shift
+// need only be near the mean: fp32 sums suffice (an overflow gives a
+// non-finite shift, which NeedsExactPath catches).
+template <typename E, int kChannels>
+NORMD_INLINE_INTO_CLONES void ChannelsLastShifts(
+    const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
+    int64_t r0, int64_t r1, float* __restrict center) {
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  for (int j = 0; j < kChannels; ++j) center[j] = 0.0f;
+  for (int64_t r = r0; r < sample_end; ++r) {
+    const auto* __restrict row = x + r * row_stride + c;
+    for (int j = 0; j < kChannels; ++j) center[j] += E::Load(row[j]);
+  }
+  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
+  for (int j = 0; j < kChannels; ++j) center[j] *= inverse;
+}
+
 template <typename E, typename Side>
 NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
     int64_t r0, int64_t r1, double* __restrict center_out,
     double* __restrict dev_out, double* __restrict sq_out, Side& side) {
-  // The shift need only be near the mean: fp32 sums suffice (an overflow
-  // gives a non-finite shift, which NeedsExactPath catches).
-  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
-  float center[kTile] = {};
-  for (int64_t r = r0; r < sample_end; ++r) {
-    const auto* __restrict row = x + r * row_stride + c;
-    for (int j = 0; j < kTile; ++j) center[j] += E::Load(row[j]);
-  }
-  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  for (int j = 0; j < kTile; ++j) center[j] *= inverse;
+  float center[kTile];
+  ChannelsLastShifts<E, kTile>(x, row_stride, c, r0, r1, center);
   double dev[kTile] = {};
   double sq[kTile] = {};
   for (int64_t f = r0; f < r1; f += kTileFlush) {
@@ -852,14 +862,8 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
     double* __restrict dev_out, double* __restrict sq_out) {
   static_assert(kTile % kWidth == 0);
   constexpr int kPack = kTile / kWidth;
-  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
-  float center[kWidth] = {};
-  for (int64_t r = r0; r < sample_end; ++r) {
-    const auto* __restrict row = x + r * row_stride + c;
-    for (int j = 0; j < kWidth; ++j) center[j] += E::Load(row[j]);
-  }
-  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  for (int j = 0; j < kWidth; ++j) center[j] *= inverse;
+  float center[kWidth];
+  ChannelsLastShifts<E, kWidth>(x, row_stride, c, r0, r1, center);
   float lane_center[kTile];
   for (int l = 0; l < kTile; ++l) lane_center[l] = center[l % kWidth];
   double dev[kTile] = {};
