@@ -96,7 +96,9 @@ Case Make(NormMode mode, Shape shape, DType dtype, const void* data,
   for (int64_t d : shape) n *= d;
   c.spec.input = InputTensor{dtype, shape, data, n};
   if (mode == NormMode::kBatchNorm) {
-    c.spec.model = absl::StrCat("survey-", n, "-", shape.size(), "-", shape[1]);
+    // A model per shape and layout (the channel count alone can repeat).
+    c.spec.model =
+        absl::StrCat("survey-", absl::StrJoin(shape, "x"), "-", axis_or_ndim);
     c.spec.training = training;
     c.train_first = !training;
   }

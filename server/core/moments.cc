@@ -855,6 +855,27 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
 // channel's lanes added in order at the end. The generic fp64 loops these
 // replace read the block twice at a few values per cycle: GroupNorm NHWC
 // [64,128,128,16] ran at 0.27x copy bandwidth.
+// Adds rows [from, from + count) (count <= kPack) of kWidth channels at
+// `c` into NarrowChannelsLastTile's lanes (lane s * kWidth + j: row
+// from + s, channel c + j). A function, not a lambda, so that it is
+// inlined into the caller's clone (see NarrowChannelsLastTilesFrom).
+template <typename E, int kWidth, int kPack>
+NORMD_INLINE_INTO_CLONES void NarrowTileRows(
+    const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
+    int64_t from, const float* __restrict lane_center,
+    float* __restrict dev_acc, float* __restrict sq_acc,
+    int64_t count = kPack) {
+  for (int64_t s = 0; s < count; ++s) {
+    const auto* __restrict row = x + (from + s) * row_stride + c;
+    for (int j = 0; j < kWidth; ++j) {
+      const int64_t l = s * kWidth + j;
+      const float d = E::Load(row[j]) - lane_center[l];
+      dev_acc[l] += d;
+      sq_acc[l] = std::fma(d, d, sq_acc[l]);
+    }
+  }
+}
+
 template <typename E, int kWidth>
 NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
@@ -868,26 +889,18 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
   for (int l = 0; l < kTile; ++l) lane_center[l] = center[l % kWidth];
   double dev[kTile] = {};
   double sq[kTile] = {};
-  // Accumulates rows [from, from + count) (count <= kPack) into the lanes.
-  auto step = [&](int64_t from, int64_t count, float* __restrict dev_acc,
-                  float* __restrict sq_acc) {
-    for (int64_t s = 0; s < count; ++s) {
-      const auto* __restrict row = x + (from + s) * row_stride + c;
-      for (int j = 0; j < kWidth; ++j) {
-        const int64_t l = s * kWidth + j;
-        const float d = E::Load(row[j]) - lane_center[l];
-        dev_acc[l] += d;
-        sq_acc[l] = std::fma(d, d, sq_acc[l]);
-      }
-    }
-  };
   for (int64_t f = r0; f < r1; f += kTileFlush * kPack) {
     const int64_t f_end = std::min(r1, f + kTileFlush * kPack);
     float dev_acc[kTile] = {};
     float sq_acc[kTile] = {};
     int64_t r = f;
-    for (; r + kPack <= f_end; r += kPack) step(r, kPack, dev_acc, sq_acc);
-    step(r, f_end - r, dev_acc, sq_acc);  // The block's last rows.
+    for (; r + kPack <= f_end; r += kPack) {
+      NarrowTileRows<E, kWidth, kPack>(x, row_stride, c, r, lane_center,
+                                       dev_acc, sq_acc);
+    }
+    // The block's last rows (fewer than kPack).
+    NarrowTileRows<E, kWidth, kPack>(x, row_stride, c, r, lane_center, dev_acc,
+                                     sq_acc, f_end - r);
     for (int l = 0; l < kTile; ++l) {
       dev[l] += static_cast<double>(dev_acc[l]);
       sq[l] += static_cast<double>(sq_acc[l]);
@@ -906,6 +919,27 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
   }
 }
 
+// NarrowChannelsLastTile<E, kWidth> for channels [c + done, ..) if at
+// least kWidth of the `count` remain, then the narrower widths. Plain
+// inlined calls, not a lambda: a lambda's body is compiled for the default
+// target, outside the caller's clone (baseline x86-64: a libm call per
+// fused multiply-add, 10x slower).
+template <typename E, int kWidth>
+NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTilesFrom(
+    const typename E::Storage* x, int64_t row_stride, int64_t c, int64_t count,
+    int64_t done, int64_t r0, int64_t r1, double* center, double* dev,
+    double* sq) {
+  if (count - done >= kWidth) {
+    NarrowChannelsLastTile<E, kWidth>(x, row_stride, c + done, r0, r1,
+                                      center + done, dev + done, sq + done);
+    done += kWidth;
+  }
+  if constexpr (kWidth > 1) {
+    NarrowChannelsLastTilesFrom<E, kWidth / 2>(x, row_stride, c, count, done,
+                                               r0, r1, center, dev, sq);
+  }
+}
+
 // Channels [c, c + count) (count < kTile) of a channels-last row block in
 // NarrowChannelsLastTiles of 32, 16, .., 1 channels; their shifts, S1 and
 // S2 into center / dev / sq [0, count).
@@ -913,19 +947,8 @@ template <typename E>
 NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTiles(
     const typename E::Storage* x, int64_t row_stride, int64_t c, int64_t count,
     int64_t r0, int64_t r1, double* center, double* dev, double* sq) {
-  int64_t done = 0;
-  auto tile = [&]<int kWidth>() {
-    if (count - done < kWidth) return;
-    NarrowChannelsLastTile<E, kWidth>(x, row_stride, c + done, r0, r1,
-                                      center + done, dev + done, sq + done);
-    done += kWidth;
-  };
-  tile.template operator()<32>();
-  tile.template operator()<16>();
-  tile.template operator()<8>();
-  tile.template operator()<4>();
-  tile.template operator()<2>();
-  tile.template operator()<1>();
+  NarrowChannelsLastTilesFrom<E, kTile / 2>(x, row_stride, c, count, 0, r0, r1,
+                                            center, dev, sq);
 }
 
 #ifdef NORMD_HALF_AVX512
