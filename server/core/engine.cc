@@ -341,7 +341,7 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
       g.layout.inner == 1 &&
       g.SampleSize() * static_cast<int64_t>(sizeof(Storage<T>)) >=
           InterleavedSampleBytes() &&
-      ChannelMomentsStepWork(ChannelLayout{g.sample_outer, channels, 1}) &&
+      ChannelMomentsStepWork(sample) &&
       InterleavedChannelAffine::Supported(DTypeOf<T>(), total);
   // Interleaved: runs of consecutive samples, about two per thread (a run's
   // first sample is read alone and its last written alone).

@@ -1079,6 +1079,13 @@ int64_t ChannelsLastPeriod(int64_t channels, int64_t outer) {
          std::max<int64_t>(1, std::min(kMinPeriod / channels, outer));
 }
 
+// The period of the channel kernels' parameter arrays for `layout`:
+// ChannelsLastPeriod channels-last, else the channel count.
+int64_t ParamsPeriod(const ChannelLayout& layout) {
+  return layout.inner == 1 ? ChannelsLastPeriod(layout.channels, layout.outer)
+                           : layout.channels;
+}
+
 // values[c] repeated over period + channels entries: entry i is
 // values[i % channels].
 template <typename T>
@@ -1765,6 +1772,15 @@ struct ChannelParamsF32Storage {
   ChannelParamsF32 params() const {
     return {hi.data(), lo.data(), s.data(), b.data()};
   }
+  // Whether the 16-bit kernels can skip their canonical-NaN fix-up: every
+  // operation of ChannelAffineLanes has finite operands (x - hi cannot
+  // overflow, given `deviations_bounded`), and such operations give finite
+  // or infinite results, never NaN.
+  bool NeverNaN(int64_t channels, bool deviations_bounded) const {
+    return deviations_bounded && AllFinite(hi.data(), channels) &&
+           AllFinite(lo.data(), channels) && AllFinite(s.data(), channels) &&
+           AllFinite(b.data(), channels);
+  }
   std::vector<float> hi, lo, s, b;
 };
 
@@ -1777,8 +1793,7 @@ void ChannelAffineKernel(const InputSource<T>& source, T* y,
   const int64_t inner = layout.inner;
   const bool stream =
       StreamOutput(std::max(layout.NumElements(), output_elements), sizeof(T));
-  const int64_t period =
-      inner == 1 ? ChannelsLastPeriod(channels, layout.outer) : channels;
+  const int64_t period = ParamsPeriod(layout);
   // Per-channel parameters as arrays of U, expanded for channels-last.
   auto channel_values = [&]<typename U>(U (*convert)(double),
                                         const double* values) {
@@ -1843,19 +1858,10 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
   if (total == 0) return;
   const bool stream =
       StreamOutput(std::max(total, output_elements), sizeof(uint16_t));
-  const int64_t period = layout.inner == 1
-                             ? ChannelsLastPeriod(layout.channels, layout.outer)
-                             : layout.channels;
+  const int64_t period = ParamsPeriod(layout);
   const ChannelParamsF32Storage storage(layout, period, mean, scale, shift);
   const ChannelParamsF32 params = storage.params();
-  // Every operation of ChannelAffineLanes then has finite operands (x - hi
-  // cannot overflow), and such operations give finite or infinite results,
-  // never NaN.
-  const bool never_nan = deviations_bounded &&
-                         AllFinite(storage.hi.data(), layout.channels) &&
-                         AllFinite(storage.lo.data(), layout.channels) &&
-                         AllFinite(storage.s.data(), layout.channels) &&
-                         AllFinite(storage.b.data(), layout.channels);
+  const bool never_nan = storage.NeverNaN(layout.channels, deviations_bounded);
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
     if (stream &&
         StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(), layout, period,
@@ -1892,11 +1898,7 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
         layout_(layout),
         period_(period),
         storage_(layout, period, mean, scale, shift),
-        never_nan_(deviations_bounded &&
-                   AllFinite(storage_.hi.data(), layout.channels) &&
-                   AllFinite(storage_.lo.data(), layout.channels) &&
-                   AllFinite(storage_.s.data(), layout.channels) &&
-                   AllFinite(storage_.b.data(), layout.channels)) {}
+        never_nan_(storage_.NeverNaN(layout.channels, deviations_bounded)) {}
 
   void Step(int64_t elements) override {
     const int64_t end = std::min(layout_.NumElements(), written_ + elements);
@@ -1941,10 +1943,8 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
   int64_t written_ = 0;
 };
 
-}  // namespace
-
-namespace {
 std::atomic<int64_t> interleaved_sample_bytes{kDefaultInterleavedSampleBytes};
+
 }  // namespace
 
 int64_t InterleavedSampleBytes() {
@@ -1971,9 +1971,7 @@ std::unique_ptr<InterleavedChannelAffine> InterleavedChannelAffine::Create(
   if (total == 0 || !Supported(dtype, std::max(total, output_elements))) {
     return nullptr;
   }
-  const int64_t period = layout.inner == 1
-                             ? ChannelsLastPeriod(layout.channels, layout.outer)
-                             : layout.channels;
+  const int64_t period = ParamsPeriod(layout);
   return std::make_unique<InterleavedChannelAffineImpl>(
       dtype, x, y, layout, period, mean, scale, shift, deviations_bounded);
 }
