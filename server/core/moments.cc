@@ -786,12 +786,12 @@ struct StepInterleave {
 // in fp32, flushed into fp64 every kTileFlush rows. Writes the shifts, S1 and
 // S2 (RowBlockMoments checks them with NeedsExactPath). side.Row() after
 // each row of the pass.
+constexpr int kTile = 64;
+static_assert(StepInterleave::kTileValues == kTile);
 // 16 rows per flush, as many values per lane as the contiguous blocks'
 // (kFloatFlush): with 32, the spec's accuracy data (1e4 + N(0,1)) came out
 // with a relative variance error of 2.1e-7 at any count per channel (the
 // bar is 1e-7; 4e-8 with 16).
-constexpr int kTile = 64;
-static_assert(StepInterleave::kTileValues == kTile);
 constexpr int64_t kTileFlush = 16;
 
 // The shifts of kChannels channels-last channels starting at `c` over rows
@@ -846,15 +846,6 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
   }
 }
 
-// ChannelsLastTile for kWidth (32, 16, .., 1) consecutive channels starting
-// at `c`, the channels past the last whole tile: its kTile fp32 lanes hold
-// kTile / kWidth rows at a time (lane l: row l / kWidth of the step,
-// channel l % kWidth), each channel's shift (the fp32 mean of its first
-// kShiftSample rows) in all of its lanes, flushed into fp64 every
-// kTileFlush steps (as many values per lane as the tile's), and a
-// channel's lanes added in order at the end. The generic fp64 loops these
-// replace read the block twice at a few values per cycle: GroupNorm NHWC
-// [64,128,128,16] ran at 0.27x copy bandwidth.
 // Adds rows [from, from + count) (count <= kPack) of kWidth channels at
 // `c` into NarrowChannelsLastTile's lanes (lane s * kWidth + j: row
 // from + s, channel c + j). A function, not a lambda, so that it is
@@ -876,6 +867,15 @@ NORMD_INLINE_INTO_CLONES void NarrowTileRows(
   }
 }
 
+// ChannelsLastTile for kWidth (32, 16, .., 1) consecutive channels starting
+// at `c`, the channels past the last whole tile: its kTile fp32 lanes hold
+// kTile / kWidth rows at a time (lane l: row l / kWidth of the step,
+// channel l % kWidth), each channel's shift (the fp32 mean of its first
+// kShiftSample rows) in all of its lanes, flushed into fp64 every
+// kTileFlush steps (as many values per lane as the tile's), and a
+// channel's lanes added in order at the end. The generic fp64 loops these
+// replace read the block twice at a few values per cycle: GroupNorm NHWC
+// [64,128,128,16] ran at 0.27x copy bandwidth.
 template <typename E, int kWidth>
 NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
