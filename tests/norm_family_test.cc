@@ -1281,7 +1281,8 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       {NormMode::kInstanceNorm, {{4, 20, 21, 24}, -1, 0}},
       {NormMode::kGroupNorm, {{2, 33, 35, 64}, -1, 32}},
       {NormMode::kGroupNorm, {{16, 5, 7, 48}, -1, 16}},  // Sample per task.
-      // Samples per task, written while the next is read (64-channel tiles).
+      // Samples per task: written while the next is read (one 64-channel
+      // tile), or backwards (two tiles).
       {NormMode::kGroupNorm, {{10, 9, 11, 64}, -1, 16}},
       {NormMode::kInstanceNorm, {{9, 6, 7, 128}, -1, 0}},
       {NormMode::kInstanceNorm, {{5, 11, 13, 5}, -1, 0}},

@@ -321,9 +321,9 @@ constexpr int64_t kFusedSamplesPerThread = 4;
 // write-only one cost about their sum (scratch benchmark, 4 MiB samples on 2
 // cores: 0.85-0.90x -> 0.98-1.04x copy). GroupNorm / InstanceNorm NHWC
 // [16,128,128,64] and bf16 GroupNorm [32,128,128,64] on 2 cores, each
-// iteration paired with the old path in one process (61 pairs): 1.11-1.14x
-// as fast. (Chunks of NCHW groups, 256 KiB, stepped from the block loop the
-// same way: fp32 GroupNorm 0.7x, bf16 1.03x; not kept.) Elsewhere one
+// iteration paired with the old path in one process (21-61 pairs per run):
+// 1.03-1.14x as fast. (Chunks of NCHW groups, 256 KiB, stepped from the block
+// loop the same way: fp32 GroupNorm 0.7x, bf16 1.03x; not kept.) Elsewhere one
 // sample per task, its output written backwards (see
 // Traversal::kBackwardsOnThisThread), so the part still in this core's
 // cache is read from there: ~15% faster than two passes over the whole
@@ -338,7 +338,6 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
   const int64_t total = g.layout.NumElements();
   const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
   const bool interleave =
-      g.layout.inner == 1 &&
       g.SampleSize() * static_cast<int64_t>(sizeof(Storage<T>)) >=
           InterleavedSampleBytes() &&
       ChannelMomentsStepWork(sample) &&

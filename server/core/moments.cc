@@ -1404,8 +1404,8 @@ std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
   // Only a serial reduction steps `work` (on this thread, in order).
   StepInterleave side{work};
   const bool interleave = work != nullptr && hand_written &&
-                          layout.inner == 1 && SerialLoopsScope::Active() &&
-                          CpuHasAvx512Bw();
+                          ChannelMomentsStepWork(layout) &&
+                          SerialLoopsScope::Active() && CpuHasAvx512Bw();
   std::vector<Moments> per_group(num_groups * channels);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, num_ranges * num_groups),
