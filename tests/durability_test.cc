@@ -95,11 +95,18 @@ bool Matches(const v1::ModelState& state,
   for (const auto& b : order) all.insert(all.end(), b.begin(), b.end());
   const auto pooled = testing::ReferenceChannelStats(
       all, static_cast<int64_t>(order.size()) * kRows, kChannels, 1);
+  // Errors relative to the data's scale, not to the value: model-0's data is
+  // centred on 0, and its pooled mean can land within 1e-5 of 0 (where fp64
+  // rounding of 3e-17 is a 1e-12 relative error) once in a few hundred
+  // storms. The batches' standard deviations are at least 1; a replay in the
+  // core of 450-650 batches lands within 3e-15 of the reference on this
+  // scale.
+  constexpr double kScale = 1.0;
   for (int c = 0; c < kChannels; ++c) {
-    if (RelErr(state.running_mean(c), running.mean[c]) > 1e-12 ||
-        RelErr(state.running_var(c), running.var[c]) > 1e-12 ||
-        RelErr(state.mean(c), pooled.mean[c]) > 1e-12 ||
-        RelErr(state.var(c), pooled.var[c]) > 1e-12) {
+    if (RelErr(state.running_mean(c), running.mean[c], kScale) > 1e-12 ||
+        RelErr(state.running_var(c), running.var[c], kScale) > 1e-12 ||
+        RelErr(state.mean(c), pooled.mean[c], kScale) > 1e-12 ||
+        RelErr(state.var(c), pooled.var[c], kScale) > 1e-12) {
       return false;
     }
   }
