@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
       // Channels-last with fewer than 64 channels (the narrow tiles).
       Make(NormMode::kGroupNorm, {64, 128, 128, 16}, f32, x, -1, 8),
       Make(NormMode::kBatchNorm, {128, 64, 64, 32}, f32, x, -1, 0, true),
+      // Channels-last with several register tiles (rows first).
+      Make(NormMode::kBatchNorm, {64, 32, 32, 256}, f32, x, -1, 0, true),
+      Make(NormMode::kGroupNorm, {32, 32, 32, 1024}, bf16, h, -1, 32),
       Make(NormMode::kInstanceNorm, {4096, 64, 8, 8}, f32, x, 1),
       Make(NormMode::kInstanceNorm, {1, 512, 512, 64}, f32, x, -1),
       Make(NormMode::kBatchNorm, {4096, 64, 8, 8}, f32, x, 1, 0, true),

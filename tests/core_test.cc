@@ -569,7 +569,8 @@ TEST(LayerNormTest, NonFiniteValuesPassThroughAsIeee) {
 
 // The same bar for channels-last data with the channel counts that take
 // the fp32 register tiles (64 channels, and the narrower tiles of 32, 16,
-// .., 1 beside or instead of them): their error comes from each flush of
+// .., 1 beside or instead of them; 128 channels and more, rows first, with
+// the same lanes): their error comes from each flush of
 // fp32 lanes, so it does not shrink with the count per channel, and fewer
 // values per channel show it (2.1e-7 with 32 rows per flush).
 TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
@@ -577,8 +578,9 @@ TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
     int64_t channels;
     int64_t per_channel;
   };
-  for (const Case& c : {Case{64, 100'000}, Case{96, 40'000}, Case{16, 100'000},
-                        Case{3, 200'000}}) {
+  for (const Case& c :
+       {Case{64, 100'000}, Case{96, 40'000}, Case{16, 100'000},
+        Case{3, 200'000}, Case{256, 25'000}, Case{1024, 6'000}}) {
     SCOPED_TRACE(c.channels);
     const int64_t n = c.channels * c.per_channel;
     const auto x = RandomValues<float>(n, 44, 1e4, 1.0);

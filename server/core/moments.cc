@@ -846,6 +846,87 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
   }
 }
 
+// Rows-first passes over blocks of at least kRowsFirstTiles register tiles.
+// Tile after tile, each reading a few lines of every row, ran several times
+// slower than one stream of the same bytes (Fit NHWC of 64 MiB on 2 cores:
+// 1.8 ms with 64 channels, 3.6-5.2 ms with 128-1024; a scratch sum of 256
+// lines per 1 KiB row tile by tile: 9 against 25 GB/s); reading each row
+// whole, with the lanes' sums in arrays, reads memory in order.
+constexpr int64_t kRowsFirstTiles = 2;
+// The widest such block: ChannelMomentsShortRuns' channels-last ranges.
+constexpr int64_t kMaxRowWidth = 1024;
+// How far ahead of the row being summed a rows-first pass prefetches into L2:
+// the hardware's own prefetch fell behind at 1 KiB rows (Fit NHWC [65536,
+// 256], 2 cores, paired: 3.5 -> 2.3 ms with 64 KiB).
+constexpr int64_t kRowsPrefetchBytes = 64 << 10;
+
+// Prefetches `bytes` of the row `rows_ahead` rows past `row` (row number
+// `r`) into L2, if that row is before row `limit`.
+NORMD_INLINE_INTO_CLONES void PrefetchRowAhead(const void* row,
+                                               int64_t row_bytes, int64_t r,
+                                               int64_t rows_ahead,
+                                               int64_t limit, int64_t bytes) {
+  if (r + rows_ahead >= limit) return;
+  const char* ahead = static_cast<const char*>(row) + rows_ahead * row_bytes;
+  for (int64_t line = 0; line < bytes; line += 64) {
+    __builtin_prefetch(ahead + line, 0, 2);
+  }
+}
+
+// Rows past the current one that PrefetchRowAhead looks for rows of
+// `row_bytes`.
+inline int64_t RowsAhead(int64_t row_bytes) {
+  return std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
+}
+
+// ChannelsLastTile for `width` (a multiple of kTile, at most kMaxRowWidth)
+// consecutive channels starting at `c`, rows first: every lane does what its
+// tile's would, in the same order (the same shift from the same rows, the
+// same flushes), so the same bits. Rows before `rows_end` (the layout's)
+// are prefetched.
+template <typename E>
+NORMD_INLINE_INTO_CLONES void ChannelsLastRows(
+    const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
+    int64_t width, int64_t r0, int64_t r1, int64_t rows_end,
+    double* __restrict center_out, double* __restrict dev_out,
+    double* __restrict sq_out) {
+  alignas(64) float center[kMaxRowWidth];
+  alignas(64) float dev_acc[kMaxRowWidth];
+  alignas(64) float sq_acc[kMaxRowWidth];
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  for (int64_t j = 0; j < width; ++j) center[j] = 0.0f;
+  for (int64_t r = r0; r < sample_end; ++r) {
+    const auto* __restrict row = x + r * row_stride + c;
+    for (int64_t j = 0; j < width; ++j) center[j] += E::Load(row[j]);
+  }
+  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
+  for (int64_t j = 0; j < width; ++j) center[j] *= inverse;
+  for (int64_t j = 0; j < width; ++j) dev_out[j] = sq_out[j] = 0.0;
+  const int64_t row_bytes = row_stride * int64_t{sizeof(*x)};
+  const int64_t ahead = RowsAhead(row_bytes);
+  for (int64_t f = r0; f < r1; f += kTileFlush) {
+    const int64_t f_end = std::min(r1, f + kTileFlush);
+    for (int64_t j = 0; j < width; ++j) dev_acc[j] = sq_acc[j] = 0.0f;
+    for (int64_t r = f; r < f_end; ++r) {
+      const auto* __restrict row = x + r * row_stride + c;
+      PrefetchRowAhead(row, row_bytes, r, ahead, rows_end,
+                       width * int64_t{sizeof(*x)});
+      for (int64_t j = 0; j < width; ++j) {
+        const float d = E::Load(row[j]) - center[j];
+        dev_acc[j] += d;
+        sq_acc[j] = std::fma(d, d, sq_acc[j]);
+      }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      dev_out[j] += static_cast<double>(dev_acc[j]);
+      sq_out[j] += static_cast<double>(sq_acc[j]);
+    }
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    center_out[j] = static_cast<double>(center[j]);
+  }
+}
+
 // Adds rows [from, from + count) (count <= kPack) of kWidth channels at
 // `c` into NarrowChannelsLastTile's lanes (lane s * kWidth + j: row
 // from + s, channel c + j). A function, not a lambda, so that it is
@@ -1038,6 +1119,116 @@ template <bool kBFloat16, typename Side>
     }
   }
 }
+
+// HalfChannelsLastTileAvx512 for `width` (a multiple of kTile, at most
+// kMaxRowWidth) channels, rows first as ChannelsLastRows: each tile's
+// registers become entries of arrays, used in the same order, so the same
+// bits.
+template <bool kBFloat16>
+[[gnu::target("avx512f,avx512bw")]] void HalfChannelsLastRowsAvx512(
+    const uint16_t* x, int64_t row_stride, int64_t c, int64_t width, int64_t r0,
+    int64_t r1, int64_t rows_end, double* center_out, double* dev_out,
+    double* sq_out) {
+  static_assert(kTile == 64);
+  constexpr int kVectors = kMaxRowWidth / 16;
+  const int64_t tiles = width / kTile;
+  // Vector v of tile t (16 lanes) at [4 t + v].
+  auto load = [&](int64_t r, int64_t t, __m512 * f)
+      __attribute__((target("avx512f,avx512bw"))) {
+    const uint16_t* row = x + r * row_stride + c + kTile * t;
+    if constexpr (kBFloat16) {
+      for (int h = 0; h < 2; ++h) {
+        const BFloat16Pair p =
+            WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
+        f[2 * h] = p.even;
+        f[2 * h + 1] = p.odd;
+      }
+    } else {
+      for (int v = 0; v < 4; ++v) {
+        f[v] = FloatsOfFloat16x16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + v));
+      }
+    }
+  };
+  __m512 center[kVectors];
+  __m512 dev_acc[kVectors];
+  __m512 sq_acc[kVectors];
+  // fp64 sums: lanes 0-7 of vector i at [2 i], 8-15 at [2 i + 1].
+  __m512d dev[2 * kVectors];
+  __m512d sq[2 * kVectors];
+  const int64_t vectors = 4 * tiles;
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  for (int64_t i = 0; i < vectors; ++i) center[i] = _mm512_setzero_ps();
+  for (int64_t r = r0; r < sample_end; ++r) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      __m512 f[4];
+      load(r, t, f);
+      for (int v = 0; v < 4; ++v) {
+        center[4 * t + v] = _mm512_add_ps(center[4 * t + v], f[v]);
+      }
+    }
+  }
+  const __m512 inverse =
+      _mm512_set1_ps(1.0f / static_cast<float>(sample_end - r0));
+  for (int64_t i = 0; i < vectors; ++i) {
+    center[i] = _mm512_mul_ps(center[i], inverse);
+  }
+  for (int64_t w = 0; w < 2 * vectors; ++w)
+    dev[w] = sq[w] = _mm512_setzero_pd();
+  const int64_t row_bytes = row_stride * int64_t{sizeof(uint16_t)};
+  const int64_t ahead = RowsAhead(row_bytes);
+  for (int64_t f0 = r0; f0 < r1; f0 += kTileFlush) {
+    const int64_t f_end = std::min(r1, f0 + kTileFlush);
+    for (int64_t i = 0; i < vectors; ++i) {
+      dev_acc[i] = sq_acc[i] = _mm512_setzero_ps();
+    }
+    for (int64_t r = f0; r < f_end; ++r) {
+      PrefetchRowAhead(x + r * row_stride + c, row_bytes, r, ahead, rows_end,
+                       width * int64_t{sizeof(uint16_t)});
+      for (int64_t t = 0; t < tiles; ++t) {
+        __m512 f[4];
+        load(r, t, f);
+        for (int v = 0; v < 4; ++v) {
+          const int64_t i = 4 * t + v;
+          const __m512 d = ShiftedLanes(f[v], center[i], v);
+          dev_acc[i] = _mm512_add_ps(dev_acc[i], d);
+          sq_acc[i] = _mm512_fmadd_ps(d, d, sq_acc[i]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < vectors; ++i) {
+      auto widen_add = [](__m512d & low, __m512d & high, __m512 v)
+          __attribute__((target("avx512f"))) {
+        low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+        high = _mm512_add_pd(
+            high, _mm512_cvtps_pd(_mm256_castpd_ps(
+                      _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+      };
+      widen_add(dev[2 * i], dev[2 * i + 1], dev_acc[i]);
+      widen_add(sq[2 * i], sq[2 * i + 1], sq_acc[i]);
+    }
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(64) float centers[kTile];
+    alignas(64) double devs[kTile], squares[kTile];
+    for (int v = 0; v < 4; ++v) {
+      _mm512_store_ps(centers + 16 * v, center[4 * t + v]);
+    }
+    for (int w = 0; w < 8; ++w) {
+      _mm512_store_pd(devs + 8 * w, dev[8 * t + w]);
+      _mm512_store_pd(squares + 8 * w, sq[8 * t + w]);
+    }
+    for (int v = 0; v < 4; ++v) {
+      for (int e = 0; e < 16; ++e) {
+        const int64_t channel =
+            kTile * t + (kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e);
+        center_out[channel] = static_cast<double>(centers[16 * v + e]);
+        dev_out[channel] = devs[16 * v + e];
+        sq_out[channel] = squares[16 * v + e];
+      }
+    }
+  }
+}
 #endif  // NORMD_HALF_AVX512
 
 // Shifted sums of a row block whose channels are short runs (1 < inner <
@@ -1188,7 +1379,8 @@ enum class RowPass { kFast, kFastCompiled, kExact };
 
 // Moments of every channel of a row block into out[0..width): per-channel
 // accumulators, vectorized across channels (fp32 data channels-last: in
-// register tiles of kTile channels, see ChannelsLastTile, and the rest in
+// register tiles of kTile channels, see ChannelsLastTile, or with two tiles
+// or more their lanes rows first, see ChannelsLastRows; the rest in
 // NarrowChannelsLastTiles; runs of kMinSummedRun or more: ShortRunSums), as
 // `pass` says; the exact pass and other layouts in the generic fp64 loops.
 // scratch.wide holds the shifts (or means), S1 and S2 of every channel
@@ -1216,7 +1408,28 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
   int64_t tiled = 0;
   if constexpr (std::is_same_v<typename E::Value, float>) {
     if (tile && inner == 1) tiled = width / kTile * kTile;
-    for (int64_t t = 0; t < tiled; t += kTile) {
+    const bool rows_first = tiled >= kRowsFirstTiles * kTile;
+    if (rows_first) {
+#ifdef NORMD_HALF_AVX512
+      if constexpr (!std::is_same_v<E, Stored<float>>) {
+        if (hand_written) {
+          HalfChannelsLastRowsAvx512<std::is_same_v<E, BFloat16Values>>(
+              x, row_stride, block.c0, tiled, block.r0, block.r1, layout.outer,
+              sum, dev, sq);
+        } else {
+          ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0,
+                              block.r1, layout.outer, sum, dev, sq);
+        }
+      } else {
+        ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0, block.r1,
+                            layout.outer, sum, dev, sq);
+      }
+#else
+      ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0, block.r1,
+                          layout.outer, sum, dev, sq);
+#endif
+    }
+    for (int64_t t = 0; t < (rows_first ? 0 : tiled); t += kTile) {
 #ifdef NORMD_HALF_AVX512
       if constexpr (!std::is_same_v<E, Stored<float>>) {
         if (hand_written) {
@@ -1376,12 +1589,13 @@ std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
                                              const ChannelLayout& layout,
                                              bool hand_written = true,
                                              InterleavedWork* work = nullptr) {
-  // Elements of one row per block: channels-last, 1024 channels (kTile
-  // register tiles); runs of one channel (inner > 1), 16 Ki elements. Runs
-  // read as strips of 1 Ki elements left the hardware prefetcher starting
-  // afresh on every 4 KiB page (Fit [4096, 64, 8, 8], 2 cores: 5.1 ms
-  // against 1.9 ms for [1024, 64, 16, 16], whose runs are long).
-  const int64_t row_width = layout.inner == 1 ? 1024 : 16384;
+  // Elements of one row per block: channels-last, kMaxRowWidth channels
+  // (kTile register tiles, rows first); runs of one channel (inner > 1),
+  // 16 Ki elements. Runs read as strips of 1 Ki elements left the hardware
+  // prefetcher starting afresh on every 4 KiB page (Fit [4096, 64, 8, 8],
+  // 2 cores: 5.1 ms against 1.9 ms for [1024, 64, 16, 16], whose runs are
+  // long).
+  const int64_t row_width = layout.inner == 1 ? kMaxRowWidth : 16384;
   // Elements per row block: larger than kMomentsBlock because the tiles keep
   // their sums in registers, and each block's shift sample, finish and
   // merges leave the loads idle (fp32 Fit NHWC, 64 MiB: 1.58 ms at 64 Ki
