@@ -302,6 +302,31 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
   }
 }
 
+// `wide` rounded to `dtype` (fp32 or a 16-bit format): the tensor the
+// kernels read (f or h) and the values it holds, for the fp64 reference.
+struct TypedValues {
+  TypedValues(DType type, const std::vector<double>& wide)
+      : dtype(type), f(wide.size()), h(wide.size()), values(wide.size()) {
+    for (size_t i = 0; i < wide.size(); ++i) {
+      if (dtype == DType::kFloat32) {
+        f[i] = static_cast<float>(wide[i]);
+        values[i] = f[i];
+      } else {
+        h[i] = DoubleToHalf(dtype, wide[i]);
+        values[i] = HalfValue(dtype, h[i]);
+      }
+    }
+  }
+  const void* data() const {
+    return dtype == DType::kFloat32 ? static_cast<const void*>(f.data())
+                                    : static_cast<const void*>(h.data());
+  }
+  DType dtype;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  std::vector<double> values;
+};
+
 // Channels-last blocks of two or more register tiles (128+ channels) are
 // reduced rows first (each row read whole, for memory's sake), the narrower
 // ones tile by tile; every channel must get the same bits either way: here
@@ -325,26 +350,15 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
           SCOPED_TRACE(::testing::Message()
                        << DTypeName(dtype) << " [" << outer << ", " << channels
                        << "] offset " << offset);
-          std::vector<float> f(n);
-          std::vector<uint16_t> h(n);
-          std::vector<double> values(n);
-          for (int64_t i = 0; i < n; ++i) {
-            if (dtype == DType::kFloat32) {
-              f[i] = static_cast<float>(wide[i]);
-              values[i] = f[i];
-            } else {
-              h[i] = DoubleToHalf(dtype, wide[i]);
-              values[i] = HalfValue(dtype, h[i]);
-            }
-          }
+          const TypedValues typed(dtype, wide);
           // Channels [c0, c0 + width) as a tensor of their own.
           auto part = [&](int64_t c0, int64_t width, bool hand_written) {
             std::vector<float> pf(outer * width);
             std::vector<uint16_t> ph(outer * width);
             for (int64_t r = 0; r < outer; ++r) {
               for (int64_t c = 0; c < width; ++c) {
-                pf[r * width + c] = f[r * channels + c0 + c];
-                ph[r * width + c] = h[r * channels + c0 + c];
+                pf[r * width + c] = typed.f[r * channels + c0 + c];
+                ph[r * width + c] = typed.h[r * channels + c0 + c];
               }
             }
             const void* px = dtype == DType::kFloat32
@@ -353,9 +367,7 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
             return ShortRunChannelMoments(
                 dtype, px, ChannelLayout{outer, width, 1}, hand_written);
           };
-          const void* x = dtype == DType::kFloat32
-                              ? static_cast<const void*>(f.data())
-                              : static_cast<const void*>(h.data());
+          const void* x = typed.data();
           for (bool hand_written : {true, false}) {
             SCOPED_TRACE(hand_written ? "hand-written" : "compiled");
             const auto all =
@@ -376,7 +388,7 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
             }
             if (dtype == DType::kFloat32) {
               const auto ref =
-                  ReferenceChannelStats(values, outer, channels, 1);
+                  ReferenceChannelStats(typed.values, outer, channels, 1);
               for (int64_t c = 0; c < channels; ++c) {
                 EXPECT_LE(RelErr(all[c].BiasedVariance(), ref.var[c]), 5e-7)
                     << c;
@@ -415,21 +427,9 @@ TEST(HalfTest, ShortRunMomentsHandWrittenEqualCompiledBitwise) {
           }
           for (DType dtype :
                {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-            std::vector<float> f(n);
-            std::vector<uint16_t> h(n);
-            std::vector<double> values(n);
-            for (int64_t i = 0; i < n; ++i) {
-              if (dtype == DType::kFloat32) {
-                f[i] = static_cast<float>(wide[i]);
-                values[i] = f[i];
-              } else {
-                h[i] = DoubleToHalf(dtype, wide[i]);
-                values[i] = HalfValue(dtype, h[i]);
-              }
-            }
-            const void* x = dtype == DType::kFloat32
-                                ? static_cast<const void*>(f.data())
-                                : static_cast<const void*>(h.data());
+            const TypedValues typed(dtype, wide);
+            const std::vector<double>& values = typed.values;
+            const void* x = typed.data();
             SCOPED_TRACE(::testing::Message()
                          << DTypeName(dtype) << " [" << outer << ", "
                          << channels << ", " << inner << "] offset " << offset);

@@ -794,22 +794,23 @@ static_assert(StepInterleave::kTileValues == kTile);
 // bar is 1e-7; 4e-8 with 16).
 constexpr int64_t kTileFlush = 16;
 
-// The shifts of kChannels channels-last channels starting at `c` over rows
+// The shifts of `channels` channels-last channels starting at `c` over rows
 // [r0, r1): the fp32 mean of each one's first kShiftSample rows. The shift
 // need only be near the mean: fp32 sums suffice (an overflow gives a
-// non-finite shift, which NeedsExactPath catches).
-template <typename E, int kChannels>
+// non-finite shift, which NeedsExactPath catches). Inlined, with a constant
+// `channels` in the tiles.
+template <typename E>
 NORMD_INLINE_INTO_CLONES void ChannelsLastShifts(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
-    int64_t r0, int64_t r1, float* __restrict center) {
+    int64_t channels, int64_t r0, int64_t r1, float* __restrict center) {
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
-  for (int j = 0; j < kChannels; ++j) center[j] = 0.0f;
+  for (int64_t j = 0; j < channels; ++j) center[j] = 0.0f;
   for (int64_t r = r0; r < sample_end; ++r) {
     const auto* __restrict row = x + r * row_stride + c;
-    for (int j = 0; j < kChannels; ++j) center[j] += E::Load(row[j]);
+    for (int64_t j = 0; j < channels; ++j) center[j] += E::Load(row[j]);
   }
   const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  for (int j = 0; j < kChannels; ++j) center[j] *= inverse;
+  for (int64_t j = 0; j < channels; ++j) center[j] *= inverse;
 }
 
 template <typename E, typename Side>
@@ -818,7 +819,7 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
     int64_t r0, int64_t r1, double* __restrict center_out,
     double* __restrict dev_out, double* __restrict sq_out, Side& side) {
   float center[kTile];
-  ChannelsLastShifts<E, kTile>(x, row_stride, c, r0, r1, center);
+  ChannelsLastShifts<E>(x, row_stride, c, kTile, r0, r1, center);
   double dev[kTile] = {};
   double sq[kTile] = {};
   for (int64_t f = r0; f < r1; f += kTileFlush) {
@@ -893,14 +894,7 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastRows(
   alignas(64) float center[kMaxRowWidth];
   alignas(64) float dev_acc[kMaxRowWidth];
   alignas(64) float sq_acc[kMaxRowWidth];
-  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
-  for (int64_t j = 0; j < width; ++j) center[j] = 0.0f;
-  for (int64_t r = r0; r < sample_end; ++r) {
-    const auto* __restrict row = x + r * row_stride + c;
-    for (int64_t j = 0; j < width; ++j) center[j] += E::Load(row[j]);
-  }
-  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  for (int64_t j = 0; j < width; ++j) center[j] *= inverse;
+  ChannelsLastShifts<E>(x, row_stride, c, width, r0, r1, center);
   for (int64_t j = 0; j < width; ++j) dev_out[j] = sq_out[j] = 0.0;
   const int64_t row_bytes = row_stride * int64_t{sizeof(*x)};
   const int64_t ahead = RowsAhead(row_bytes);
@@ -965,7 +959,7 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
   static_assert(kTile % kWidth == 0);
   constexpr int kPack = kTile / kWidth;
   float center[kWidth];
-  ChannelsLastShifts<E, kWidth>(x, row_stride, c, r0, r1, center);
+  ChannelsLastShifts<E>(x, row_stride, c, kWidth, r0, r1, center);
   float lane_center[kTile];
   for (int l = 0; l < kTile; ++l) lane_center[l] = center[l % kWidth];
   double dev[kTile] = {};
@@ -1033,6 +1027,27 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTiles(
 }
 
 #ifdef NORMD_HALF_AVX512
+// One tile row (kTile 16-bit values at `row`) as fp32 vectors: float16 16
+// channels per register in order; bfloat16 as two BFloat16Pairs (register
+// 0: channels 0, 2, .., 30; 1: 1, 3, .., 31; 2 and 3 the same for 32..63).
+template <bool kBFloat16>
+[[gnu::target("avx512f,avx512bw")]] inline void LoadHalfTileRow(
+    const uint16_t* row, __m512* f) {
+  if constexpr (kBFloat16) {
+    for (int h = 0; h < 2; ++h) {
+      const BFloat16Pair p =
+          WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
+      f[2 * h] = p.even;
+      f[2 * h + 1] = p.odd;
+    }
+  } else {
+    for (int v = 0; v < 4; ++v) {
+      f[v] = FloatsOfFloat16x16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + v));
+    }
+  }
+}
+
 // ChannelsLastTile<BFloat16Values> / <Float16Values> (the same bits) in
 // registers. float16 rows convert 16 channels per register in order;
 // bfloat16 rows load as two BFloat16Pairs: register 0 holds channels 0, 2,
@@ -1046,20 +1061,7 @@ template <bool kBFloat16, typename Side>
   static_assert(kTile == 64);
   auto load = [&](int64_t r, __m512 * f)
       __attribute__((target("avx512f,avx512bw"))) {
-    const uint16_t* row = x + r * row_stride + c;
-    if constexpr (kBFloat16) {
-      for (int h = 0; h < 2; ++h) {
-        const BFloat16Pair p =
-            WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
-        f[2 * h] = p.even;
-        f[2 * h + 1] = p.odd;
-      }
-    } else {
-      for (int v = 0; v < 4; ++v) {
-        f[v] = FloatsOfFloat16x16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + v));
-      }
-    }
+    LoadHalfTileRow<kBFloat16>(x + r * row_stride + c, f);
   };
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
   __m512 center[4];
@@ -1135,20 +1137,7 @@ template <bool kBFloat16>
   // Vector v of tile t (16 lanes) at [4 t + v].
   auto load = [&](int64_t r, int64_t t, __m512 * f)
       __attribute__((target("avx512f,avx512bw"))) {
-    const uint16_t* row = x + r * row_stride + c + kTile * t;
-    if constexpr (kBFloat16) {
-      for (int h = 0; h < 2; ++h) {
-        const BFloat16Pair p =
-            WidenBFloat16Pair(_mm512_loadu_si512(row + 32 * h));
-        f[2 * h] = p.even;
-        f[2 * h + 1] = p.odd;
-      }
-    } else {
-      for (int v = 0; v < 4; ++v) {
-        f[v] = FloatsOfFloat16x16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + v));
-      }
-    }
+    LoadHalfTileRow<kBFloat16>(x + r * row_stride + c + kTile * t, f);
   };
   __m512 center[kVectors];
   __m512 dev_acc[kVectors];
