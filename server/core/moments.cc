@@ -1048,6 +1048,30 @@ template <bool kBFloat16>
   }
 }
 
+// A 16-bit tile's shifts (4 registers in LoadHalfTileRow's lane order) and
+// fp64 sums (8 registers: lanes 0-7 of fp32 register v in [2 v], 8-15 in
+// [2 v + 1]) into center / dev / sq [0, kTile) in channel order.
+template <bool kBFloat16>
+[[gnu::target("avx512f")]] inline void StoreHalfTileLanes(
+    const __m512* center, const __m512d* dev, const __m512d* sq,
+    double* center_out, double* dev_out, double* sq_out) {
+  alignas(64) float centers[kTile];
+  alignas(64) double devs[kTile], squares[kTile];
+  for (int v = 0; v < 4; ++v) _mm512_store_ps(centers + 16 * v, center[v]);
+  for (int w = 0; w < 8; ++w) {
+    _mm512_store_pd(devs + 8 * w, dev[w]);
+    _mm512_store_pd(squares + 8 * w, sq[w]);
+  }
+  for (int v = 0; v < 4; ++v) {
+    for (int e = 0; e < 16; ++e) {
+      const int channel = kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
+      center_out[channel] = static_cast<double>(centers[16 * v + e]);
+      dev_out[channel] = devs[16 * v + e];
+      sq_out[channel] = squares[16 * v + e];
+    }
+  }
+}
+
 // ChannelsLastTile<BFloat16Values> / <Float16Values> (the same bits) in
 // registers. float16 rows convert 16 channels per register in order;
 // bfloat16 rows load as two BFloat16Pairs: register 0 holds channels 0, 2,
@@ -1105,21 +1129,7 @@ template <bool kBFloat16, typename Side>
                             _mm512_castps_pd(sq_acc[v]), 1))));
     }
   }
-  alignas(64) float centers[kTile];
-  alignas(64) double devs[kTile], squares[kTile];
-  for (int v = 0; v < 4; ++v) _mm512_store_ps(centers + 16 * v, center[v]);
-  for (int w = 0; w < 8; ++w) {
-    _mm512_store_pd(devs + 8 * w, dev[w]);
-    _mm512_store_pd(squares + 8 * w, sq[w]);
-  }
-  for (int v = 0; v < 4; ++v) {
-    for (int e = 0; e < 16; ++e) {
-      const int channel = kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e;
-      center_out[channel] = static_cast<double>(centers[16 * v + e]);
-      dev_out[channel] = devs[16 * v + e];
-      sq_out[channel] = squares[16 * v + e];
-    }
-  }
+  StoreHalfTileLanes<kBFloat16>(center, dev, sq, center_out, dev_out, sq_out);
 }
 
 // HalfChannelsLastTileAvx512 for `width` (a multiple of kTile, at most
@@ -1198,24 +1208,9 @@ template <bool kBFloat16>
     }
   }
   for (int64_t t = 0; t < tiles; ++t) {
-    alignas(64) float centers[kTile];
-    alignas(64) double devs[kTile], squares[kTile];
-    for (int v = 0; v < 4; ++v) {
-      _mm512_store_ps(centers + 16 * v, center[4 * t + v]);
-    }
-    for (int w = 0; w < 8; ++w) {
-      _mm512_store_pd(devs + 8 * w, dev[8 * t + w]);
-      _mm512_store_pd(squares + 8 * w, sq[8 * t + w]);
-    }
-    for (int v = 0; v < 4; ++v) {
-      for (int e = 0; e < 16; ++e) {
-        const int64_t channel =
-            kTile * t + (kBFloat16 ? 32 * (v / 2) + 2 * e + v % 2 : 16 * v + e);
-        center_out[channel] = static_cast<double>(centers[16 * v + e]);
-        dev_out[channel] = devs[16 * v + e];
-        sq_out[channel] = squares[16 * v + e];
-      }
-    }
+    StoreHalfTileLanes<kBFloat16>(center + 4 * t, dev + 8 * t, sq + 8 * t,
+                                  center_out + kTile * t, dev_out + kTile * t,
+                                  sq_out + kTile * t);
   }
 }
 #endif  // NORMD_HALF_AVX512
@@ -1397,28 +1392,27 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
   int64_t tiled = 0;
   if constexpr (std::is_same_v<typename E::Value, float>) {
     if (tile && inner == 1) tiled = width / kTile * kTile;
-    const bool rows_first = tiled >= kRowsFirstTiles * kTile;
-    if (rows_first) {
+    // Two tiles or more: rows first; else tile by tile (none, or one).
+    int64_t tile_by_tile = tiled;
+    if (tiled >= kRowsFirstTiles * kTile) {
+      tile_by_tile = 0;
+      bool done = false;
 #ifdef NORMD_HALF_AVX512
       if constexpr (!std::is_same_v<E, Stored<float>>) {
         if (hand_written) {
           HalfChannelsLastRowsAvx512<std::is_same_v<E, BFloat16Values>>(
               x, row_stride, block.c0, tiled, block.r0, block.r1, layout.outer,
               sum, dev, sq);
-        } else {
-          ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0,
-                              block.r1, layout.outer, sum, dev, sq);
+          done = true;
         }
-      } else {
+      }
+#endif
+      if (!done) {
         ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0, block.r1,
                             layout.outer, sum, dev, sq);
       }
-#else
-      ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0, block.r1,
-                          layout.outer, sum, dev, sq);
-#endif
     }
-    for (int64_t t = 0; t < (rows_first ? 0 : tiled); t += kTile) {
+    for (int64_t t = 0; t < tile_by_tile; t += kTile) {
 #ifdef NORMD_HALF_AVX512
       if constexpr (!std::is_same_v<E, Stored<float>>) {
         if (hand_written) {
