@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -847,13 +848,15 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
   }
 }
 
-// Rows-first passes over blocks of at least kRowsFirstTiles register tiles.
-// Tile after tile, each reading a few lines of every row, ran several times
-// slower than one stream of the same bytes (Fit NHWC of 64 MiB on 2 cores:
-// 1.8 ms with 64 channels, 3.6-5.2 ms with 128-1024; a scratch sum of 256
-// lines per 1 KiB row tile by tile: 9 against 25 GB/s); reading each row
-// whole, with the lanes' sums in arrays, reads memory in order.
-constexpr int64_t kRowsFirstTiles = 2;
+// Rows-first passes over channels-last blocks that would take two tiles or
+// more (register tiles and NarrowChannelsLastTiles of 32, 16, .., 1
+// channels). Tile after tile, each reading a few lines of every row, ran
+// several times slower than one stream of the same bytes (Fit NHWC of 64
+// MiB on 2 cores: 1.8 ms with 64 channels, 3.6-5.2 ms with 128-1024, and
+// 1.7-2.6x the 64-channel time with 48, 96, 144 or 240; a scratch sum of
+// 256 lines per 1 KiB row tile by tile: 9 against 25 GB/s); reading each
+// row whole, with the tiles' lanes in arrays, reads memory in order.
+constexpr int kRowsFirstPasses = 2;
 // The widest such block: ChannelMomentsShortRuns' channels-last ranges.
 constexpr int64_t kMaxRowWidth = 1024;
 // How far ahead of the row being summed a rows-first pass prefetches into L2:
@@ -880,11 +883,131 @@ inline int64_t RowsAhead(int64_t row_bytes) {
   return std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
 }
 
-// ChannelsLastTile for `width` (a multiple of kTile, at most kMaxRowWidth)
-// consecutive channels starting at `c`, rows first: every lane does what its
-// tile's would, in the same order (the same shift from the same rows, the
-// same flushes), so the same bits. Rows before `rows_end` (the layout's)
-// are prefetched.
+// A narrow tile's results: channel j's shift, and its S1 and S2 as the sums
+// in order of its `pack` lanes (lane s * width + j).
+NORMD_INLINE_INTO_CLONES void FoldNarrowLanes(const float* center,
+                                              const double* dev,
+                                              const double* sq, int width,
+                                              int pack, double* center_out,
+                                              double* dev_out, double* sq_out) {
+  for (int j = 0; j < width; ++j) {
+    double dev_sum = 0.0;
+    double sq_sum = 0.0;
+    for (int k = 0; k < pack; ++k) {
+      dev_sum += dev[k * width + j];
+      sq_sum += sq[k * width + j];
+    }
+    center_out[j] = static_cast<double>(center[j]);
+    dev_out[j] = dev_sum;
+    sq_out[j] = sq_sum;
+  }
+}
+
+// One NarrowChannelsLastTile (`width` = 32, 16, .., 1 channels from `c`)
+// fed a row at a time: the same lanes (lane s * width + j: channel j of the
+// rows s, s + pack, .. of each flush group of kTileFlush * pack rows), the
+// same shifts and flushes, so the same bits.
+struct NarrowRowLanes {
+  int64_t c = 0;
+  int width = 0;
+  int pack = 0;  // kTile / width rows a step.
+  int lane = 0;  // Where the next row goes: s * width.
+  int rows = 0;  // Rows of the current flush group so far.
+  float center[kTile / 2];
+  float dev_acc[kTile];
+  float sq_acc[kTile];
+  double dev[kTile];
+  double sq[kTile];
+
+  template <typename E>
+  NORMD_INLINE_INTO_CLONES void Begin(const typename E::Storage* x,
+                                      int64_t row_stride, int64_t first, int w,
+                                      int64_t r0, int64_t r1) {
+    c = first;
+    width = w;
+    pack = static_cast<int>(kTile) / w;
+    ChannelsLastShifts<E>(x, row_stride, c, w, r0, r1, center);
+    for (int l = 0; l < kTile; ++l) {
+      dev_acc[l] = sq_acc[l] = 0.0f;
+      dev[l] = sq[l] = 0.0;
+    }
+  }
+  // `row`: the whole row's first element.
+  template <typename E>
+  NORMD_INLINE_INTO_CLONES void Row(const typename E::Storage* __restrict row) {
+    for (int j = 0; j < width; ++j) {
+      const float d = E::Load(row[c + j]) - center[j];
+      dev_acc[lane + j] += d;
+      sq_acc[lane + j] = std::fma(d, d, sq_acc[lane + j]);
+    }
+    lane = lane + width == kTile ? 0 : lane + width;
+    if (++rows == kTileFlush * pack) Flush();
+  }
+  NORMD_INLINE_INTO_CLONES void Flush() {
+    for (int l = 0; l < kTile; ++l) {
+      dev[l] += static_cast<double>(dev_acc[l]);
+      sq[l] += static_cast<double>(sq_acc[l]);
+      dev_acc[l] = sq_acc[l] = 0.0f;
+    }
+    lane = 0;
+    rows = 0;
+  }
+  // After the last row: the block's shifts, S1 and S2 of the channels.
+  NORMD_INLINE_INTO_CLONES void Finish(double* center_out, double* dev_out,
+                                       double* sq_out) {
+    if (rows > 0) Flush();
+    FoldNarrowLanes(center, dev, sq, width, pack, center_out, dev_out, sq_out);
+  }
+};
+
+// The channels past the whole tiles of a rows-first block, `count` < kTile
+// from `c`, as NarrowChannelsLastTiles splits them: a NarrowRowLanes for each
+// of 32, 16, .., 1 in turn that fits.
+struct NarrowRows {
+  NarrowRowLanes lanes[6];
+  int used = 0;
+
+  template <typename E>
+  NORMD_INLINE_INTO_CLONES void Begin(const typename E::Storage* x,
+                                      int64_t row_stride, int64_t c,
+                                      int64_t count, int64_t r0, int64_t r1) {
+    used = 0;
+    int64_t done = 0;
+    for (int w = kTile / 2; w >= 1; w /= 2) {
+      if (count - done >= w) {
+        lanes[used++].Begin<E>(x, row_stride, c + done, w, r0, r1);
+        done += w;
+      }
+    }
+  }
+  template <typename E>
+  NORMD_INLINE_INTO_CLONES void Row(const typename E::Storage* row) {
+    for (int i = 0; i < used; ++i) lanes[i].Row<E>(row);
+  }
+  // Results of channel c + i at center / dev / sq [i].
+  NORMD_INLINE_INTO_CLONES void Finish(double* center, double* dev,
+                                       double* sq) {
+    int64_t done = 0;
+    for (int i = 0; i < used; ++i) {
+      lanes[i].Finish(center + done, dev + done, sq + done);
+      done += lanes[i].width;
+    }
+  }
+};
+
+// Whether a channels-last block of `width` channels goes rows first: it
+// would take kRowsFirstPasses tiles or more.
+inline bool RowsFirst(int64_t width) {
+  const int64_t narrow = width % kTile;
+  return width / kTile + std::popcount(static_cast<uint64_t>(narrow)) >=
+         kRowsFirstPasses;
+}
+
+// ChannelsLastTile for `width` (at most kMaxRowWidth) consecutive channels
+// starting at `c`, rows first: the whole tiles' lanes in arrays, the rest in
+// NarrowRows; every lane does what its tile's would, in the same order (the
+// same shift from the same rows, the same flushes), so the same bits. Rows
+// before `rows_end` (the layout's) are prefetched.
 template <typename E>
 NORMD_INLINE_INTO_CLONES void ChannelsLastRows(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
@@ -894,31 +1017,36 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastRows(
   alignas(64) float center[kMaxRowWidth];
   alignas(64) float dev_acc[kMaxRowWidth];
   alignas(64) float sq_acc[kMaxRowWidth];
-  ChannelsLastShifts<E>(x, row_stride, c, width, r0, r1, center);
-  for (int64_t j = 0; j < width; ++j) dev_out[j] = sq_out[j] = 0.0;
+  const int64_t tiled = width / kTile * kTile;
+  NarrowRows narrow;
+  narrow.Begin<E>(x, row_stride, c + tiled, width - tiled, r0, r1);
+  ChannelsLastShifts<E>(x, row_stride, c, tiled, r0, r1, center);
+  for (int64_t j = 0; j < tiled; ++j) dev_out[j] = sq_out[j] = 0.0;
   const int64_t row_bytes = row_stride * int64_t{sizeof(*x)};
   const int64_t ahead = RowsAhead(row_bytes);
   for (int64_t f = r0; f < r1; f += kTileFlush) {
     const int64_t f_end = std::min(r1, f + kTileFlush);
-    for (int64_t j = 0; j < width; ++j) dev_acc[j] = sq_acc[j] = 0.0f;
+    for (int64_t j = 0; j < tiled; ++j) dev_acc[j] = sq_acc[j] = 0.0f;
     for (int64_t r = f; r < f_end; ++r) {
       const auto* __restrict row = x + r * row_stride + c;
       PrefetchRowAhead(row, row_bytes, r, ahead, rows_end,
                        width * int64_t{sizeof(*x)});
-      for (int64_t j = 0; j < width; ++j) {
+      for (int64_t j = 0; j < tiled; ++j) {
         const float d = E::Load(row[j]) - center[j];
         dev_acc[j] += d;
         sq_acc[j] = std::fma(d, d, sq_acc[j]);
       }
+      narrow.Row<E>(x + r * row_stride);
     }
-    for (int64_t j = 0; j < width; ++j) {
+    for (int64_t j = 0; j < tiled; ++j) {
       dev_out[j] += static_cast<double>(dev_acc[j]);
       sq_out[j] += static_cast<double>(sq_acc[j]);
     }
   }
-  for (int64_t j = 0; j < width; ++j) {
+  for (int64_t j = 0; j < tiled; ++j) {
     center_out[j] = static_cast<double>(center[j]);
   }
+  narrow.Finish(center_out + tiled, dev_out + tiled, sq_out + tiled);
 }
 
 // Adds rows [from, from + count) (count <= kPack) of kWidth channels at
@@ -981,17 +1109,7 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
       sq[l] += static_cast<double>(sq_acc[l]);
     }
   }
-  for (int j = 0; j < kWidth; ++j) {
-    double dev_sum = 0.0;
-    double sq_sum = 0.0;
-    for (int s = 0; s < kPack; ++s) {
-      dev_sum += dev[s * kWidth + j];
-      sq_sum += sq[s * kWidth + j];
-    }
-    center_out[j] = static_cast<double>(center[j]);
-    dev_out[j] = dev_sum;
-    sq_out[j] = sq_sum;
-  }
+  FoldNarrowLanes(center, dev, sq, kWidth, kPack, center_out, dev_out, sq_out);
 }
 
 // NarrowChannelsLastTile<E, kWidth> for channels [c + done, ..) if at
@@ -1132,18 +1250,22 @@ template <bool kBFloat16, typename Side>
   StoreHalfTileLanes<kBFloat16>(center, dev, sq, center_out, dev_out, sq_out);
 }
 
-// HalfChannelsLastTileAvx512 for `width` (a multiple of kTile, at most
-// kMaxRowWidth) channels, rows first as ChannelsLastRows: each tile's
-// registers become entries of arrays, used in the same order, so the same
-// bits.
+// HalfChannelsLastTileAvx512 for `width` (at most kMaxRowWidth) channels,
+// rows first as ChannelsLastRows: each whole tile's registers become
+// entries of arrays, used in the same order, so the same bits; the rest in
+// NarrowRows.
 template <bool kBFloat16>
 [[gnu::target("avx512f,avx512bw")]] void HalfChannelsLastRowsAvx512(
     const uint16_t* x, int64_t row_stride, int64_t c, int64_t width, int64_t r0,
     int64_t r1, int64_t rows_end, double* center_out, double* dev_out,
     double* sq_out) {
   static_assert(kTile == 64);
+  using E = std::conditional_t<kBFloat16, BFloat16Values, Float16Values>;
   constexpr int kVectors = kMaxRowWidth / 16;
   const int64_t tiles = width / kTile;
+  NarrowRows narrow;
+  narrow.Begin<E>(x, row_stride, c + kTile * tiles, width - kTile * tiles, r0,
+                  r1);
   // Vector v of tile t (16 lanes) at [4 t + v].
   auto load = [&](int64_t r, int64_t t, __m512 * f)
       __attribute__((target("avx512f,avx512bw"))) {
@@ -1194,6 +1316,7 @@ template <bool kBFloat16>
           sq_acc[i] = _mm512_fmadd_ps(d, d, sq_acc[i]);
         }
       }
+      narrow.Row<E>(x + r * row_stride);
     }
     for (int64_t i = 0; i < vectors; ++i) {
       auto widen_add = [](__m512d & low, __m512d & high, __m512 v)
@@ -1212,6 +1335,8 @@ template <bool kBFloat16>
                                   center_out + kTile * t, dev_out + kTile * t,
                                   sq_out + kTile * t);
   }
+  narrow.Finish(center_out + kTile * tiles, dev_out + kTile * tiles,
+                sq_out + kTile * tiles);
 }
 #endif  // NORMD_HALF_AVX512
 
@@ -1392,25 +1517,26 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
   int64_t tiled = 0;
   if constexpr (std::is_same_v<typename E::Value, float>) {
     if (tile && inner == 1) tiled = width / kTile * kTile;
-    // Two tiles or more: rows first; else tile by tile (none, or one).
+    // Two tiles or more: rows first; else tile by tile (one at most).
     int64_t tile_by_tile = tiled;
-    if (tiled >= kRowsFirstTiles * kTile) {
+    if (tile && inner == 1 && RowsFirst(width)) {
       tile_by_tile = 0;
       bool done = false;
 #ifdef NORMD_HALF_AVX512
       if constexpr (!std::is_same_v<E, Stored<float>>) {
         if (hand_written) {
           HalfChannelsLastRowsAvx512<std::is_same_v<E, BFloat16Values>>(
-              x, row_stride, block.c0, tiled, block.r0, block.r1, layout.outer,
+              x, row_stride, block.c0, width, block.r0, block.r1, layout.outer,
               sum, dev, sq);
           done = true;
         }
       }
 #endif
       if (!done) {
-        ChannelsLastRows<E>(x, row_stride, block.c0, tiled, block.r0, block.r1,
+        ChannelsLastRows<E>(x, row_stride, block.c0, width, block.r0, block.r1,
                             layout.outer, sum, dev, sq);
       }
+      tiled = width;
     }
     for (int64_t t = 0; t < tile_by_tile; t += kTile) {
 #ifdef NORMD_HALF_AVX512
