@@ -910,8 +910,7 @@ NORMD_INLINE_INTO_CLONES void FoldNarrowLanes(const float* center,
 struct NarrowRowLanes {
   int64_t c = 0;
   int width = 0;
-  int pack = 0;  // kTile / width rows a step.
-  int lane = 0;  // Where the next row goes: s * width.
+  int pack = 0;  // kTile / width rows a step (a power of 2).
   int rows = 0;  // Rows of the current flush group so far.
   float center[kTile / 2];
   float dev_acc[kTile];
@@ -935,12 +934,13 @@ struct NarrowRowLanes {
   // `row`: the whole row's first element.
   template <typename E>
   NORMD_INLINE_INTO_CLONES void Row(const typename E::Storage* __restrict row) {
+    // Row s of a step goes to lanes s * width + j.
+    const int lane = (rows & (pack - 1)) * width;
     for (int j = 0; j < width; ++j) {
       const float d = E::Load(row[c + j]) - center[j];
       dev_acc[lane + j] += d;
       sq_acc[lane + j] = std::fma(d, d, sq_acc[lane + j]);
     }
-    lane = lane + width == kTile ? 0 : lane + width;
     if (++rows == kTileFlush * pack) Flush();
   }
   NORMD_INLINE_INTO_CLONES void Flush() {
@@ -949,7 +949,6 @@ struct NarrowRowLanes {
       sq[l] += static_cast<double>(sq_acc[l]);
       dev_acc[l] = sq_acc[l] = 0.0f;
     }
-    lane = 0;
     rows = 0;
   }
   // After the last row: the block's shifts, S1 and S2 of the channels.
@@ -1488,8 +1487,9 @@ enum class RowPass { kFast, kFastCompiled, kExact };
 
 // Moments of every channel of a row block into out[0..width): per-channel
 // accumulators, vectorized across channels (fp32 data channels-last: in
-// register tiles of kTile channels, see ChannelsLastTile, or with two tiles
-// or more their lanes rows first, see ChannelsLastRows; the rest in
+// register tiles of kTile channels, see ChannelsLastTile, or, where a block
+// would take two tiles or more (register or narrow), their lanes rows first,
+// see ChannelsLastRows; the rest in
 // NarrowChannelsLastTiles; runs of kMinSummedRun or more: ShortRunSums), as
 // `pass` says; the exact pass and other layouts in the generic fp64 loops.
 // scratch.wide holds the shifts (or means), S1 and S2 of every channel
@@ -1517,7 +1517,8 @@ NORMD_INLINE_INTO_CLONES void RowBlockMomentsImpl(const typename E::Storage* x,
   int64_t tiled = 0;
   if constexpr (std::is_same_v<typename E::Value, float>) {
     if (tile && inner == 1) tiled = width / kTile * kTile;
-    // Two tiles or more: rows first; else tile by tile (one at most).
+    // Two tiles or more (register or narrow): rows first; else the one tile
+    // (register or narrow) alone.
     int64_t tile_by_tile = tiled;
     if (tile && inner == 1 && RowsFirst(width)) {
       tile_by_tile = 0;
