@@ -29,8 +29,15 @@ constexpr int kLanes = 8;
 // fp32 lanes of the fast path (four AVX-512 registers per sum: enough
 // independent chains to keep up with the cache), and how many values each
 // fp32 lane sums before it is flushed into fp64 (keeps every fp32 partial sum
-// short).
+// short). A flush adds lane j + 32 onto lane j in fp32 and widens the 32
+// sums into as many fp64 lanes: each fp64 addend is two 16-value fp32 sums
+// and one more rounding (about the error of a 17-value sum, where 32 values
+// in a row cost twice a 16-value sum's: see
+// AccuracyTest.OffsetTenThousandChannelsLastTiles), for half the widening
+// work: bf16 blocks (twice the values per byte, bound by arithmetic) 12%
+// faster in L1 (one thread, scratch benchmark).
 constexpr int kFloatLanes = 64;
+constexpr int kWideLanes = kFloatLanes / 2;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 // How far ahead of its loads the 16-bit block loop prefetches. Only there: on
 // Zen 4, reading 64 MiB from DRAM, the hardware prefetcher keeps up alone with
@@ -197,24 +204,24 @@ NORMD_INLINE_INTO_CLONES Moments FinishFastBlock(const float* x, int64_t i,
   if (NeedsExactPath(result, squares)) return exact();
   return result;
 }
-NORMD_INLINE_INTO_CLONES Moments
-FinishFastBlock(const float* x, int64_t i, int64_t n, float center,
-                const double (&wide_dev)[kFloatLanes],
-                const double (&wide_sq)[kFloatLanes]) {
+NORMD_INLINE_INTO_CLONES Moments FinishFastBlock(
+    const float* x, int64_t i, int64_t n, float center,
+    const double (&wide_dev)[kWideLanes], const double (&wide_sq)[kWideLanes]) {
   return FinishFastBlock(x, i, n, center, SumLanes(wide_dev), SumLanes(wide_sq),
                          [&] { return BlockMomentsExactF32(x, n); });
 }
 
 // The fp32 fast path: one pass over the block accumulating d = x - shift and
 // d^2 in fp32 SIMD lanes that are flushed into fp64 every kFloatFlush
-// elements; Corrected() turns the shifted sums into (mean, M2) exactly as it
-// corrects the two-pass sums. Falls back to the fp64 two-pass path if fp32
-// over- or underflowed or the shift was too far from the mean.
+// elements (lanes j and j + kWideLanes added first, see kFloatLanes);
+// Corrected() turns the shifted sums into (mean, M2) exactly as it corrects
+// the two-pass sums. Falls back to the fp64 two-pass path if fp32 over- or
+// underflowed or the shift was too far from the mean.
 NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
   const float center = ShiftCenter(x, n);
   // Set by the first flush (rows of a few hundred values have only one).
-  double wide_dev[kFloatLanes];
-  double wide_sq[kFloatLanes];
+  double wide_dev[kWideLanes];
+  double wide_sq[kWideLanes];
   int64_t i = 0;
   while (i + kFloatLanes <= n) {
     const int64_t len =
@@ -228,20 +235,17 @@ NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
         sq[j] = std::fma(d, d, sq[j]);
       }
     }
-    if (i == 0) {
-      std::copy(dev, dev + kFloatLanes, wide_dev);
-      std::copy(sq, sq + kFloatLanes, wide_sq);
-    } else {
-      for (int j = 0; j < kFloatLanes; ++j) {
-        wide_dev[j] += dev[j];
-        wide_sq[j] += sq[j];
-      }
+    for (int j = 0; j < kWideLanes; ++j) {
+      const float dev_pair = dev[j] + dev[j + kWideLanes];
+      const float sq_pair = sq[j] + sq[j + kWideLanes];
+      wide_dev[j] = i == 0 ? dev_pair : wide_dev[j] + dev_pair;
+      wide_sq[j] = i == 0 ? sq_pair : wide_sq[j] + sq_pair;
     }
     i += len;
   }
   if (i == 0) {
-    std::fill(wide_dev, wide_dev + kFloatLanes, 0.0);
-    std::fill(wide_sq, wide_sq + kFloatLanes, 0.0);
+    std::fill(wide_dev, wide_dev + kWideLanes, 0.0);
+    std::fill(wide_sq, wide_sq + kWideLanes, 0.0);
   }
   return FinishFastBlock(x, i, n, center, wide_dev, wide_sq);
 }
@@ -305,24 +309,23 @@ NORMD_MULTIVERSION Moments ShortBlockMomentsF32(const float* x, int64_t n) {
   return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
 }
 
-// SumLanes of the 64 fp64 lanes held in w[0..8) as BlockMomentsAvx512
-// keeps them, in registers: the same additions in the same tree as
-// FoldHalves<64> on the lanes in their natural order, so the same bits,
-// without storing and reordering them (a few percent of a 16 Ki-value
-// block). Lane k of w[j] is natural lane 8 j + k; with kPairs (j = 4 a +
-// 2 b + h) it is lane 32 a + 16 h + 2 k + b. FoldHalves halves the natural
-// index from the top bit down: a, then b and h (natural) or h and, after
-// the lanes, b (pairs).
+// SumLanes of the kWideLanes (32) fp64 lanes held in w[0..4) as
+// BlockMomentsAvx512 keeps them, in registers: the same additions in the
+// same tree as FoldHalves<32> on the lanes in their natural order, so the
+// same bits, without storing and reordering them (a few percent of a 16
+// Ki-value block). Lane k of w[j] is natural lane 8 j + k; with kPairs it is
+// lane 16 (j % 2) + 2 k + j / 2 (w[0..2) the even lanes, w[2..4) the odd).
+// FoldHalves halves the natural index from the top bit down: natural, w[0..2)
+// += w[2..4) then w[0] += w[1]; pairs, the even and odd lanes each folded
+// alike, and the lowest bit last.
 template <bool kPairs>
-[[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[8]) {
-  __m512d a[4];
-  for (int j = 0; j < 4; ++j) a[j] = _mm512_add_pd(w[j], w[j + 4]);
+[[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[4]) {
   if constexpr (kPairs) {
-    return FoldLanes(_mm512_add_pd(a[0], a[1])) +
-           FoldLanes(_mm512_add_pd(a[2], a[3]));
+    return FoldLanes(_mm512_add_pd(w[0], w[1])) +
+           FoldLanes(_mm512_add_pd(w[2], w[3]));
   } else {
     return FoldLanes(
-        _mm512_add_pd(_mm512_add_pd(a[0], a[2]), _mm512_add_pd(a[1], a[3])));
+        _mm512_add_pd(_mm512_add_pd(w[0], w[2]), _mm512_add_pd(w[1], w[3])));
   }
 }
 
@@ -336,8 +339,8 @@ template <bool kPairs>
 // 1 values 1, 3, .., 31, 2 and 3 the same for 32..63, so lane e of register
 // v sums exactly what lane 32 (v / 2) + 2 e + v % 2 does, in the same order;
 // the lanes are put back in that order at the end.
-// In = float: BlockMomentsF32 itself, x read in place (out unused), its 64
-// fp32 lanes folded in registers (FoldWideLanes) where the compiled loop
+// In = float: BlockMomentsF32 itself, x read in place (out unused), its 32
+// fp64 lanes folded in registers (FoldWideLanes) where the compiled loop
 // stores and reloads them: 8% less time for rows of 768 values, 3% for
 // whole blocks (one thread, data in cache).
 template <typename In, bool kBFloat16, bool kStore>
@@ -364,9 +367,9 @@ template <typename In, bool kBFloat16, bool kStore>
   }
   const float center = ShiftCenter(values, n);
   const __m512 shift = _mm512_set1_ps(center);
-  static_assert(kFloatLanes == 64);
-  __m512d wide_dev[8];  // Set by the first flush.
-  __m512d wide_sq[8];
+  static_assert(kFloatLanes == 64 && kWideLanes == 32);
+  __m512d wide_dev[4];  // Set by the first flush.
+  __m512d wide_sq[4];
   int64_t i = 0;
   while (i + kFloatLanes <= n) {
     const int64_t len =
@@ -407,23 +410,25 @@ template <typename In, bool kBFloat16, bool kStore>
         sq[v] = _mm512_fmadd_ps(d, d, sq[v]);
       }
     }
-    for (int v = 0; v < 4; ++v) {
-      const __m512d dev_low = _mm512_cvtps_pd(_mm512_castps512_ps256(dev[v]));
-      const __m512d dev_high = _mm512_cvtps_pd(_mm256_castpd_ps(
-          _mm512_extractf64x4_pd(_mm512_castps_pd(dev[v]), 1)));
-      const __m512d sq_low = _mm512_cvtps_pd(_mm512_castps512_ps256(sq[v]));
-      const __m512d sq_high = _mm512_cvtps_pd(
-          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq[v]), 1)));
-      if (i == 0) {
-        wide_dev[2 * v] = dev_low;
-        wide_dev[2 * v + 1] = dev_high;
-        wide_sq[2 * v] = sq_low;
-        wide_sq[2 * v + 1] = sq_high;
-      } else {
-        wide_dev[2 * v] = _mm512_add_pd(wide_dev[2 * v], dev_low);
-        wide_dev[2 * v + 1] = _mm512_add_pd(wide_dev[2 * v + 1], dev_high);
-        wide_sq[2 * v] = _mm512_add_pd(wide_sq[2 * v], sq_low);
-        wide_sq[2 * v + 1] = _mm512_add_pd(wide_sq[2 * v + 1], sq_high);
+    // Lane j + 32 onto lane j (registers v + 2 onto v, in either lane
+    // order), then widened: natural lanes 16 v + k, or with kPairs, lanes
+    // 2 k + v.
+    for (int v = 0; v < 2; ++v) {
+      const __m512 dev_pair = _mm512_add_ps(dev[v], dev[v + 2]);
+      const __m512 sq_pair = _mm512_add_ps(sq[v], sq[v + 2]);
+      const __m512d widened[4] = {
+          _mm512_cvtps_pd(_mm512_castps512_ps256(dev_pair)),
+          _mm512_cvtps_pd(_mm256_castpd_ps(
+              _mm512_extractf64x4_pd(_mm512_castps_pd(dev_pair), 1))),
+          _mm512_cvtps_pd(_mm512_castps512_ps256(sq_pair)),
+          _mm512_cvtps_pd(_mm256_castpd_ps(
+              _mm512_extractf64x4_pd(_mm512_castps_pd(sq_pair), 1)))};
+      for (int h = 0; h < 2; ++h) {
+        __m512d& into_dev = wide_dev[2 * v + h];
+        __m512d& into_sq = wide_sq[2 * v + h];
+        into_dev = i == 0 ? widened[h] : _mm512_add_pd(into_dev, widened[h]);
+        into_sq =
+            i == 0 ? widened[2 + h] : _mm512_add_pd(into_sq, widened[2 + h]);
       }
     }
     i += len;
