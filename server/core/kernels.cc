@@ -441,12 +441,24 @@ NORMD_AVX512 void AffineRowHalfAvx512(const float* x, float* y, int64_t n,
   }
 }
 
+// Stores the 64-byte line v at the 64-byte aligned p: a streaming store
+// (kStream: large outputs, see StreamOutput), or an ordinary one that
+// leaves the line in the cache for whoever reads the output next.
+template <bool kStream>
+NORMD_AVX512 inline void StoreLine(void* p, __m512i v) {
+  if constexpr (kStream) {
+    _mm512_stream_si512(static_cast<__m512i*>(p), v);
+  } else {
+    _mm512_store_si512(p, v);
+  }
+}
+
 // Writes the 16-bit y[0..n) from line(j, mask), the 32 narrowed values of
 // elements [j, j + 32) of which `mask` selects the valid ones (loads must be
-// masked): whole 64-byte lines with streaming stores, a partial line at
+// masked): whole 64-byte lines with StoreLine<kStream>, a partial line at
 // either end with a masked store (y need not be aligned). `prefetch` is
 // read ahead as y is written, as in StreamLinesAvx512.
-template <typename In, typename Line>
+template <typename In, typename Line, bool kStream = true>
 NORMD_AVX512BW void StreamHalfLineWriterAvx512(
     const In* prefetch, uint16_t* y, int64_t n, const Line& line,
     int64_t ahead_bytes = kStreamPrefetchBytes) {
@@ -467,8 +479,7 @@ NORMD_AVX512BW void StreamHalfLineWriterAvx512(
   j = head;
   for (; j + kLine <= n; j += kLine) {
     PrefetchStreamInput(prefetch, j, kLine, ahead_bytes);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j),
-                        line(j, ~__mmask32{0}));
+    StoreLine<kStream>(y + j, line(j, ~__mmask32{0}));
   }
   if (j < n) partial(j, n - j);
 }
@@ -476,17 +487,17 @@ NORMD_AVX512BW void StreamHalfLineWriterAvx512(
 // Writes the 16-bit y[0..n) from compute(j, mask), the 16 fp32 results for
 // elements [j, j + 16) of which `mask` selects the valid ones, narrowed as
 // they are written: `kNarrow32` turns two vectors into one 64-byte line.
-template <__m512i (*kNarrow32)(__m512, __m512), typename In, typename Compute>
+template <__m512i (*kNarrow32)(__m512, __m512), bool kStream = true,
+          typename In, typename Compute>
 NORMD_AVX512BW void StreamHalfLinesAvx512(
     const In* prefetch, uint16_t* y, int64_t n, const Compute& compute,
     int64_t ahead_bytes = kStreamPrefetchBytes) {
-  StreamHalfLineWriterAvx512(
-      prefetch, y, n,
-      [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
-        return kNarrow32(compute(j, static_cast<__mmask16>(m)),
-                         compute(j + 16, static_cast<__mmask16>(m >> 16)));
-      },
-      ahead_bytes);
+  auto line = [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+    return kNarrow32(compute(j, static_cast<__mmask16>(m)),
+                     compute(j + 16, static_cast<__mmask16>(m >> 16)));
+  };
+  StreamHalfLineWriterAvx512<In, decltype(line), kStream>(prefetch, y, n, line,
+                                                          ahead_bytes);
 }
 
 // The HalfAffineLanes computation narrowed to 16-bit as it is written.
@@ -520,7 +531,8 @@ NORMD_AVX512BW inline __m512 WidenLanes(const uint16_t* x, int64_t j,
 // the same fp32 values as the fp32 kernels, so the bits of widening, the
 // fp32 kernel and narrowing. Runs of one channel (inner > 1): x[0..n) of
 // channel constants k into y[0..n).
-template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
+          bool kStream>
 NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
                                                int64_t n,
                                                const ChannelParamsF32::One& k) {
@@ -528,7 +540,7 @@ NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
   const __m512 lo = _mm512_set1_ps(k.lo);
   const __m512 scale = _mm512_set1_ps(k.scale);
   const __m512 shift = _mm512_set1_ps(k.shift);
-  StreamHalfLinesAvx512<kNarrow32>(
+  StreamHalfLinesAvx512<kNarrow32, kStream>(
       x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
         return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m), hi, lo, scale,
                                   shift);
@@ -537,11 +549,12 @@ NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
 
 // Channels-last, parameters per element (the expanded arrays from the
 // phase of x[0]).
-template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
+          bool kStream>
 NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
     const float* scale, const float* shift) {
-  StreamHalfLinesAvx512<kNarrow32>(
+  StreamHalfLinesAvx512<kNarrow32, kStream>(
       x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
         return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m),
                                   _mm512_maskz_loadu_ps(m, hi + j),
@@ -556,7 +569,7 @@ NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(
 // (kVectors even: whole 64-byte lines of y), y is 64-byte aligned and the
 // parameters repeat every 16 * kVectors elements.
 template <int kVectors, __m512 (*kWiden)(__m256i),
-          __m512i (*kNarrow32)(__m512, __m512)>
+          __m512i (*kNarrow32)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
     const float* scale, const float* shift, bool prefetch_input) {
@@ -572,8 +585,8 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
     if (prefetch_input) PrefetchStreamInput(x, j, 16 * kVectors);
 #pragma GCC unroll 3
     for (int k = 0; k < kVectors; k += 2) {
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j + 16 * k),
-                          kNarrow32(lanes(j, k), lanes(j, k + 1)));
+      StoreLine<kStream>(y + j + 16 * k,
+                         kNarrow32(lanes(j, k), lanes(j, k + 1)));
     }
   }
 }
@@ -583,19 +596,18 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
 // x[j], masked: zeros past the ends), 64-byte lines with streaming stores,
 // a partial line at either end with masked ones; `prefetch` as for
 // StreamHalfLineWriterAvx512 (by default x itself, ahead of the loads).
-template <bool kCanonicalNaN, typename Compute>
+template <bool kCanonicalNaN, bool kStream = true, typename Compute>
 NORMD_AVX512BW void StreamBFloat16PairsAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const Compute& compute,
     const uint16_t* next_row = nullptr) {
   const StreamPrefetch<uint16_t> prefetch(x, next_row);
-  StreamHalfLineWriterAvx512(
-      prefetch.source, y, n,
-      [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
-        const BFloat16Pair r =
-            compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
-        return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
-      },
-      prefetch.ahead_bytes);
+  auto line = [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
+    const BFloat16Pair r =
+        compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
+    return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
+  };
+  StreamHalfLineWriterAvx512<uint16_t, decltype(line), kStream>(
+      prefetch.source, y, n, line, prefetch.ahead_bytes);
 }
 
 // The HalfAffineLanes computation of the 16-bit row x[0..n) into the 16-bit
@@ -632,14 +644,14 @@ NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
 }
 
 // StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs.
-template <bool kCanonicalNaN>
+template <bool kCanonicalNaN, bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const ChannelParamsF32::One& k) {
   const __m512 hi = _mm512_set1_ps(k.hi);
   const __m512 lo = _mm512_set1_ps(k.lo);
   const __m512 scale = _mm512_set1_ps(k.scale);
   const __m512 shift = _mm512_set1_ps(k.shift);
-  StreamBFloat16PairsAvx512<kCanonicalNaN>(
+  StreamBFloat16PairsAvx512<kCanonicalNaN, kStream>(
       x, y, n, [&](const BFloat16Pair& v, int64_t) NORMD_AVX512BW {
         return BFloat16Pair{ChannelAffineLanes(v.even, hi, lo, scale, shift),
                             ChannelAffineLanes(v.odd, hi, lo, scale, shift)};
@@ -648,7 +660,7 @@ NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
 
 // StreamHalfChannelsLastRegistersAvx512 for bfloat16 in BFloat16Pairs: the
 // parameters of each 32-value line split into even and odd vectors once.
-template <int kLines, bool kCanonicalNaN>
+template <int kLines, bool kCanonicalNaN, bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
     const float* scale, const float* shift, bool prefetch_input) {
@@ -678,8 +690,8 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
     for (int k = 0; k < kLines; ++k) {
       const BFloat16Pair v = WidenBFloat16Pair(
           _mm512_loadu_si512(reinterpret_cast<const void*>(x + j + 32 * k)));
-      _mm512_stream_si512(
-          reinterpret_cast<__m512i*>(y + j + 32 * k),
+      StoreLine<kStream>(
+          y + j + 32 * k,
           NarrowBFloat16Pair<kCanonicalNaN>(
               ChannelAffineLanes(v.even, h[2 * k], l[2 * k], s[2 * k],
                                  b[2 * k]),
@@ -764,12 +776,13 @@ NORMD_AVX512 void StreamShortChannelRunsAvx512(const float* x, float* y,
 
 // The same for 16-bit values, widened (kWiden) and narrowed (kNarrow32) in
 // registers as StreamHalfChannelRunAvx512.
-template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
+          bool kStream>
 NORMD_AVX512BW void StreamHalfShortChannelRunsAvx512(
     const uint16_t* x, uint16_t* y, int64_t begin, int64_t n,
     const ChannelLayout& layout, const ChannelParamsF32& p) {
   ShortRunCursor cursor(layout, begin, p);
-  StreamHalfLinesAvx512<kNarrow32>(
+  StreamHalfLinesAvx512<kNarrow32, kStream>(
       x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
         return cursor.Affine(WidenLanes<kWiden>(x, j, m), j);
       });
@@ -788,41 +801,54 @@ struct HalfChannelStreams {
                        const float*, const float*, const float*, bool);
 };
 
-template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512)>
+template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
+          bool kStream>
 constexpr HalfChannelStreams kHalfChannelStreamsOf = {
-    StreamHalfChannelRunAvx512<kWiden, kNarrow32>,
-    StreamHalfShortChannelRunsAvx512<kWiden, kNarrow32>,
-    StreamHalfChannelsLastRunAvx512<kWiden, kNarrow32>,
-    {StreamHalfChannelsLastRegistersAvx512<2, kWiden, kNarrow32>,
-     StreamHalfChannelsLastRegistersAvx512<4, kWiden, kNarrow32>,
-     StreamHalfChannelsLastRegistersAvx512<6, kWiden, kNarrow32>}};
+    StreamHalfChannelRunAvx512<kWiden, kNarrow32, kStream>,
+    StreamHalfShortChannelRunsAvx512<kWiden, kNarrow32, kStream>,
+    StreamHalfChannelsLastRunAvx512<kWiden, kNarrow32, kStream>,
+    {StreamHalfChannelsLastRegistersAvx512<2, kWiden, kNarrow32, kStream>,
+     StreamHalfChannelsLastRegistersAvx512<4, kWiden, kNarrow32, kStream>,
+     StreamHalfChannelsLastRegistersAvx512<6, kWiden, kNarrow32, kStream>}};
 
-template <bool kCanonicalNaN>
+template <bool kCanonicalNaN, bool kStream>
 constexpr HalfChannelStreams kBFloat16ChannelStreams = {
-    StreamBFloat16ChannelRunAvx512<kCanonicalNaN>,
+    StreamBFloat16ChannelRunAvx512<kCanonicalNaN, kStream>,
     StreamHalfShortChannelRunsAvx512<FloatsOfBFloat16x16,
-                                     BFloat16x32<kCanonicalNaN>>,
+                                     BFloat16x32<kCanonicalNaN>, kStream>,
     StreamHalfChannelsLastRunAvx512<FloatsOfBFloat16x16,
-                                    BFloat16x32<kCanonicalNaN>>,
-    {StreamBFloat16ChannelsLastRegistersAvx512<1, kCanonicalNaN>,
-     StreamBFloat16ChannelsLastRegistersAvx512<2, kCanonicalNaN>,
-     StreamBFloat16ChannelsLastRegistersAvx512<3, kCanonicalNaN>}};
+                                    BFloat16x32<kCanonicalNaN>, kStream>,
+    {StreamBFloat16ChannelsLastRegistersAvx512<1, kCanonicalNaN, kStream>,
+     StreamBFloat16ChannelsLastRegistersAvx512<2, kCanonicalNaN, kStream>,
+     StreamBFloat16ChannelsLastRegistersAvx512<3, kCanonicalNaN, kStream>}};
+
+template <bool kStream>
+const HalfChannelStreams& HalfChannelStreamsOf(DType dtype, bool never_nan) {
+  if (dtype == DType::kBFloat16) {
+    return never_nan ? kBFloat16ChannelStreams<false, kStream>
+                     : kBFloat16ChannelStreams<true, kStream>;
+  }
+  return never_nan ? kHalfChannelStreamsOf<FloatsOfFloat16x16,
+                                           Float16x32<false>, kStream>
+                   : kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<true>,
+                                           kStream>;
+}
 
 // Only where CpuHasAvx512Bw(). `never_nan`: no result can be NaN, so the
-// canonical-NaN fix-up is skipped (see ChannelAffineHalfKernel).
-const HalfChannelStreams& HalfChannelStreamsFor(DType dtype, bool never_nan) {
-  if (dtype == DType::kBFloat16) {
-    return never_nan ? kBFloat16ChannelStreams<false>
-                     : kBFloat16ChannelStreams<true>;
-  }
-  return never_nan
-             ? kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<false>>
-             : kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<true>>;
+// canonical-NaN fix-up is skipped (see ChannelAffineHalfKernel). `stream`:
+// streaming stores (the caller fences), else ordinary ones.
+const HalfChannelStreams& HalfChannelStreamsFor(DType dtype, bool never_nan,
+                                                bool stream) {
+  return stream ? HalfChannelStreamsOf<true>(dtype, never_nan)
+                : HalfChannelStreamsOf<false>(dtype, never_nan);
 }
 
 // The channel affine of the 16-bit elements [begin, end) of x into y
-// (same positions) with streaming stores (the caller fences); false if the
-// CPU cannot. Channels-last (inner == 1) as StreamChannelsLastRuns: the
+// (same positions), widened and narrowed in registers, with streaming
+// stores (`stream`; the caller fences) or ordinary ones (outputs that stay
+// in the cache: twice as fast as widening a staging piece, running the fp32
+// loop and narrowing it, bf16 in L2 on one thread); false if the CPU
+// cannot. Channels-last (inner == 1) as StreamChannelsLastRuns: the
 // 64-byte-aligned middle with the parameters in registers when they repeat
 // within 96 elements (lcm(channels, 32) <= 96: 1-4, 6, 8, 12, 16, 24, 32, 48
 // or 64 channels; x prefetched ahead if `prefetch_input`), else (and at the
@@ -831,9 +857,9 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
                             int64_t begin, int64_t end,
                             const ChannelLayout& layout, int64_t period,
                             const ChannelParamsF32& p, bool never_nan,
-                            bool prefetch_input) {
+                            bool prefetch_input, bool stream) {
   if (!CpuHasAvx512Bw()) return false;
-  const HalfChannelStreams& f = HalfChannelStreamsFor(dtype, never_nan);
+  const HalfChannelStreams& f = HalfChannelStreamsFor(dtype, never_nan, stream);
   const int64_t channels = layout.channels;
   if (HasShortRuns(layout)) {
     f.short_runs(x + begin, y + begin, begin, end - begin, layout, p);
@@ -968,7 +994,7 @@ bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&,
 }
 bool StreamHalfChannelRange(DType, const uint16_t*, uint16_t*, int64_t, int64_t,
                             const ChannelLayout&, int64_t,
-                            const ChannelParamsF32&, bool, bool) {
+                            const ChannelParamsF32&, bool, bool, bool) {
   return false;
 }
 void StreamAffineRunToHalf(DType, const float*, uint16_t*, int64_t,
@@ -1863,12 +1889,13 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
   const ChannelParamsF32 params = storage.params();
   const bool never_nan = storage.NeverNaN(layout.channels, deviations_bounded);
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
-    if (stream &&
-        StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(), layout, period,
-                               params, never_nan, /*prefetch_input=*/true)) {
-      return true;
+    if (StreamHalfChannelRange(dtype, x, y, r.begin(), r.end(), layout, period,
+                               params, never_nan, /*prefetch_input=*/true,
+                               stream)) {
+      return stream;
     }
-    // Widen a staging piece, run the fp32 kernel's loop on it, narrow.
+    // Without AVX-512 BW: widen a staging piece, run the fp32 kernel's loop
+    // on it, narrow.
     float* wide = Staging<float, kInputSlot>(kStagingElements);
     float* out = Staging<float>(kStagingElements);
     for (int64_t k = r.begin(); k < r.end(); k += kStagingElements) {
@@ -1930,7 +1957,8 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
     }
     StreamHalfChannelRange(dtype_, static_cast<const uint16_t*>(x_),
                            static_cast<uint16_t*>(y_), begin, end, layout_,
-                           period_, params, never_nan_, prefetch_input);
+                           period_, params, never_nan_, prefetch_input,
+                           /*stream=*/true);
   }
 
   const DType dtype_;
