@@ -315,6 +315,38 @@ void BM_HalfLayerNormAffine(benchmark::State& state) {
 }
 BENCHMARK(BM_HalfLayerNormAffine)->UseManualTime();
 
+// Reference, not a target: the 64 MiB of bf16 as 16 requests of 4 MiB,
+// each normalized into its own part of Output(). Outputs under the
+// streaming threshold (8 MiB) are written with ordinary stores, as most
+// service requests are. Arg 0: GroupNorm (32 groups) [2, 64, 128, 128];
+// 1: LayerNorm [1, 512, 4096].
+void BM_HalfRequests(benchmark::State& state) {
+  constexpr int64_t kRequests = 16;
+  constexpr int64_t kValues = 2 * kElements / kRequests;
+  const bool rows = state.range(0) != 0;
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = rows ? NormMode::kLayerNorm : NormMode::kGroupNorm;
+  spec.num_groups = rows ? 0 : 32;
+  spec.input = InputTensor{
+      DType::kBFloat16,
+      rows ? Shape{1, kValues / 4096, 4096} : Shape{2, 64, 128, 128}, nullptr,
+      kValues};
+  auto* output = reinterpret_cast<uint16_t*>(Output().data());
+  TimePaired(state, RunCopy, [&] {
+    for (int64_t k = 0; k < kRequests; ++k) {
+      NormalizeSpec request = spec;
+      request.input.data = Halves().data() + k * kValues;
+      if (!engine.Normalize(request, output + k * kValues).ok()) {
+        state.SkipWithError("normalize failed");
+      }
+    }
+    benchmark::ClobberMemory();
+  });
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_HalfRequests)->ArgNames({"rows"})->Arg(0)->Arg(1)->UseManualTime();
+
 // bf16 GroupNorm (32 groups) of [32, 64, 128, 128] or channels-last
 // [32, 128, 128, 64]: 64 MiB, as BM_Copy.
 void BM_HalfGroupNorm(benchmark::State& state) {

@@ -145,6 +145,13 @@ def main():
         print(f"reference: LayerNorm bf16 [B,T,4096] with weight and bias "
               f"{normd['BM_HalfLayerNormAffine'] * 1e3:.2f} ms, "
               f"{ratio:.2f}x copy bw")
+    requests = [(paired.get(f"BM_HalfRequests/rows:{r}"), what)
+                for r, what in ((0, "GroupNorm(32) NCHW"),
+                                (1, "LayerNorm [B,T,4096]"))]
+    if all(p for p, _ in requests):
+        print("reference: bf16 as 16 requests of 4 MiB (ordinary stores): " +
+              ", ".join(f"{what} {statistics.median(b / k for k, b in p):.2f}x"
+                        for p, what in requests) + " copy bw")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
     if len(sys.argv) > 3:
         print()
