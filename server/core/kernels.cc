@@ -905,33 +905,35 @@ bool StreamAffineRun(const float* x, float* y, int64_t n, const StreamAffine& a,
   return true;
 }
 
-// kernel.template operator()<kNarrow32>() for the narrowing of `dtype`:
-// without the canonical-NaN fix-up when `never_nan` (the caller proved that
-// no result is NaN, see HalfRowsJob::NeverNaN).
+// kernel.template operator()<kNarrow32, kStream>() for the narrowing of
+// `dtype` (without the canonical-NaN fix-up when `never_nan`: the caller
+// proved that no result is NaN, see HalfRowsJob::NeverNaN) and the store
+// kind (kStream = `stream`: streaming stores, which the caller fences; else
+// ordinary ones).
 template <typename Kernel>
-auto ForNarrowing(DType dtype, bool never_nan, const Kernel& kernel) {
+auto ForNarrowing(DType dtype, bool never_nan, bool stream,
+                  const Kernel& kernel) {
+  auto with = [&]<__m512i (*kNarrow32)(__m512, __m512)>() {
+    return stream ? kernel.template operator()<kNarrow32, true>()
+                  : kernel.template operator()<kNarrow32, false>();
+  };
   if (dtype == DType::kBFloat16) {
-    return never_nan ? kernel.template operator()<BFloat16x32<false>>()
-                     : kernel.template operator()<BFloat16x32<true>>();
+    return never_nan ? with.template operator()<BFloat16x32<false>>()
+                     : with.template operator()<BFloat16x32<true>>();
   }
-  return never_nan ? kernel.template operator()<Float16x32<false>>()
-                   : kernel.template operator()<Float16x32<true>>();
+  return never_nan ? with.template operator()<Float16x32<false>>()
+                   : with.template operator()<Float16x32<true>>();
 }
 
 // StreamAffineRunToHalfAvx512 for `dtype`; only where CpuHasAvx512Bw().
-// `never_nan` as for ForNarrowing; `stream`: streaming stores (the caller
-// fences), else ordinary ones.
+// `never_nan` and `stream` as for ForNarrowing.
 void StreamAffineRunToHalf(DType dtype, const float* x, uint16_t* y, int64_t n,
                            const StreamAffine& a, bool never_nan,
                            const uint16_t* next_row, bool stream) {
-  auto kernel = [&]<bool kStream>() {
-    return ForNarrowing(
-        dtype, never_nan, []<auto kNarrow32>() {
-          return StreamAffineRunToHalfAvx512<kNarrow32, kStream>;
-        });
-  };
-  (stream ? kernel.template operator()<true>()
-          : kernel.template operator()<false>())(x, y, n, a, next_row);
+  ForNarrowing(
+      dtype, never_nan, stream, []<auto kNarrow32, bool kStream>() {
+        return StreamAffineRunToHalfAvx512<kNarrow32, kStream>;
+      })(x, y, n, a, next_row);
 }
 
 // StreamAffineRunToHalfAvx512's computation for a row of whole lines (n a
@@ -954,18 +956,14 @@ NORMD_AVX512BW void StreamHalfRowLinesAvx512(const float* x, uint16_t* y,
 }
 
 // StreamHalfRowLinesAvx512 for `dtype`; only where CpuHasAvx512Bw().
-// `never_nan` and `stream` as for StreamAffineRunToHalf.
+// `never_nan` and `stream` as for ForNarrowing.
 void StreamHalfRowLines(DType dtype, const float* x, uint16_t* y, int64_t n,
                         const StreamAffine& a, bool never_nan,
                         const uint16_t* ahead, bool stream) {
-  auto kernel = [&]<bool kStream>() {
-    return ForNarrowing(
-        dtype, never_nan, []<auto kNarrow32>() {
-          return StreamHalfRowLinesAvx512<kNarrow32, kStream>;
-        });
-  };
-  (stream ? kernel.template operator()<true>()
-          : kernel.template operator()<false>())(x, y, n, a, ahead);
+  ForNarrowing(
+      dtype, never_nan, stream, []<auto kNarrow32, bool kStream>() {
+        return StreamHalfRowLinesAvx512<kNarrow32, kStream>;
+      })(x, y, n, a, ahead);
 }
 
 // StreamHalfRowAvx512 for `dtype`; only where CpuHasAvx512Bw(). `never_nan`
