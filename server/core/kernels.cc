@@ -594,9 +594,9 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
 
 // Writes the bfloat16 y[0..n) from compute(v, j), the fp32 results (a
 // BFloat16Pair) of the widened values v = WidenBFloat16Pair(32 values from
-// x[j], masked: zeros past the ends), 64-byte lines with streaming stores,
-// a partial line at either end with masked ones; `prefetch` as for
-// StreamHalfLineWriterAvx512 (by default x itself, ahead of the loads).
+// x[j], masked: zeros past the ends), 64-byte lines with
+// StoreLine<kStream>, a partial line at either end with masked ones; `prefetch`
+// as for StreamHalfLineWriterAvx512 (by default x itself, ahead of the loads).
 template <bool kCanonicalNaN, bool kStream = true, typename Compute>
 NORMD_AVX512BW void StreamBFloat16PairsAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const Compute& compute,
@@ -1492,10 +1492,11 @@ struct HalfRowsJob {
 
   // Rows [begin, end) sixteen at a time, as StreamShortRows does fp32 rows:
   // widened into `widened` (16 n floats), their moments with
-  // ShortRowMoments16, then each row narrowed and streamed from its widened
-  // values while the next sixteen rows are read into cache. The bits of a
-  // row at a time (the widened path below), without its per-row folds and
-  // calls: bf16 RMSNorm [524288, 64] took 20 ms against a 4 ms copy.
+  // ShortRowMoments16, then each row narrowed and written (streamed if
+  // `stream`) from its widened values while the next sixteen rows are read into
+  // cache. The bits of a row at a time (the widened path below), without its
+  // per-row folds and calls: bf16 RMSNorm [524288, 64] took 20 ms against a 4
+  // ms copy.
   void RunShortRows(int64_t begin, int64_t end, float* widened) const {
 #ifdef NORMD_HALF_AVX512
     Moments moments[16];
