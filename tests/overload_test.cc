@@ -195,10 +195,14 @@ double CanceledNormalizeCalls(int metrics_port) {
 TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(NORMD_BINARY, {"--tbb_threads=1"})) << server.log();
-  // 32 MiB requests keep the one-thread compute arena busy; 2 MiB calls with
-  // a 50 ms deadline queued behind them expire before they run, and the
-  // server finishes them as Canceled without computing them. Where in the
-  // queue they land is up to the scheduler, so up to 5 rounds.
+  // 32 MiB requests, sent without a pause until the round ends, keep the
+  // one-thread compute arena busy; 2 MiB calls with a 50 ms deadline queued
+  // behind them expire before they run, and the server finishes them as
+  // Canceled without computing them. Their channels connect before the
+  // round, so that the deadline is spent in the server's queue rather than
+  // in connecting (on a loaded CI machine connecting alone took longer:
+  // the calls expired at the client and the server never saw them). Where
+  // in the queue they land is up to the scheduler, so up to 5 rounds.
   const v1::NormalizeRequest huge = LayerNormRequest(2048, 4096);
   const v1::NormalizeRequest medium = LayerNormRequest(512, 1024);
   auto client = NormdClient::Connect(server.target());
@@ -206,26 +210,38 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
   for (int round = 0;
        round < 5 && CanceledNormalizeCalls(server.metrics_port()) <= 0;
        ++round) {
-    std::vector<std::thread> threads;
+    std::vector<std::unique_ptr<v1::Normalizer::Stub>> stubs;
+    for (int i = 0; i < 20; ++i) {
+      auto channel = grpc::CreateChannel(server.target(),
+                                         grpc::InsecureChannelCredentials());
+      ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                            std::chrono::seconds(10)));
+      stubs.push_back(v1::Normalizer::NewStub(channel));
+    }
+    std::atomic<bool> round_over = false;
+    std::vector<std::thread> busy;
     for (int i = 0; i < 4; ++i) {
-      threads.emplace_back([&] { (void)client->Normalize(huge); });
+      busy.emplace_back([&] {
+        while (!round_over) (void)client->Normalize(huge);
+      });
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<std::thread> threads;
     for (int i = 0; i < 20; ++i) {
-      threads.emplace_back([&] {
-        auto stub = v1::Normalizer::NewStub(grpc::CreateChannel(
-            server.target(), grpc::InsecureChannelCredentials()));
+      threads.emplace_back([&, i] {
         grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() +
                              std::chrono::milliseconds(50));
         v1::NormalizeResponse response;
-        if (stub->Normalize(&context, medium, &response).error_code() ==
+        if (stubs[i]->Normalize(&context, medium, &response).error_code() ==
             grpc::StatusCode::DEADLINE_EXCEEDED) {
           ++expired;
         }
       });
     }
     for (auto& t : threads) t.join();
+    round_over = true;
+    for (auto& t : busy) t.join();
   }
   EXPECT_GT(expired, 0);
   EXPECT_GT(CanceledNormalizeCalls(server.metrics_port()), 0);
