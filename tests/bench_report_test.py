@@ -105,6 +105,24 @@ def check_hand_worked(report_py, tmp):
         "benchmarks": standalone + affine}), torch)
     assert ("LayerNorm bf16 [B,T,4096] with weight and bias 4.00 ms, 0.60x "
             "copy bw") in text, text
+    # bf16 as 16 requests of 4 MiB: each case's median paired ratio
+    # (GroupNorm 4 / 8, 6 / 10, 9 / 9: 0.60; LayerNorm 4 / 5, 4 / 4, 2 / 8:
+    # 0.80), printed only when both cases are there.
+    def requests(rows, reps):
+        name = f"BM_HalfRequests/rows:{rows}/manual_time"
+        return ([entry(name, k, baseline_ms=b) for k, b in reps] +
+                [entry(name, statistics.median(k for k, _ in reps),
+                       "aggregate", "median", 4)])
+    group = requests(0, ((8, 4), (10, 6), (9, 9)))
+    rows_case = requests(1, ((5, 4), (4, 4), (8, 2)))
+    text, _ = report(report_py, write(tmp, "requests.json", {
+        "benchmarks": standalone + group + rows_case}), torch)
+    assert ("reference: bf16 as 16 requests of 4 MiB (ordinary stores): "
+            "GroupNorm(32) NCHW 0.60x, LayerNorm [B,T,4096] 0.80x copy bw"
+            ) in text, text
+    text, _ = report(report_py, write(tmp, "one_request.json", {
+        "benchmarks": standalone + group}), torch)
+    assert "16 requests" not in text, text
 
 
 def check_service_pairing(report_py, tmp):
