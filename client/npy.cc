@@ -109,15 +109,22 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(absl::string_view bytes,
   if (!shape.ok()) return shape.status();
   absl::string_view dims =
       absl::StripSuffix(absl::StripPrefix(*shape, "("), ")");
+  // The product of the nonzero dimensions is bounded, not the product of
+  // all of them: an empty array (a dimension 0) must not hide others whose
+  // product overflows (a reader multiplies the trailing dimensions into a
+  // row's size).
+  int64_t nonzero_product = 1;
   for (absl::string_view dim :
        absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
     int64_t n;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &n) || n < 0) {
       return Bad(path, absl::StrCat("bad shape ", *shape));
     }
-    if (n > 0 &&
-        Product(header.shape) > std::numeric_limits<int64_t>::max() / 8 / n) {
-      return Bad(path, absl::StrCat("shape ", *shape, " is too large"));
+    if (n > 0) {
+      if (nonzero_product > std::numeric_limits<int64_t>::max() / 8 / n) {
+        return Bad(path, absl::StrCat("shape ", *shape, " is too large"));
+      }
+      nonzero_product *= n;
     }
     header.shape.push_back(n);
   }

@@ -279,6 +279,21 @@ def test_bad_npy(ctl, tmp):
     run = ctl("fit", "--model=bad", f"--input={truncated}")
     check(run.returncode == 2 and "bytes" in run.stderr,
           f"truncated .npy: {run.stderr!r}")
+    # An empty array whose other dimensions multiply past int64 (found by
+    # the fuzzer: the row size overflowed): refused as too large.
+    empty = os.path.join(tmp, "empty_overflow.npy")
+    header = (b"{'descr': '<f4', 'fortran_order': False, "
+              b"'shape': (0, 4007000000000, 2000002000), }")
+    header += b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    with open(empty, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") +
+                header)
+    for command in (["normalize"], ["fit", "--model=bad"]):
+        run = ctl(*command, f"--input={empty}")
+        check(run.returncode == 2 and "too large" in run.stderr and
+              empty in run.stderr,
+              f"{command[0]} empty_overflow.npy: {run.returncode} "
+              f"{run.stderr!r}")
     # A header length of 4 GiB in a 70-byte file: refused as truncated
     # without allocating what the header claims (the run's own peak RSS).
     huge = os.path.join(tmp, "huge_header.npy")
