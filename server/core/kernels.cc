@@ -905,17 +905,25 @@ bool StreamAffineRun(const float* x, float* y, int64_t n, const StreamAffine& a,
   return true;
 }
 
+// kernel.template operator()<kStream>() for the store kind: kStream =
+// `stream`, streaming stores (which the caller fences), else ordinary ones.
+template <typename Kernel>
+auto ForStore(bool stream, const Kernel& kernel) {
+  return stream ? kernel.template operator()<true>()
+                : kernel.template operator()<false>();
+}
+
 // kernel.template operator()<kNarrow32, kStream>() for the narrowing of
 // `dtype` (without the canonical-NaN fix-up when `never_nan`: the caller
 // proved that no result is NaN, see HalfRowsJob::NeverNaN) and the store
-// kind (kStream = `stream`: streaming stores, which the caller fences; else
-// ordinary ones).
+// kind (see ForStore).
 template <typename Kernel>
 auto ForNarrowing(DType dtype, bool never_nan, bool stream,
                   const Kernel& kernel) {
   auto with = [&]<__m512i (*kNarrow32)(__m512, __m512)>() {
-    return stream ? kernel.template operator()<kNarrow32, true>()
-                  : kernel.template operator()<kNarrow32, false>();
+    return ForStore(stream, [&]<bool kStream>() {
+      return kernel.template operator()<kNarrow32, kStream>();
+    });
   };
   if (dtype == DType::kBFloat16) {
     return never_nan ? with.template operator()<BFloat16x32<false>>()
@@ -971,15 +979,13 @@ void StreamHalfRowLines(DType dtype, const float* x, uint16_t* y, int64_t n,
 void StreamHalfRow(DType dtype, const uint16_t* x, uint16_t* y, int64_t n,
                    const StreamAffine& a, bool never_nan,
                    const uint16_t* next_row, bool stream) {
-  auto kernel = [&]<bool kStream>() {
+  ForStore(stream, [&]<bool kStream>() {
     return dtype == DType::kBFloat16
                ? (never_nan ? StreamHalfRowAvx512<true, false, kStream>
                             : StreamHalfRowAvx512<true, true, kStream>)
                : (never_nan ? StreamHalfRowAvx512<false, false, kStream>
                             : StreamHalfRowAvx512<false, true, kStream>);
-  };
-  (stream ? kernel.template operator()<true>()
-          : kernel.template operator()<false>())(x, y, n, a, next_row);
+  })(x, y, n, a, next_row);
 }
 
 // HalfAffineLanes over y[0..n) with plain stores, AVX-512 or scalar.
