@@ -22,6 +22,7 @@
 #include "server/core/half.h"
 #include "server/core/kernels.h"
 #include "server/core/moments.h"
+#include "server/core/simd.h"
 #include "server/core/stream_copy.h"
 #include "tests/input_view.h"
 #include "tests/reference.h"
@@ -1102,6 +1103,49 @@ std::pair<std::vector<double>, std::vector<double>> RowWeightsAndBiases(
   return {w, b};
 }
 
+// Weights and biases (per channel or per element) that give results of
+// every magnitude the 16-bit rounding treats apart, from element 1 on as far
+// as the vectors reach: subnormal results (weights 1e-39 and 1e-40:
+// bfloat16's subnormals span 9.2e-41 to 1.2e-38, the tests' deviations 0.1
+// to 30), zeros (weight and bias 0) and overflows to infinity (weight
+// 3.3e38: a third of normally distributed data lies beyond 1.03 standard
+// deviations, and a third of the RMSNorm rows' x / rms above 1.03). The
+// AVX512-BF16 rounding flushes subnormals and takes such lines the integer
+// way (half_avx512.h).
+void AddExtremeWeights(std::vector<double>& w, std::vector<double>& b) {
+  const double weights[] = {1e-39, 1e-40, 0.0, 3.3e38};
+  for (size_t k = 0; k < 4 && k + 1 < w.size(); ++k) {
+    w[k + 1] = weights[k];
+    b[k + 1] = 0.0;
+  }
+}
+
+// Expects bfloat16 `words` to hold a subnormal, a zero and an infinity
+// (the results of AddExtremeWeights).
+void ExpectExtremeBFloat16Results(const std::vector<uint16_t>& words) {
+  auto has = [&](auto predicate) {
+    return std::any_of(words.begin(), words.end(), predicate);
+  };
+  EXPECT_TRUE(has([](uint16_t v) { return (v & 0x7f80) == 0 && (v & 0x7f); }))
+      << "no subnormal";
+  EXPECT_TRUE(has([](uint16_t v) { return (v & 0x7fff) == 0; })) << "no zero";
+  EXPECT_TRUE(has([](uint16_t v) { return (v & 0x7fff) == 0x7f80; }))
+      << "no infinity";
+}
+
+// Runs body() with the bfloat16 rounding by the AVX512-BF16 instruction
+// allowed and not (where the CPU has it, the two are different code).
+template <typename Body>
+void ForEachBFloat16Rounding(const Body& body) {
+  for (bool instruction : {true, false}) {
+    SCOPED_TRACE(instruction ? "AVX512-BF16 rounding allowed"
+                             : "integer rounding");
+    AllowAvx512Bf16ForTesting(instruction);
+    body();
+    AllowAvx512Bf16ForTesting(true);
+  }
+}
+
 // Large 16-bit row outputs are narrowed in registers and streamed out
 // (AVX-512); they must carry exactly the bits of the cached path (fp32
 // results narrowed by NarrowToHalf), for every style, with and without
@@ -1112,7 +1156,10 @@ std::pair<std::vector<double>, std::vector<double>> RowWeightsAndBiases(
 // start at 0, 1, 5, 32 and 1029 values past a page-aligned copy of the
 // input (1, 5 and 32: less than 512 bytes above, so widened; 1029:
 // unaligned, read directly except bfloat16 with weights), or on the input
-// itself (in place: read directly).
+// itself (in place: read directly). The cached rows are those of the
+// integer bfloat16 rounding; every run is compared with them with the
+// AVX512-BF16 instruction allowed and not, and the weights give results of
+// every magnitude (AddExtremeWeights).
 TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   Engine engine;
   // Page-aligned storage for `count` values.
@@ -1126,7 +1173,8 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   for (int64_t n : {3, 32, 48, 64, 128, 768, 771, 4096, 5000}) {
     const int64_t rows = 40000 / n + 3;
     const auto wide = RandomValues<double>(rows * n, 23, 50.0, 4.0);
-    const auto [w, b] = RowWeightsAndBiases(n);
+    auto [w, b] = RowWeightsAndBiases(n);
+    AddExtremeWeights(w, b);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
       std::vector<uint16_t> x(wide.size());
       for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);
@@ -1166,16 +1214,24 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
             SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
             return std::vector<uint16_t>(y, y + x.size());
           };
+          AllowAvx512Bf16ForTesting(false);
           const std::vector<uint16_t> cached =
               run(std::numeric_limits<int64_t>::max(), 0);
-          EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), -1), cached);
-          for (int64_t offset : {0, 1, 5, 32, 1029, -1}) {
-            EXPECT_EQ(run(0, offset), cached)
-                << DTypeName(dtype) << " n " << n << " mode "
-                << static_cast<int>(mode) << " style "
-                << static_cast<int>(style) << " affine " << affine << " offset "
-                << offset;
+          AllowAvx512Bf16ForTesting(true);
+          if (affine && dtype == DType::kBFloat16 && n > 4) {
+            ExpectExtremeBFloat16Results(cached);
           }
+          ForEachBFloat16Rounding([&] {
+            EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), 0), cached);
+            EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), -1), cached);
+            for (int64_t offset : {0, 1, 5, 32, 1029, -1}) {
+              EXPECT_EQ(run(0, offset), cached)
+                  << DTypeName(dtype) << " n " << n << " mode "
+                  << static_cast<int>(mode) << " style "
+                  << static_cast<int>(style) << " affine " << affine
+                  << " offset " << offset;
+            }
+          });
         }
       }
     }
@@ -1365,7 +1421,8 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 // narrowed (the test does that through the fp32 API and NarrowToHalf), in
 // every layout and channel count (the kernels' register paths and their
 // per-element fallback), streamed or not, into aligned, unaligned and
-// in-place outputs.
+// in-place outputs, with the AVX512-BF16 rounding allowed and not, and
+// weights that give results of every magnitude (AddExtremeWeights).
 TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
   struct Case {
     NormMode mode;
@@ -1409,6 +1466,7 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       w[ch] = 1.5 - 0.03 * static_cast<double>(ch);
       b[ch] = -0.25 + 0.05 * static_cast<double>(ch);
     }
+    AddExtremeWeights(w, b);
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
       std::vector<uint16_t> x(n);
       for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, values[i]);
@@ -1446,34 +1504,39 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
           run(View(wide, shape), y_wide.data());
       std::vector<uint16_t> expected(n);
       NarrowToHalf(dtype, y_wide.data(), expected.data(), n);
-      for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
-        for (int64_t offset : {0, 1, -1}) {  // -1: in place.
-          SetStreamingOutputBytes(threshold);
-          SetInterleavedSampleBytes(0);  // Small samples interleave too.
-          std::vector<uint16_t> buffer = x;
-          buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
-          uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
-          const std::optional<BatchNormModel> model = run(
-              offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
-              y);
-          SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-          SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
-          const std::string what = absl::StrCat(
-              DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
-              channels, " streamed ", threshold == 0, " offset ", offset);
-          EXPECT_EQ(std::vector<uint16_t>(y, y + n), expected) << what;
-          ASSERT_EQ(model.has_value(), model_wide.has_value()) << what;
-          if (model.has_value()) {
-            EXPECT_EQ(model->running_mean, model_wide->running_mean) << what;
-            EXPECT_EQ(model->running_var, model_wide->running_var) << what;
-            ASSERT_EQ(model->pooled.size(), model_wide->pooled.size());
-            for (size_t k = 0; k < model->pooled.size(); ++k) {
-              EXPECT_EQ(model->pooled[k].mean, model_wide->pooled[k].mean);
-              EXPECT_EQ(model->pooled[k].m2, model_wide->pooled[k].m2);
+      if (dtype == DType::kBFloat16 && channels > 4) {
+        ExpectExtremeBFloat16Results(expected);
+      }
+      ForEachBFloat16Rounding([&] {
+        for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+          for (int64_t offset : {0, 1, -1}) {  // -1: in place.
+            SetStreamingOutputBytes(threshold);
+            SetInterleavedSampleBytes(0);  // Small samples interleave too.
+            std::vector<uint16_t> buffer = x;
+            buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
+            uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
+            const std::optional<BatchNormModel> model = run(
+                offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
+                y);
+            SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+            SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
+            const std::string what = absl::StrCat(
+                DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
+                channels, " streamed ", threshold == 0, " offset ", offset);
+            EXPECT_EQ(std::vector<uint16_t>(y, y + n), expected) << what;
+            ASSERT_EQ(model.has_value(), model_wide.has_value()) << what;
+            if (model.has_value()) {
+              EXPECT_EQ(model->running_mean, model_wide->running_mean) << what;
+              EXPECT_EQ(model->running_var, model_wide->running_var) << what;
+              ASSERT_EQ(model->pooled.size(), model_wide->pooled.size());
+              for (size_t k = 0; k < model->pooled.size(); ++k) {
+                EXPECT_EQ(model->pooled[k].mean, model_wide->pooled[k].mean);
+                EXPECT_EQ(model->pooled[k].m2, model_wide->pooled[k].m2);
+              }
             }
           }
         }
-      }
+      });
     }
   }
 }

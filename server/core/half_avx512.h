@@ -1,7 +1,9 @@
-// AVX-512 (F and BW) conversions of 16 lanes between fp32 and the 16-bit
+// AVX-512 (F, BW and BF16) conversions of 16 lanes between fp32 and the 16-bit
 // storage formats, shared by the bulk conversions (half.cc) and the kernels
 // that narrow their results as they write them (kernels.cc). Internal to the
-// core; call only where CpuHasAvx512Bw() (simd.h). Pure functions.
+// core; call only where CpuHasAvx512Bw() (simd.h), the ones named Avx512Bf16
+// only where CpuHasAvx512Bf16(), from functions compiled for it. Pure
+// functions.
 #ifndef NORMD_SERVER_CORE_HALF_AVX512_H_
 #define NORMD_SERVER_CORE_HALF_AVX512_H_
 
@@ -125,6 +127,55 @@ template <bool kCanonicalNaN>
   // low | (odd & 0xFFFF0000): ternary-logic table 0xF8 (A | (B & C)).
   return _mm512_ternarylogic_epi32(low, BFloat16Rounded<kCanonicalNaN>(odd),
                                    _mm512_set1_epi32(0xFFFF0000u), 0xF8);
+}
+
+// The same two narrowings with the AVX512-BF16 conversion instruction
+// (call only where CpuHasAvx512Bf16(), simd.h): one conversion of both
+// vectors (and for pairs one word permute) instead of the integer rounding.
+// It rounds to nearest even as BFloat16Rounded does, but flushes subnormal
+// inputs and results to zero and keeps NaN payloads, so a line holding a
+// word with exponent 0 (zero or subnormal) or, with kCanonicalNaN, exponent
+// 255 (infinity or NaN) is narrowed again the integer way: the same bits as
+// BFloat16x32 / NarrowBFloat16Pair for every input. A normal fp32 value
+// never rounds to such a word (bfloat16 has fp32's exponent range) except
+// by overflowing to infinity, so those lines are rare.
+template <bool kCanonicalNaN>
+[[gnu::target("avx512f,avx512bw,avx512bf16")]] inline bool NeedsIntegerRounding(
+    __m512i words) {
+  if constexpr (kCanonicalNaN) {
+    // Adding 1 to the exponent field maps 255 to 0 and 0 to 1: both leave
+    // bits 8-14 clear.
+    return _mm512_testn_epi16_mask(
+               _mm512_add_epi16(words, _mm512_set1_epi16(0x0080)),
+               _mm512_set1_epi16(0x7F00)) != 0;
+  }
+  return _mm512_testn_epi16_mask(words, _mm512_set1_epi16(0x7F80)) != 0;
+}
+
+// BFloat16x32 with the instruction.
+template <bool kCanonicalNaN = true>
+[[gnu::target("avx512f,avx512bw,avx512bf16")]] inline __m512i
+BFloat16x32Avx512Bf16(__m512 low, __m512 high) {
+  const auto words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low));
+  if (__builtin_expect(!NeedsIntegerRounding<kCanonicalNaN>(words), 1)) {
+    return words;
+  }
+  return BFloat16x32<kCanonicalNaN>(low, high);
+}
+
+// NarrowBFloat16Pair with the instruction: `even` converted into words
+// 0-15 and `odd` into 16-31, then interleaved.
+template <bool kCanonicalNaN>
+[[gnu::target("avx512f,avx512bw,avx512bf16")]] inline __m512i
+NarrowBFloat16PairAvx512Bf16(__m512 even, __m512 odd) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const auto words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+  if (__builtin_expect(!NeedsIntegerRounding<kCanonicalNaN>(words), 1)) {
+    return _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), words);
+  }
+  return NarrowBFloat16Pair<kCanonicalNaN>(even, odd);
 }
 
 }  // namespace normd

@@ -201,7 +201,10 @@ void AffineRowHalfScalar(const float* x, float* y, int64_t n,
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NORMD_AVX512 __attribute__((target("avx512f")))
-#define NORMD_AVX512BW __attribute__((target("avx512f,avx512bw")))
+// The 16-bit kernels may also round with the AVX512-BF16 instruction: only
+// the instantiations that ForNarrowings picks where CpuHasAvx512Bf16() call
+// it (the compiler emits it for no other code).
+#define NORMD_AVX512BW __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 // How far ahead of its loads a streaming kernel prefetches its input. With
 // a dozen operations a line between the loads, the hardware prefetchers
@@ -597,7 +600,8 @@ NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
 // x[j], masked: zeros past the ends), 64-byte lines with
 // StoreLine<kStream>, a partial line at either end with masked ones; `prefetch`
 // as for StreamHalfLineWriterAvx512 (by default x itself, ahead of the loads).
-template <bool kCanonicalNaN, bool kStream = true, typename Compute>
+template <__m512i (*kNarrowPair)(__m512, __m512), bool kStream = true,
+          typename Compute>
 NORMD_AVX512BW void StreamBFloat16PairsAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const Compute& compute,
     const uint16_t* next_row = nullptr) {
@@ -605,7 +609,7 @@ NORMD_AVX512BW void StreamBFloat16PairsAvx512(
   auto line = [&](int64_t j, __mmask32 m) NORMD_AVX512BW {
     const BFloat16Pair r =
         compute(WidenBFloat16Pair(_mm512_maskz_loadu_epi16(m, x + j)), j);
-    return NarrowBFloat16Pair<kCanonicalNaN>(r.even, r.odd);
+    return kNarrowPair(r.even, r.odd);
   };
   StreamHalfLineWriterAvx512<uint16_t, decltype(line), kStream>(
       prefetch.source, y, n, line, prefetch.ahead_bytes);
@@ -618,15 +622,16 @@ NORMD_AVX512BW void StreamBFloat16PairsAvx512(
 // order (see PairOrder), so with either of them every line must be whole.
 // The same operations on the same values as StreamAffineRunToHalfAvx512 on
 // the widened row: the same bits, without the widened row's stores and
-// loads.
-template <bool kBFloat16, bool kCanonicalNaN, bool kStream>
+// loads. kNarrow: NarrowBFloat16Pair or its Avx512Bf16 form for bfloat16,
+// Float16x32 for float16.
+template <bool kBFloat16, __m512i (*kNarrow)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
                                         int64_t n, const StreamAffine& a,
                                         const uint16_t* next_row) {
   const HalfAffineLanes lanes(a);
   if constexpr (kBFloat16) {
     const auto all = static_cast<__mmask16>(0xFFFF);
-    StreamBFloat16PairsAvx512<kCanonicalNaN, kStream>(
+    StreamBFloat16PairsAvx512<kNarrow, kStream>(
         x, y, n,
         [&](const BFloat16Pair& v, int64_t j) NORMD_AVX512BW {
           return BFloat16Pair{lanes.Of(v.even, j, all),
@@ -635,7 +640,7 @@ NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
         next_row);
   } else {
     const StreamPrefetch<uint16_t> prefetch(x, next_row);
-    StreamHalfLinesAvx512<Float16x32<kCanonicalNaN>, kStream>(
+    StreamHalfLinesAvx512<kNarrow, kStream>(
         prefetch.source, y, n,
         [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
           return lanes.Of(WidenLanes<FloatsOfFloat16x16>(x, j, m), j, m);
@@ -644,15 +649,16 @@ NORMD_AVX512BW void StreamHalfRowAvx512(const uint16_t* x, uint16_t* y,
   }
 }
 
-// StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs.
-template <bool kCanonicalNaN, bool kStream>
+// StreamHalfChannelRunAvx512 for bfloat16 in BFloat16Pairs (kNarrowPair:
+// NarrowBFloat16Pair or its Avx512Bf16 form).
+template <__m512i (*kNarrowPair)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const ChannelParamsF32::One& k) {
   const __m512 hi = _mm512_set1_ps(k.hi);
   const __m512 lo = _mm512_set1_ps(k.lo);
   const __m512 scale = _mm512_set1_ps(k.scale);
   const __m512 shift = _mm512_set1_ps(k.shift);
-  StreamBFloat16PairsAvx512<kCanonicalNaN, kStream>(
+  StreamBFloat16PairsAvx512<kNarrowPair, kStream>(
       x, y, n, [&](const BFloat16Pair& v, int64_t) NORMD_AVX512BW {
         return BFloat16Pair{ChannelAffineLanes(v.even, hi, lo, scale, shift),
                             ChannelAffineLanes(v.odd, hi, lo, scale, shift)};
@@ -661,7 +667,7 @@ NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
 
 // StreamHalfChannelsLastRegistersAvx512 for bfloat16 in BFloat16Pairs: the
 // parameters of each 32-value line split into even and odd vectors once.
-template <int kLines, bool kCanonicalNaN, bool kStream>
+template <int kLines, __m512i (*kNarrowPair)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
     const float* scale, const float* shift, bool prefetch_input) {
@@ -693,11 +699,10 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
           _mm512_loadu_si512(reinterpret_cast<const void*>(x + j + 32 * k)));
       StoreLine<kStream>(
           y + j + 32 * k,
-          NarrowBFloat16Pair<kCanonicalNaN>(
-              ChannelAffineLanes(v.even, h[2 * k], l[2 * k], s[2 * k],
-                                 b[2 * k]),
-              ChannelAffineLanes(v.odd, h[2 * k + 1], l[2 * k + 1],
-                                 s[2 * k + 1], b[2 * k + 1])));
+          kNarrowPair(ChannelAffineLanes(v.even, h[2 * k], l[2 * k], s[2 * k],
+                                         b[2 * k]),
+                      ChannelAffineLanes(v.odd, h[2 * k + 1], l[2 * k + 1],
+                                         s[2 * k + 1], b[2 * k + 1])));
     }
   }
 }
@@ -812,36 +817,71 @@ constexpr HalfChannelStreams kHalfChannelStreamsOf = {
      StreamHalfChannelsLastRegistersAvx512<4, kWiden, kNarrow32, kStream>,
      StreamHalfChannelsLastRegistersAvx512<6, kWiden, kNarrow32, kStream>}};
 
-template <bool kCanonicalNaN, bool kStream>
+template <__m512i (*kNarrow32)(__m512, __m512),
+          __m512i (*kNarrowPair)(__m512, __m512), bool kStream>
 constexpr HalfChannelStreams kBFloat16ChannelStreams = {
-    StreamBFloat16ChannelRunAvx512<kCanonicalNaN, kStream>,
-    StreamHalfShortChannelRunsAvx512<FloatsOfBFloat16x16,
-                                     BFloat16x32<kCanonicalNaN>, kStream>,
-    StreamHalfChannelsLastRunAvx512<FloatsOfBFloat16x16,
-                                    BFloat16x32<kCanonicalNaN>, kStream>,
-    {StreamBFloat16ChannelsLastRegistersAvx512<1, kCanonicalNaN, kStream>,
-     StreamBFloat16ChannelsLastRegistersAvx512<2, kCanonicalNaN, kStream>,
-     StreamBFloat16ChannelsLastRegistersAvx512<3, kCanonicalNaN, kStream>}};
+    StreamBFloat16ChannelRunAvx512<kNarrowPair, kStream>,
+    StreamHalfShortChannelRunsAvx512<FloatsOfBFloat16x16, kNarrow32, kStream>,
+    StreamHalfChannelsLastRunAvx512<FloatsOfBFloat16x16, kNarrow32, kStream>,
+    {StreamBFloat16ChannelsLastRegistersAvx512<1, kNarrowPair, kStream>,
+     StreamBFloat16ChannelsLastRegistersAvx512<2, kNarrowPair, kStream>,
+     StreamBFloat16ChannelsLastRegistersAvx512<3, kNarrowPair, kStream>}};
 
-template <bool kStream>
-const HalfChannelStreams& HalfChannelStreamsOf(DType dtype, bool never_nan) {
+// kernel.template operator()<kBFloat16, kNarrow32, kNarrowPair>() for the
+// narrowings of `dtype` (kBFloat16: whether it is bfloat16): 32 fp32
+// results in natural order (kNarrow32) and, for bfloat16, in BFloat16Pair
+// order (kNarrowPair; float16 gets kNarrow32 again); with the AVX512-BF16
+// instruction where CpuHasAvx512Bf16(), and without the canonical-NaN fix-up
+// when `never_nan` (the caller proved that no result is NaN: see
+// HalfRowsJob::NeverNaN, ChannelAffineHalfKernel).
+template <typename Kernel>
+auto ForNarrowings(DType dtype, bool never_nan, const Kernel& kernel) {
   if (dtype == DType::kBFloat16) {
-    return never_nan ? kBFloat16ChannelStreams<false, kStream>
-                     : kBFloat16ChannelStreams<true, kStream>;
+    if (CpuHasAvx512Bf16()) {
+      return never_nan ? kernel.template
+                         operator()<true, BFloat16x32Avx512Bf16<false>,
+                                    NarrowBFloat16PairAvx512Bf16<false>>()
+                       : kernel.template
+                         operator()<true, BFloat16x32Avx512Bf16<true>,
+                                    NarrowBFloat16PairAvx512Bf16<true>>();
+    }
+    return never_nan ? kernel.template operator()<true, BFloat16x32<false>,
+                                                  NarrowBFloat16Pair<false>>()
+                     : kernel.template operator()<true, BFloat16x32<true>,
+                                                  NarrowBFloat16Pair<true>>();
   }
-  return never_nan ? kHalfChannelStreamsOf<FloatsOfFloat16x16,
-                                           Float16x32<false>, kStream>
-                   : kHalfChannelStreamsOf<FloatsOfFloat16x16, Float16x32<true>,
-                                           kStream>;
+  return never_nan ? kernel.template
+                     operator()<false, Float16x32<false>, Float16x32<false>>()
+                   : kernel.template
+                     operator()<false, Float16x32<true>, Float16x32<true>>();
 }
 
-// Only where CpuHasAvx512Bw(). `never_nan`: no result can be NaN, so the
-// canonical-NaN fix-up is skipped (see ChannelAffineHalfKernel). `stream`:
+// kernel.template operator()<kStream>() for the store kind: kStream =
+// `stream`, streaming stores (which the caller fences), else ordinary ones.
+template <typename Kernel>
+auto ForStore(bool stream, const Kernel& kernel) {
+  return stream ? kernel.template operator()<true>()
+                : kernel.template operator()<false>();
+}
+
+// Only where CpuHasAvx512Bw(). `never_nan` as for ForNarrowings. `stream`:
 // streaming stores (the caller fences), else ordinary ones.
 const HalfChannelStreams& HalfChannelStreamsFor(DType dtype, bool never_nan,
                                                 bool stream) {
-  return stream ? HalfChannelStreamsOf<true>(dtype, never_nan)
-                : HalfChannelStreamsOf<false>(dtype, never_nan);
+  return *ForNarrowings(
+      dtype, never_nan,
+      [&]<bool kBFloat16, auto kNarrow32, auto kNarrowPair>()
+          ->const HalfChannelStreams* {
+            return ForStore(stream, [&]<bool kStream>() {
+              if constexpr (kBFloat16) {
+                return &kBFloat16ChannelStreams<kNarrow32, kNarrowPair,
+                                                kStream>;
+              } else {
+                return &kHalfChannelStreamsOf<FloatsOfFloat16x16, kNarrow32,
+                                              kStream>;
+              }
+            });
+          });
 }
 
 // The channel affine of the 16-bit elements [begin, end) of x into y
@@ -905,32 +945,18 @@ bool StreamAffineRun(const float* x, float* y, int64_t n, const StreamAffine& a,
   return true;
 }
 
-// kernel.template operator()<kStream>() for the store kind: kStream =
-// `stream`, streaming stores (which the caller fences), else ordinary ones.
-template <typename Kernel>
-auto ForStore(bool stream, const Kernel& kernel) {
-  return stream ? kernel.template operator()<true>()
-                : kernel.template operator()<false>();
-}
-
-// kernel.template operator()<kNarrow32, kStream>() for the narrowing of
-// `dtype` (without the canonical-NaN fix-up when `never_nan`: the caller
-// proved that no result is NaN, see HalfRowsJob::NeverNaN) and the store
-// kind (see ForStore).
+// kernel.template operator()<kNarrow32, kStream>() for the natural-order
+// narrowing of `dtype` (see ForNarrowings) and the store kind (see
+// ForStore).
 template <typename Kernel>
 auto ForNarrowing(DType dtype, bool never_nan, bool stream,
                   const Kernel& kernel) {
-  auto with = [&]<__m512i (*kNarrow32)(__m512, __m512)>() {
-    return ForStore(stream, [&]<bool kStream>() {
-      return kernel.template operator()<kNarrow32, kStream>();
-    });
-  };
-  if (dtype == DType::kBFloat16) {
-    return never_nan ? with.template operator()<BFloat16x32<false>>()
-                     : with.template operator()<BFloat16x32<true>>();
-  }
-  return never_nan ? with.template operator()<Float16x32<false>>()
-                   : with.template operator()<Float16x32<true>>();
+  return ForNarrowings(
+      dtype, never_nan, [&]<bool, auto kNarrow32, auto>() {
+        return ForStore(stream, [&]<bool kStream>() {
+          return kernel.template operator()<kNarrow32, kStream>();
+        });
+      });
 }
 
 // StreamAffineRunToHalfAvx512 for `dtype`; only where CpuHasAvx512Bw().
@@ -979,13 +1005,12 @@ void StreamHalfRowLines(DType dtype, const float* x, uint16_t* y, int64_t n,
 void StreamHalfRow(DType dtype, const uint16_t* x, uint16_t* y, int64_t n,
                    const StreamAffine& a, bool never_nan,
                    const uint16_t* next_row, bool stream) {
-  ForStore(stream, [&]<bool kStream>() {
-    return dtype == DType::kBFloat16
-               ? (never_nan ? StreamHalfRowAvx512<true, false, kStream>
-                            : StreamHalfRowAvx512<true, true, kStream>)
-               : (never_nan ? StreamHalfRowAvx512<false, false, kStream>
-                            : StreamHalfRowAvx512<false, true, kStream>);
-  })(x, y, n, a, next_row);
+  ForNarrowings(
+      dtype, never_nan, [&]<bool kBFloat16, auto, auto kNarrowPair>() {
+        return ForStore(stream, [&]<bool kStream>() {
+          return StreamHalfRowAvx512<kBFloat16, kNarrowPair, kStream>;
+        });
+      })(x, y, n, a, next_row);
 }
 
 // HalfAffineLanes over y[0..n) with plain stores, AVX-512 or scalar.

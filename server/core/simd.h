@@ -12,6 +12,9 @@
 #ifndef NORMD_SERVER_CORE_SIMD_H_
 #define NORMD_SERVER_CORE_SIMD_H_
 
+#include <atomic>
+#include <cstdlib>
+
 // Not under ThreadSanitizer: the clones' ifunc resolvers run before the
 // TSan runtime is initialized, and its instrumentation of them crashes.
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && \
@@ -53,6 +56,32 @@ inline bool CpuHasAvx512Bw() {
     return CpuHasAvx512F() && __builtin_cpu_supports("avx512bw") != 0;
   }();
   return has;
+#else
+  return false;
+#endif
+}
+
+// Whether the 16-bit kernels may round to bfloat16 with the AVX512-BF16
+// conversion instruction (same bits as the integer rounding; see
+// half_avx512.h): the CPU has it (and F and BW), the environment variable
+// NORMD_NO_AVX512_BF16 was not set when first asked, and no test turned it
+// off with AllowAvx512Bf16ForTesting(false), which runs the code for
+// AVX-512 CPUs without it (Skylake-X to Ice Lake). Thread-safe.
+inline std::atomic<bool>& Avx512Bf16AllowedForTesting() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+inline void AllowAvx512Bf16ForTesting(bool allowed) {
+  Avx512Bf16AllowedForTesting().store(allowed, std::memory_order_relaxed);
+}
+inline bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return CpuHasAvx512Bw() && __builtin_cpu_supports("avx512bf16") != 0 &&
+           std::getenv("NORMD_NO_AVX512_BF16") == nullptr;
+  }();
+  return has && Avx512Bf16AllowedForTesting().load(std::memory_order_relaxed);
 #else
   return false;
 #endif
