@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/core/simd.h"
 #include "server/rpc/logging.h"
 #include "server/rpc/server.h"
 
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
           : options.tls_client_ca.empty()
               ? "; TLS"
               : "; TLS, client certificates required",
-          options.auth_token_file.empty() ? "" : ", bearer token required"));
+          options.auth_token_file.empty() ? "" : ", bearer token required",
+          "; kernels: ", normd::KernelInstructionSet()));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

@@ -210,6 +210,27 @@ TEST(HalfTest, NarrowingRoundsToNearestEven) {
   }
 }
 
+// The start-up log's kernel line names what the kernels use: BF16 exactly
+// when they may use it, and why not when the CPU has it but it is off.
+TEST(HalfTest, KernelInstructionSetNamesWhatTheKernelsUse) {
+  const std::string used = KernelInstructionSet();
+  if (!CpuHasAvx512F()) {
+    EXPECT_EQ(used, "compiled loops (no AVX-512)");
+  } else if (!CpuHasAvx512Bw()) {
+    EXPECT_EQ(used, "AVX-512F");
+  } else if (CpuHasAvx512Bf16()) {
+    EXPECT_EQ(used, "AVX-512 (F, BW, BF16)");
+    AllowAvx512Bf16ForTesting(false);
+    EXPECT_EQ(KernelInstructionSet(), "AVX-512 (F, BW)");
+    AllowAvx512Bf16ForTesting(true);
+  } else if (CpuSupportsAvx512Bf16()) {
+    EXPECT_TRUE(Avx512Bf16TurnedOff());
+    EXPECT_EQ(used, "AVX-512 (F, BW; BF16 off: NORMD_NO_AVX512_BF16)");
+  } else {
+    EXPECT_EQ(used, "AVX-512 (F, BW)");
+  }
+}
+
 #ifdef NORMD_HALF_AVX512
 // The four in-register bfloat16 narrowings of 32 floats (natural and pair
 // order, the integer rounding and the AVX512-BF16 one) on `f`, as 32 words

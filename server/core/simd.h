@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
 // Not under ThreadSanitizer: the clones' ifunc resolvers run before the
 // TSan runtime is initialized, and its instrumentation of them crashes.
@@ -61,30 +62,58 @@ inline bool CpuHasAvx512Bw() {
 #endif
 }
 
-// Whether the 16-bit kernels may round to bfloat16 with the AVX512-BF16
-// conversion instruction (same bits as the integer rounding; see
-// half_avx512.h): the CPU has it (and F and BW), the environment variable
-// NORMD_NO_AVX512_BF16 was not set when first asked, and no test turned it
-// off with AllowAvx512Bf16ForTesting(false), which runs the code for
-// AVX-512 CPUs without it (Skylake-X to Ice Lake). Thread-safe.
-inline std::atomic<bool>& Avx512Bf16AllowedForTesting() {
-  static std::atomic<bool> allowed{true};
-  return allowed;
-}
-inline void AllowAvx512Bf16ForTesting(bool allowed) {
-  Avx512Bf16AllowedForTesting().store(allowed, std::memory_order_relaxed);
-}
-inline bool CpuHasAvx512Bf16() {
+// Whether the CPU has AVX512-BF16 (and F and BW), and whether the
+// environment variable NORMD_NO_AVX512_BF16 was set; each checked once.
+inline bool CpuSupportsAvx512Bf16() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool has = [] {
     __builtin_cpu_init();
-    return CpuHasAvx512Bw() && __builtin_cpu_supports("avx512bf16") != 0 &&
-           std::getenv("NORMD_NO_AVX512_BF16") == nullptr;
+    return CpuHasAvx512Bw() && __builtin_cpu_supports("avx512bf16") != 0;
   }();
-  return has && Avx512Bf16AllowedForTesting().load(std::memory_order_relaxed);
+  return has;
 #else
   return false;
 #endif
+}
+inline bool Avx512Bf16TurnedOff() {
+  static const bool off = std::getenv("NORMD_NO_AVX512_BF16") != nullptr;
+  return off;
+}
+
+namespace simd_internal {
+inline std::atomic<bool>& Avx512Bf16Allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+}  // namespace simd_internal
+
+// Tests: AllowAvx512Bf16ForTesting(false) runs the code of AVX-512 CPUs
+// without AVX512-BF16 (Skylake-X to Ice Lake) until it is allowed again.
+inline void AllowAvx512Bf16ForTesting(bool allowed) {
+  simd_internal::Avx512Bf16Allowed().store(allowed, std::memory_order_relaxed);
+}
+
+// Whether the 16-bit kernels may round to bfloat16 with the AVX512-BF16
+// conversion instruction (same bits as the integer rounding; see
+// half_avx512.h): the CPU has it, NORMD_NO_AVX512_BF16 is not set and no
+// test turned it off. Thread-safe.
+inline bool CpuHasAvx512Bf16() {
+  return CpuSupportsAvx512Bf16() && !Avx512Bf16TurnedOff() &&
+         simd_internal::Avx512Bf16Allowed().load(std::memory_order_relaxed);
+}
+
+// What the hand-written kernels use on this CPU, for the start-up log:
+// "AVX-512 (F, BW, BF16)", "AVX-512 (F, BW)" (and why BF16 is not used when
+// the CPU has it), "AVX-512F", or "compiled loops (no AVX-512)": their AVX2
+// or baseline clones.
+inline std::string KernelInstructionSet() {
+  if (!CpuHasAvx512F()) return "compiled loops (no AVX-512)";
+  if (!CpuHasAvx512Bw()) return "AVX-512F";
+  if (CpuHasAvx512Bf16()) return "AVX-512 (F, BW, BF16)";
+  if (CpuSupportsAvx512Bf16() && Avx512Bf16TurnedOff()) {
+    return "AVX-512 (F, BW; BF16 off: NORMD_NO_AVX512_BF16)";
+  }
+  return "AVX-512 (F, BW)";
 }
 
 }  // namespace normd
