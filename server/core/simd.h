@@ -36,45 +36,35 @@
 
 namespace normd {
 
-// What the CPU offers the hand-written AVX-512 kernels, checked once (thread-
-// safe static initialization): AVX-512F for the fp32 ones, F and BW (word
-// permutes, masked word stores) for the 16-bit ones. False off x86-64.
-inline bool CpuHasAvx512F() {
+// What the CPU offers the hand-written AVX-512 kernels, detected once
+// (thread-safe static initialization): AVX-512F for the fp32 ones, F and BW
+// (word permutes, masked word stores) for the 16-bit ones, and BF16 (the
+// bfloat16 rounding instruction) beside them. Each implies the one before.
+// All false off x86-64.
+struct CpuAvx512Features {
+  bool f = false;
+  bool bw = false;
+  bool bf16 = false;
+};
+inline const CpuAvx512Features& DetectedAvx512Features() {
+  static const CpuAvx512Features features = [] {
+    CpuAvx512Features detected;
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return has;
-#else
-  return false;
+    detected.f = __builtin_cpu_supports("avx512f") != 0;
+    detected.bw = detected.f && __builtin_cpu_supports("avx512bw") != 0;
+    detected.bf16 = detected.bw && __builtin_cpu_supports("avx512bf16") != 0;
 #endif
-}
-inline bool CpuHasAvx512Bw() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return CpuHasAvx512F() && __builtin_cpu_supports("avx512bw") != 0;
+    return detected;
   }();
-  return has;
-#else
-  return false;
-#endif
+  return features;
 }
+inline bool CpuHasAvx512F() { return DetectedAvx512Features().f; }
+inline bool CpuHasAvx512Bw() { return DetectedAvx512Features().bw; }
 
 // Whether the CPU has AVX512-BF16 (and F and BW), and whether the
-// environment variable NORMD_NO_AVX512_BF16 was set; each checked once.
-inline bool CpuSupportsAvx512Bf16() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return CpuHasAvx512Bw() && __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
+// environment variable NORMD_NO_AVX512_BF16 was set (read once).
+inline bool CpuSupportsAvx512Bf16() { return DetectedAvx512Features().bf16; }
 inline bool Avx512Bf16TurnedOff() {
   static const bool off = std::getenv("NORMD_NO_AVX512_BF16") != nullptr;
   return off;
