@@ -82,14 +82,18 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
 namespace {
 
 const char kUsage[] =
-    "a gRPC server that normalizes tensors (LayerNorm, BatchNorm) with "
-    "PyTorch semantics\nand keeps BatchNorm statistics per model, in memory "
-    "or durably (--state_dir).\n\n"
+    "a gRPC server that normalizes tensors (LayerNorm, RMSNorm, BatchNorm, "
+    "GroupNorm,\nInstanceNorm; float32, float64, bfloat16, float16) with "
+    "PyTorch semantics and keeps\nBatchNorm / InstanceNorm statistics per "
+    "model, in memory or durably (--state_dir).\n\n"
     "Usage: normd [--port=50051] [--metrics_port=9464] [--state_dir=DIR] "
     "[flags...]\n\n"
     "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
     "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
-    "drain (--shutdown_grace),\na final snapshot is written, exit 0.";
+    "drain (--shutdown_grace),\na final snapshot is written, exit 0.\n"
+    "Environment: NORMD_NO_AVX512_BF16 (any value) rounds bfloat16 results "
+    "without the\nAVX512-BF16 instruction (the same bits; the start-up line "
+    "names the kernels used).";
 
 // Show only normd's own flags in --help.
 bool IsNormdFlagFile(absl::string_view file) {

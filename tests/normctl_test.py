@@ -15,6 +15,7 @@ Usage: normctl_test.py --normd BUILD/normd --stubs BUILD/python
 import argparse
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -231,6 +232,24 @@ def test_help_everywhere(ctl):
     for flag in ("--input", "--chunk_bytes", "--progress", "--model"):
         check(flag in fit, f"fit --help lacks {flag}")
     check("--num_features" not in fit, "fit --help lists create's flags")
+    # The server's own --help: every mode and 16-bit dtype, and its one
+    # environment variable.
+    server_help = subprocess.run([args.normd, "--help"], capture_output=True,
+                                 text=True, timeout=60).stdout
+    for word in ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm",
+                 "InstanceNorm", "bfloat16", "float16", "NORMD_NO_AVX512_BF16"):
+        check(word in server_help, f"normd --help lacks {word}")
+    # The start-up line names the kernels' instruction set.
+    server = subprocess.Popen(
+        [args.normd, "--bind_address=127.0.0.1", "--port=0",
+         "--metrics_port=-1"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = server.stderr.readline()
+        check(re.search(r"serving gRPC on .*; kernels: (AVX-512|compiled)",
+                        first), f"start line without kernels: {first!r}")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def test_exit_codes(ctl, tmp):
