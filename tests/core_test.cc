@@ -450,6 +450,71 @@ TEST(BatchNormTest, WorkedCumulativeAverageSequence) {
   EXPECT_NEAR(model->PooledVariance()[0], ref.var[0], 1e-13);
 }
 
+// The fp32 channel affine folds the part of the mean that float drops into
+// the shift (fma(x - hi, scale, shift - (mean - hi) * scale)). Where the fp32
+// scale is not finite (an infinite weight, or one past FLT_MAX) there is
+// nothing to fold into: every value must still come out as the infinity of
+// the sign of (x - mean) * weight, never NaN, cached and streamed, in both
+// layouts. (Folding an infinite rest made half of them NaN.) Values equal to
+// the float-rounded mean are left out: 0 * inf is NaN there, as in a
+// float-mean computation. Weight 1e39 is checked where its result overflows
+// float: its fp32 scale is infinite, so results that would fit (x within
+// 0.34 of the mean) come out infinite too, a limit of fp32 scales. The
+// finite channel meets the fp64 reference.
+TEST(BatchNormTest, OverflowingScalesGiveSignedInfinities) {
+  constexpr double kMean = 1.0 / 3.0;  // Not a float: a non-zero rest.
+  const std::vector<double> weight = {std::numeric_limits<double>::infinity(),
+                                      -std::numeric_limits<double>::infinity(),
+                                      1e39, 2.0};
+  const std::vector<float> values = {-2.0f, 0.25f,   0.5f,
+                                     7.0f,  0.3333f, 0.33334f};
+  constexpr int64_t kChannels = 4;
+  constexpr int64_t kRows = 64;  // Per channel, runs of 64 values.
+  Engine engine;
+  ModelSpec create;
+  create.name = "inf";
+  create.num_features = kChannels;
+  create.running_mean.assign(kChannels, kMean);
+  create.running_var.assign(kChannels, 1.0);
+  create.bias.assign(kChannels, 0.25);
+  ASSERT_TRUE(engine.store().Create(create).ok());
+  for (bool channels_last : {false, true}) {
+    for (int64_t threshold :
+         {std::numeric_limits<int64_t>::max(), int64_t{0}}) {
+      SCOPED_TRACE(::testing::Message() << "channels_last " << channels_last
+                                        << " streamed " << (threshold == 0));
+      SetStreamingOutputBytes(threshold);
+      std::vector<float> x(2 * kChannels * kRows);
+      auto channel_of = [&](int64_t i) {
+        return channels_last ? i % kChannels : (i / kRows) % kChannels;
+      };
+      for (size_t i = 0; i < x.size(); ++i) x[i] = values[i % values.size()];
+      NormalizeSpec spec;
+      spec.mode = NormMode::kBatchNorm;
+      spec.model = "inf";
+      spec.input = View(x, channels_last ? Shape{2, kRows, kChannels}
+                                         : Shape{2, kChannels, kRows});
+      spec.channel_axis = channels_last ? -1 : 1;
+      spec.weight = AffineParam{{kChannels}, weight};
+      std::vector<float> y(x.size());
+      ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const int64_t c = channel_of(static_cast<int64_t>(i));
+        const double reference = (static_cast<double>(x[i]) - kMean) /
+                                     std::sqrt(1.0 + kDefaultEps) * weight[c] +
+                                 0.25;
+        if (c == 3) {
+          EXPECT_NEAR(y[i], reference, 1e-6) << "element " << i;
+        } else if (c != 2 || std::isinf(static_cast<float>(reference))) {
+          EXPECT_EQ(y[i], static_cast<float>(reference))
+              << "element " << i << " x " << x[i] << " channel " << c;
+        }
+      }
+    }
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+}
+
 // A momentum-0.1 training sequence against an fp64 reference stepped by hand.
 TEST(BatchNormTest, MomentumSequenceMatchesReference) {
   Engine engine;

@@ -119,33 +119,50 @@ NORMD_MULTIVERSION void AffineRowF32(const float* __restrict x,
   }
 }
 
-// One fp32 affine run with streaming stores:
-// y[j] = ((x[j] - hi) - lo) * scale [* weight[j]] [+ bias[j] | + shift],
-// the same operations in the same order as AffineRowF32 and
-// ChannelParamsF32, so the bits equal those of the cached path.
+// One fp32 row's affine with streaming stores:
+// y[j] = ((x[j] - hi) - lo) * scale [* weight[j]] [+ bias[j]], the same
+// operations in the same order as AffineRowF32, so the bits equal those of
+// the cached path.
 struct StreamAffine {
   float hi, lo, scale;
   const float* weight;  // Per element, or null.
   const float* bias;    // Per element, or null.
-  bool has_shift;       // Add `shift` (when bias is null).
-  float shift;
 };
 
-// y = ((x - hi[c]) - lo[c]) * scale[c] + shift[c] in fp32.
+// y = fma(x - hi[c], scale[c], shift[c]) in fp32: hi is the channel's fp64
+// mean rounded to float, and shift also carries the part of the mean hi
+// dropped (see ChannelConstantsOf). std::fma rounds once, so every
+// instruction set gives the same bits (the compiled clones without FMA call
+// libm's exact fma).
 struct ChannelParamsF32 {
   const float* hi;
-  const float* lo;
   const float* scale;
   const float* shift;
   struct One {
-    float hi, lo, scale, shift;
-    float Apply(float x) const { return ((x - hi) - lo) * scale + shift; }
+    float hi, scale, shift;
+    float Apply(float x) const { return std::fma(x - hi, scale, shift); }
   };
   float Apply(float x, int64_t c) const {
-    return ((x - hi[c]) - lo[c]) * scale[c] + shift[c];
+    return std::fma(x - hi[c], scale[c], shift[c]);
   }
-  One Constants(int64_t c) const { return {hi[c], lo[c], scale[c], shift[c]}; }
+  One Constants(int64_t c) const { return {hi[c], scale[c], shift[c]}; }
 };
+
+// The fp32 constants of y = (x - mean) * scale + shift (fp64 parameters) for
+// ChannelParamsF32: hi = mean rounded to float, so x - hi is exact near the
+// mean (Sterbenz); the rest of the mean, (mean - hi) * scale, is taken from
+// the shift in fp64. One rounding after the subtraction, where ((x - hi) -
+// lo) * scale + shift had three. With a scale that is not finite in fp32
+// (an infinite or NaN weight, or one that overflows) the rest is left out:
+// each value's sign against hi decides, as with an fp32 mean.
+ChannelParamsF32::One ChannelConstantsOf(double mean, double scale,
+                                         double shift) {
+  const float hi = static_cast<float>(mean);
+  const float scale32 = static_cast<float>(scale);
+  const double rest = (mean - static_cast<double>(hi)) * scale;
+  const bool fold = std::isfinite(scale32) && std::isfinite(rest);
+  return {hi, scale32, static_cast<float>(fold ? shift - rest : shift)};
+}
 
 // True if p is null or p[0..n) are all finite.
 bool AllFinite(const float* p, int64_t n) {
@@ -288,8 +305,7 @@ struct StreamAffineLanes {
       : a(affine),
         hi(_mm512_set1_ps(affine.hi)),
         lo(_mm512_set1_ps(affine.lo)),
-        scale(_mm512_set1_ps(affine.scale)),
-        shift(_mm512_set1_ps(affine.shift)) {}
+        scale(_mm512_set1_ps(affine.scale)) {}
 
   NORMD_AVX512 __m512 At(const float* x, int64_t j, __mmask16 m) const {
     __m512 t =
@@ -301,11 +317,11 @@ struct StreamAffineLanes {
     if (a.bias != nullptr) {
       return _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, a.bias + j));
     }
-    return a.has_shift ? _mm512_add_ps(t, shift) : t;
+    return t;
   }
 
   const StreamAffine& a;
-  __m512 hi, lo, scale, shift;
+  __m512 hi, lo, scale;
 };
 
 NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
@@ -319,38 +335,47 @@ NORMD_AVX512 void StreamAffineRunAvx512(const float* x, float* y, int64_t n,
       prefetch.ahead_bytes);
 }
 
-// ((x - hi) - lo) * scale + shift: ChannelParamsF32's operations.
-NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 lo,
-                                              __m512 scale, __m512 shift) {
-  const __m512 t = _mm512_sub_ps(_mm512_sub_ps(x, hi), lo);
-  return _mm512_add_ps(_mm512_mul_ps(t, scale), shift);
+// fma(x - hi, scale, shift): ChannelParamsF32's operations.
+NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 scale,
+                                              __m512 shift) {
+  return _mm512_fmadd_ps(_mm512_sub_ps(x, hi), scale, shift);
 }
 
-// y[j] = ((x[j] - hi[j]) - lo[j]) * scale[j] + shift[j] with streaming stores
+// y[0..n) = ChannelParamsF32::One::Apply(x[0..n)) with streaming stores:
+// one channel's run.
+NORMD_AVX512 void StreamChannelRunAvx512(const float* x, float* y, int64_t n,
+                                         const ChannelParamsF32::One& k) {
+  const __m512 hi = _mm512_set1_ps(k.hi);
+  const __m512 scale = _mm512_set1_ps(k.scale);
+  const __m512 shift = _mm512_set1_ps(k.shift);
+  StreamLinesAvx512(x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
+    return ChannelAffineLanes(_mm512_maskz_loadu_ps(m, x + j), hi, scale,
+                              shift);
+  });
+}
+
+// y[j] = fma(x[j] - hi[j], scale[j], shift[j]) with streaming stores
 // (ChannelParamsF32::Apply with the parameters indexed per element).
 NORMD_AVX512 void StreamChannelsLastRunAvx512(const float* x, float* y,
                                               int64_t n, const float* hi,
-                                              const float* lo,
                                               const float* scale,
                                               const float* shift) {
   StreamLinesAvx512(x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512 {
-    return ChannelAffineLanes(
-        _mm512_maskz_loadu_ps(m, x + j), _mm512_maskz_loadu_ps(m, hi + j),
-        _mm512_maskz_loadu_ps(m, lo + j), _mm512_maskz_loadu_ps(m, scale + j),
-        _mm512_maskz_loadu_ps(m, shift + j));
+    return ChannelAffineLanes(_mm512_maskz_loadu_ps(m, x + j),
+                              _mm512_maskz_loadu_ps(m, hi + j),
+                              _mm512_maskz_loadu_ps(m, scale + j),
+                              _mm512_maskz_loadu_ps(m, shift + j));
   });
 }
 
 // The first 16 * kVectors entries of each channels-last parameter array,
 // into kVectors registers each.
 template <int kVectors>
-NORMD_AVX512 inline void LoadChannelVectors(const float* hi, const float* lo,
-                                            const float* scale,
+NORMD_AVX512 inline void LoadChannelVectors(const float* hi, const float* scale,
                                             const float* shift, __m512* h,
-                                            __m512* l, __m512* s, __m512* b) {
+                                            __m512* s, __m512* b) {
   for (int k = 0; k < kVectors; ++k) {
     h[k] = _mm512_loadu_ps(hi + 16 * k);
-    l[k] = _mm512_loadu_ps(lo + 16 * k);
     s[k] = _mm512_loadu_ps(scale + 16 * k);
     b[k] = _mm512_loadu_ps(shift + 16 * k);
   }
@@ -365,18 +390,20 @@ NORMD_AVX512 inline void LoadChannelVectors(const float* hi, const float* lo,
 // `prefetch_input`: x is prefetched ahead of the loads (see
 // InterleavedChannelAffine for when it is not).
 template <int kVectors>
-NORMD_AVX512 void StreamChannelsLastRegistersAvx512(
-    const float* x, float* y, int64_t n, const float* hi, const float* lo,
-    const float* scale, const float* shift, bool prefetch_input) {
-  __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
-  LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
+NORMD_AVX512 void StreamChannelsLastRegistersAvx512(const float* x, float* y,
+                                                    int64_t n, const float* hi,
+                                                    const float* scale,
+                                                    const float* shift,
+                                                    bool prefetch_input) {
+  __m512 h[kVectors], s[kVectors], b[kVectors];
+  LoadChannelVectors<kVectors>(hi, scale, shift, h, s, b);
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
     if (prefetch_input) PrefetchStreamInput(x, j, 16 * kVectors);
 #pragma GCC unroll 4
     for (int k = 0; k < kVectors; ++k) {
       _mm512_stream_ps(y + j + 16 * k,
                        ChannelAffineLanes(_mm512_loadu_ps(x + j + 16 * k), h[k],
-                                          l[k], s[k], b[k]));
+                                          s[k], b[k]));
     }
   }
 }
@@ -385,20 +412,20 @@ NORMD_AVX512 void StreamChannelsLastRegistersAvx512(
 // (16, 32, 48 or 64) elements.
 void StreamChannelsLastRepeating(const float* x, float* y, int64_t n,
                                  int64_t repeat, const float* hi,
-                                 const float* lo, const float* scale,
-                                 const float* shift, bool prefetch_input) {
+                                 const float* scale, const float* shift,
+                                 bool prefetch_input) {
   auto* body = repeat == 16   ? StreamChannelsLastRegistersAvx512<1>
                : repeat == 32 ? StreamChannelsLastRegistersAvx512<2>
                : repeat == 48 ? StreamChannelsLastRegistersAvx512<3>
                               : StreamChannelsLastRegistersAvx512<4>;
-  body(x, y, n, hi, lo, scale, shift, prefetch_input);
+  body(x, y, n, hi, scale, shift, prefetch_input);
 }
 
 // The affine of the 16-bit rows in registers, with fused multiply-adds (two
 // operations fewer per vector than StreamAffineLanes; one rounding where
 // that has two): t = fma(x - hi, scale, -(lo * scale)), then
 // fma(t, weight, bias) | t * weight | t + bias. AffineRowHalf computes the
-// same bits without AVX-512. No shift (`has_shift` is unused).
+// same bits without AVX-512.
 struct HalfAffineLanes {
   NORMD_AVX512 explicit HalfAffineLanes(const StreamAffine& affine)
       : a(affine),
@@ -541,12 +568,11 @@ NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
                                                int64_t n,
                                                const ChannelParamsF32::One& k) {
   const __m512 hi = _mm512_set1_ps(k.hi);
-  const __m512 lo = _mm512_set1_ps(k.lo);
   const __m512 scale = _mm512_set1_ps(k.scale);
   const __m512 shift = _mm512_set1_ps(k.shift);
   StreamHalfLinesAvx512<kNarrow32, kStream>(
       x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
-        return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m), hi, lo, scale,
+        return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m), hi, scale,
                                   shift);
       });
 }
@@ -555,14 +581,15 @@ NORMD_AVX512BW void StreamHalfChannelRunAvx512(const uint16_t* x, uint16_t* y,
 // phase of x[0]).
 template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
           bool kStream>
-NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(
-    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
-    const float* scale, const float* shift) {
+NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(const uint16_t* x,
+                                                    uint16_t* y, int64_t n,
+                                                    const float* hi,
+                                                    const float* scale,
+                                                    const float* shift) {
   StreamHalfLinesAvx512<kNarrow32, kStream>(
       x, y, n, [&](int64_t j, __mmask16 m) NORMD_AVX512BW {
         return ChannelAffineLanes(WidenLanes<kWiden>(x, j, m),
                                   _mm512_maskz_loadu_ps(m, hi + j),
-                                  _mm512_maskz_loadu_ps(m, lo + j),
                                   _mm512_maskz_loadu_ps(m, scale + j),
                                   _mm512_maskz_loadu_ps(m, shift + j));
       });
@@ -575,15 +602,15 @@ NORMD_AVX512BW void StreamHalfChannelsLastRunAvx512(
 template <int kVectors, __m512 (*kWiden)(__m256i),
           __m512i (*kNarrow32)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamHalfChannelsLastRegistersAvx512(
-    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
+    const uint16_t* x, uint16_t* y, int64_t n, const float* hi,
     const float* scale, const float* shift, bool prefetch_input) {
   static_assert(kVectors % 2 == 0);
-  __m512 h[kVectors], l[kVectors], s[kVectors], b[kVectors];
-  LoadChannelVectors<kVectors>(hi, lo, scale, shift, h, l, s, b);
+  __m512 h[kVectors], s[kVectors], b[kVectors];
+  LoadChannelVectors<kVectors>(hi, scale, shift, h, s, b);
   auto lanes = [&](int64_t j, int k) NORMD_AVX512BW {
     const __m512 v = kWiden(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j + 16 * k)));
-    return ChannelAffineLanes(v, h[k], l[k], s[k], b[k]);
+    return ChannelAffineLanes(v, h[k], s[k], b[k]);
   };
   for (int64_t j = 0; j < n; j += 16 * kVectors) {
     if (prefetch_input) PrefetchStreamInput(x, j, 16 * kVectors);
@@ -655,13 +682,12 @@ template <__m512i (*kNarrowPair)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
     const uint16_t* x, uint16_t* y, int64_t n, const ChannelParamsF32::One& k) {
   const __m512 hi = _mm512_set1_ps(k.hi);
-  const __m512 lo = _mm512_set1_ps(k.lo);
   const __m512 scale = _mm512_set1_ps(k.scale);
   const __m512 shift = _mm512_set1_ps(k.shift);
   StreamBFloat16PairsAvx512<kNarrowPair, kStream>(
       x, y, n, [&](const BFloat16Pair& v, int64_t) NORMD_AVX512BW {
-        return BFloat16Pair{ChannelAffineLanes(v.even, hi, lo, scale, shift),
-                            ChannelAffineLanes(v.odd, hi, lo, scale, shift)};
+        return BFloat16Pair{ChannelAffineLanes(v.even, hi, scale, shift),
+                            ChannelAffineLanes(v.odd, hi, scale, shift)};
       });
 }
 
@@ -669,7 +695,7 @@ NORMD_AVX512BW void StreamBFloat16ChannelRunAvx512(
 // parameters of each 32-value line split into even and odd vectors once.
 template <int kLines, __m512i (*kNarrowPair)(__m512, __m512), bool kStream>
 NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
-    const uint16_t* x, uint16_t* y, int64_t n, const float* hi, const float* lo,
+    const uint16_t* x, uint16_t* y, int64_t n, const float* hi,
     const float* scale, const float* shift, bool prefetch_input) {
   alignas(64) static constexpr int32_t kEven[16] = {
       0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
@@ -686,9 +712,8 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
       out[2 * k + 1] = _mm512_permutex2var_ps(a, odd, b);
     }
   };
-  __m512 h[2 * kLines], l[2 * kLines], s[2 * kLines], b[2 * kLines];
+  __m512 h[2 * kLines], s[2 * kLines], b[2 * kLines];
   split(hi, h);
-  split(lo, l);
   split(scale, s);
   split(shift, b);
   for (int64_t j = 0; j < n; j += 32 * kLines) {
@@ -699,10 +724,9 @@ NORMD_AVX512BW void StreamBFloat16ChannelsLastRegistersAvx512(
           _mm512_loadu_si512(reinterpret_cast<const void*>(x + j + 32 * k)));
       StoreLine<kStream>(
           y + j + 32 * k,
-          kNarrowPair(ChannelAffineLanes(v.even, h[2 * k], l[2 * k], s[2 * k],
-                                         b[2 * k]),
-                      ChannelAffineLanes(v.odd, h[2 * k + 1], l[2 * k + 1],
-                                         s[2 * k + 1], b[2 * k + 1])));
+          kNarrowPair(ChannelAffineLanes(v.even, h[2 * k], s[2 * k], b[2 * k]),
+                      ChannelAffineLanes(v.odd, h[2 * k + 1], s[2 * k + 1],
+                                         b[2 * k + 1])));
     }
   }
 }
@@ -741,7 +765,6 @@ struct ShortRunCursor {
   NORMD_AVX512 __m512 Affine(__m512 v, int64_t j) {
     MoveTo(j);
     __m512 hi = _mm512_set1_ps(p.hi[c]);
-    __m512 lo = _mm512_set1_ps(p.lo[c]);
     __m512 scale = _mm512_set1_ps(p.scale[c]);
     __m512 shift = _mm512_set1_ps(p.shift[c]);
     const int64_t left = inner - offset;
@@ -750,11 +773,10 @@ struct ShortRunCursor {
       const auto later = static_cast<__mmask16>(0xFFFFu << left);
       const int64_t d = c + 1 == channels ? 0 : c + 1;
       hi = _mm512_mask_blend_ps(later, hi, _mm512_set1_ps(p.hi[d]));
-      lo = _mm512_mask_blend_ps(later, lo, _mm512_set1_ps(p.lo[d]));
       scale = _mm512_mask_blend_ps(later, scale, _mm512_set1_ps(p.scale[d]));
       shift = _mm512_mask_blend_ps(later, shift, _mm512_set1_ps(p.shift[d]));
     }
-    return ChannelAffineLanes(v, hi, lo, scale, shift);
+    return ChannelAffineLanes(v, hi, scale, shift);
   }
 
   const int64_t inner, channels;
@@ -801,10 +823,10 @@ struct HalfChannelStreams {
   void (*short_runs)(const uint16_t*, uint16_t*, int64_t, int64_t,
                      const ChannelLayout&, const ChannelParamsF32&);
   void (*channels_last)(const uint16_t*, uint16_t*, int64_t, const float*,
-                        const float*, const float*, const float*);
+                        const float*, const float*);
   // Registers, by lcm(channels, 32) / 32 - 1 (1, 2 or 3 lines).
   void (*registers[3])(const uint16_t*, uint16_t*, int64_t, const float*,
-                       const float*, const float*, const float*, bool);
+                       const float*, const float*, bool);
 };
 
 template <__m512 (*kWiden)(__m256i), __m512i (*kNarrow32)(__m512, __m512),
@@ -920,8 +942,7 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
     for (int64_t pos = from; pos < to; pos += period) {
       const int64_t phase = pos % channels;
       f.channels_last(x + pos, y + pos, std::min(period, to - pos),
-                      p.hi + phase, p.lo + phase, p.scale + phase,
-                      p.shift + phase);
+                      p.hi + phase, p.scale + phase, p.shift + phase);
     }
   };
   SplitChannelsLast(begin, end, reinterpret_cast<uintptr_t>(y + begin),
@@ -931,8 +952,7 @@ bool StreamHalfChannelRange(DType dtype, const uint16_t* x, uint16_t* y,
                       const int64_t phase = from % channels;
                       f.registers[repeat / 32 - 1](
                           x + from, y + from, to - from, p.hi + phase,
-                          p.lo + phase, p.scale + phase, p.shift + phase,
-                          prefetch_input);
+                          p.scale + phase, p.shift + phase, prefetch_input);
                     });
   return true;
 }
@@ -942,6 +962,14 @@ bool StreamAffineRun(const float* x, float* y, int64_t n, const StreamAffine& a,
                      const float* next_row) {
   if (!CpuHasAvx512F()) return false;
   StreamAffineRunAvx512(x, y, n, a, next_row);
+  return true;
+}
+
+// The same for one channel's run.
+bool StreamChannelRun(const float* x, float* y, int64_t n,
+                      const ChannelParamsF32::One& k) {
+  if (!CpuHasAvx512F()) return false;
+  StreamChannelRunAvx512(x, y, n, k);
   return true;
 }
 
@@ -1025,12 +1053,16 @@ void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
 void StreamFence() { _mm_sfence(); }
 #else
 void StreamChannelsLastRunAvx512(const float*, float*, int64_t, const float*,
-                                 const float*, const float*, const float*) {}
+                                 const float*, const float*) {}
 void StreamChannelsLastRepeating(const float*, float*, int64_t, int64_t,
                                  const float*, const float*, const float*,
-                                 const float*, bool) {}
+                                 bool) {}
 bool StreamAffineRun(const float*, float*, int64_t, const StreamAffine&,
                      const float*) {
+  return false;
+}
+bool StreamChannelRun(const float*, float*, int64_t,
+                      const ChannelParamsF32::One&) {
   return false;
 }
 bool StreamHalfChannelRange(DType, const uint16_t*, uint16_t*, int64_t, int64_t,
@@ -1229,13 +1261,9 @@ double RowCenter(const Moments& moments, LayerNormStyle style) {
 StreamAffine RowAffine(const Moments& moments, double eps, LayerNormStyle style,
                        const AffineParams<float>& affine) {
   const SplitMean mean(RowCenter(moments, style));
-  return StreamAffine{mean.hi,
-                      mean.lo,
+  return StreamAffine{mean.hi, mean.lo,
                       static_cast<float>(RowScale(moments, eps, style)),
-                      affine.weight,
-                      affine.bias,
-                      false,
-                      0.0f};
+                      affine.weight, affine.bias};
 }
 
 }  // namespace
@@ -1293,8 +1321,7 @@ struct ShortRowAffines {
 
   // Row k's StreamAffine with these weights and biases.
   StreamAffine Of(int k, const AffineParams<float>& affine) const {
-    return StreamAffine{hi[k],       lo[k], scale[k], affine.weight,
-                        affine.bias, false, 0.0f};
+    return StreamAffine{hi[k], lo[k], scale[k], affine.weight, affine.bias};
   }
 
   alignas(32) float hi[16];
@@ -1471,7 +1498,7 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
 void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
                    float scale, const float* weight, const float* bias,
                    bool vector) {
-  const StreamAffine a{hi, lo, scale, weight, bias, false, 0.0f};
+  const StreamAffine a{hi, lo, scale, weight, bias};
   if (vector) {
     AffineRowHalf(x, y, n, a);
   } else {
@@ -1761,9 +1788,7 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
   while (pos < end) {
     const int64_t c = (pos / layout.inner) % layout.channels;
     const int64_t run = std::min(layout.inner - pos % layout.inner, end - pos);
-    const auto k = p.Constants(c);
-    const StreamAffine a{k.hi, k.lo, k.scale, nullptr, nullptr, true, k.shift};
-    if (!StreamAffineRun(x + (pos - begin), y + pos, run, a, nullptr)) {
+    if (!StreamChannelRun(x + (pos - begin), y + pos, run, p.Constants(c))) {
       return false;
     }
     pos += run;
@@ -1785,9 +1810,9 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
   auto per_element = [&](int64_t from, int64_t to) {
     for (int64_t pos = from; pos < to; pos += period) {
       const int64_t phase = pos % channels;
-      StreamChannelsLastRunAvx512(
-          x + (pos - begin), y + pos, std::min(period, to - pos), p.hi + phase,
-          p.lo + phase, p.scale + phase, p.shift + phase);
+      StreamChannelsLastRunAvx512(x + (pos - begin), y + pos,
+                                  std::min(period, to - pos), p.hi + phase,
+                                  p.scale + phase, p.shift + phase);
     }
   };
   SplitChannelsLast(
@@ -1795,9 +1820,9 @@ bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
       channels, period, /*unit=*/16, /*max_repeat=*/64, per_element,
       [&](int64_t from, int64_t to, int64_t repeat) {
         const int64_t phase = from % channels;
-        StreamChannelsLastRepeating(
-            x + (from - begin), y + from, to - from, repeat, p.hi + phase,
-            p.lo + phase, p.scale + phase, p.shift + phase, prefetch_input);
+        StreamChannelsLastRepeating(x + (from - begin), y + from, to - from,
+                                    repeat, p.hi + phase, p.scale + phase,
+                                    p.shift + phase, prefetch_input);
       });
   return true;
 }
@@ -1824,40 +1849,37 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
   if (fence) StreamFence();
 }
 
-// Per-channel fp32 parameters of ChannelParamsF32 (mean split into hi + lo),
+// Per-channel fp32 parameters of ChannelParamsF32 (ChannelConstantsOf),
 // expanded for channels-last (inner == 1) to `period` + channels entries.
 struct ChannelParamsF32Storage {
   ChannelParamsF32Storage(const ChannelLayout& layout, int64_t period,
                           const double* mean, const double* scale,
                           const double* shift) {
     const int64_t channels = layout.channels;
-    for (std::vector<float>* v : {&hi, &lo, &s, &b}) v->resize(channels);
+    for (std::vector<float>* v : {&hi, &s, &b}) v->resize(channels);
     for (int64_t c = 0; c < channels; ++c) {
-      const SplitMean split(mean[c]);
-      hi[c] = split.hi;
-      lo[c] = split.lo;
-      s[c] = static_cast<float>(scale[c]);
-      b[c] = static_cast<float>(shift[c]);
+      const ChannelParamsF32::One k =
+          ChannelConstantsOf(mean[c], scale[c], shift[c]);
+      hi[c] = k.hi;
+      s[c] = k.scale;
+      b[c] = k.shift;
     }
     if (layout.inner == 1) {
-      for (std::vector<float>* v : {&hi, &lo, &s, &b}) {
+      for (std::vector<float>* v : {&hi, &s, &b}) {
         *v = ExpandChannelsLast(std::move(*v), period);
       }
     }
   }
-  ChannelParamsF32 params() const {
-    return {hi.data(), lo.data(), s.data(), b.data()};
-  }
+  ChannelParamsF32 params() const { return {hi.data(), s.data(), b.data()}; }
   // Whether the 16-bit kernels can skip their canonical-NaN fix-up: every
   // operation of ChannelAffineLanes has finite operands (x - hi cannot
   // overflow, given `deviations_bounded`), and such operations give finite
   // or infinite results, never NaN.
   bool NeverNaN(int64_t channels, bool deviations_bounded) const {
     return deviations_bounded && AllFinite(hi.data(), channels) &&
-           AllFinite(lo.data(), channels) && AllFinite(s.data(), channels) &&
-           AllFinite(b.data(), channels);
+           AllFinite(s.data(), channels) && AllFinite(b.data(), channels);
   }
-  std::vector<float> hi, lo, s, b;
+  std::vector<float> hi, s, b;
 };
 
 template <typename T>

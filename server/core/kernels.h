@@ -97,7 +97,10 @@ enum class Traversal {
 // tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
 // input is read in cache-sized pieces. `output_elements`, when larger, is
 // the size of the whole output this call writes a part of: it decides
-// whether stores bypass the cache, as for one call over all of it.
+// whether stores bypass the cache, as for one call over all of it. fp32:
+// y = fma(x - hi, scale, shift - (mean - hi) * scale), hi the mean rounded to
+// float and the third operand folded in fp64: one rounding after an exact
+// subtraction near the mean, the same bits on every CPU.
 template <typename T>
 void ChannelAffineKernel(const InputSource<T>& x, T* y,
                          const ChannelLayout& layout, const double* mean,
