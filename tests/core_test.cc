@@ -704,6 +704,82 @@ TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
   }
 }
 
+// Every fp32 channel path (AVX-512 runs, short runs, channels-last
+// registers and per-element loads, with streaming or ordinary stores, and
+// the compiled loops that CPUs without AVX-512 run: this test is also run
+// under valgrind) computes exactly the documented formula: hi = the fp64
+// mean rounded to float, y = fma(x - hi, float(scale), float(shift - (mean -
+// hi) * scale)) with scale = weight / sqrt(var + eps) in fp64. BatchNorm eval
+// with a model whose statistics the test chose, means off float's grid.
+TEST(StreamingTest, ChannelOutputsAreTheDocumentedFp32FormulaBitwise) {
+  struct Case {
+    Shape shape;
+    int32_t axis;
+  };
+  const Case cases[] = {
+      {{4, 6, 40, 50}, 1},    // Runs of 2000.
+      {{40, 6, 7, 7}, 1},     // Short runs (49 values).
+      {{4, 50, 41, 64}, -1},  // Channels-last, parameters in registers.
+      {{4, 50, 41, 5}, -1},   // Channels-last, per-element parameters.
+      {{4, 50, 41, 80}, -1},
+  };
+  for (const Case& c : cases) {
+    const int64_t channels = c.axis < 0 ? c.shape.back() : c.shape[1];
+    int64_t n = 1;
+    for (int64_t d : c.shape) n *= d;
+    const auto x = RandomValues<float>(n, 31, 1e4, 3.0);
+    ModelSpec create;
+    create.name = "m";
+    create.num_features = channels;
+    for (int64_t k = 0; k < channels; ++k) {
+      const double i = static_cast<double>(k);
+      create.running_mean.push_back(1e4 + i / 3.0);
+      create.running_var.push_back(2.0 + i / 7.0);
+      create.weight.push_back(0.5 + i / 11.0);
+      create.bias.push_back(0.25 - i / 13.0);
+    }
+    std::vector<float> expected(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = c.axis < 0
+                            ? i % channels
+                            : (i / (n / c.shape[0] / channels)) % channels;
+      const double mean = create.running_mean[k];
+      const double scale =
+          create.weight[k] / std::sqrt(create.running_var[k] + kDefaultEps);
+      const float hi = static_cast<float>(mean);
+      const float shift = static_cast<float>(
+          create.bias[k] - (mean - static_cast<double>(hi)) * scale);
+      expected[i] = std::fma(x[i] - hi, static_cast<float>(scale), shift);
+    }
+    for (int64_t threshold :
+         {std::numeric_limits<int64_t>::max(), int64_t{0}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "last dim " << c.shape.back() << " axis " << c.axis
+                   << " streamed " << (threshold == 0));
+      SetStreamingOutputBytes(threshold);
+      Engine engine;
+      ASSERT_TRUE(engine.store().Create(create).ok());
+      NormalizeSpec spec;
+      spec.mode = NormMode::kBatchNorm;
+      spec.model = "m";
+      spec.input = View(x, c.shape);
+      spec.channel_axis = c.axis;
+      std::vector<float> y(n);
+      ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::memcmp(&y[i], &expected[i], sizeof(float)) != 0 &&
+            differ++ < 3) {
+          ADD_FAILURE() << "element " << i << ": " << y[i] << " expected "
+                        << expected[i];
+        }
+      }
+      EXPECT_EQ(differ, 0);
+    }
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+}
+
 // Large outputs go out through streaming stores (fused AVX-512 runs or a
 // staging buffer); they must carry exactly the bits of the cached path.
 TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
