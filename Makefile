@@ -94,8 +94,8 @@ fuzz: deps
 	CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) $(SANITIZER_CMAKE) \
 	  -DNORMD_FUZZ=ON -DNORMD_BUILD_TESTS=OFF
 	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rpc_fuzzer state_fuzzer \
-	  npy_fuzzer
-	for t in rpc state npy; do \
+	  npy_fuzzer ops_fuzzer
+	for t in rpc state npy ops; do \
 	  mkdir -p $(FUZZ_BUILD_DIR)/corpus/$$t && \
 	  $(FUZZ_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
 	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \

@@ -35,7 +35,8 @@ std::vector<std::vector<double>> MakePart(int part, int batches) {
 
 void Fit(BatchNormModel& model, const std::vector<double>& batch) {
   const ChannelLayout layout{.outer = kRows, .channels = kChannels, .inner = 1};
-  ApplyTrainingStep(model, ChannelMoments(batch.data(), layout));
+  ASSERT_TRUE(
+      ApplyTrainingStep(model, ChannelMoments(batch.data(), layout)).ok());
 }
 
 BatchNormModel FittedModel(const std::string& name, bool cumulative,
@@ -145,12 +146,10 @@ TEST(ModelMergeTest, WeightsFallBackToSampleCountsThenKeepTheTarget) {
   BatchNormModel source = MakeDefaultModel("s", 1);
   into.running_mean = {1.0};
   source.running_mean = {4.0};
-  ApplyTrainingStep(into,
-                    std::vector<Moments>{{.count = 1, .mean = 0, .m2 = 0}});
-  ApplyTrainingStep(source,
-                    std::vector<Moments>{{.count = 1, .mean = 0, .m2 = 0}});
-  ApplyTrainingStep(source,
-                    std::vector<Moments>{{.count = 1, .mean = 0, .m2 = 0}});
+  const std::vector<Moments> one_row = {{.count = 1, .mean = 0, .m2 = 0}};
+  ASSERT_TRUE(ApplyTrainingStep(into, one_row).ok());
+  ASSERT_TRUE(ApplyTrainingStep(source, one_row).ok());
+  ASSERT_TRUE(ApplyTrainingStep(source, one_row).ok());
   ASSERT_EQ(into.num_batches_tracked + source.num_batches_tracked, 0);
   ASSERT_TRUE(MergeModelStatistics(into, source).ok());
   EXPECT_DOUBLE_EQ(into.running_mean[0], (1.0 * 1 + 4.0 * 2) / 3);

@@ -76,9 +76,9 @@ void ExpectSameModels(const std::vector<BatchNormModel>& a,
 BatchNormModel RandomModel(std::mt19937_64& rng, const std::string& name,
                            int64_t channels) {
   BatchNormModel model = MakeDefaultModel(name, channels);
-  ApplyTrainingStep(model, RandomBatch(rng, channels));
+  EXPECT_TRUE(ApplyTrainingStep(model, RandomBatch(rng, channels)).ok());
   model.num_batches_tracked += static_cast<int64_t>(rng() % 4);
-  model.generation = rng() % 5;
+  model.generation = 1 + rng() % 5;
   return model;
 }
 
@@ -563,18 +563,18 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
                   .batch = {}};
   EncodeMutation(create, writer);
   MutationRecord record;
-  ASSERT_TRUE(DecodeMutation(bytes, &record));
+  ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
   EXPECT_EQ(record.model.num_features, 3);
   // Every truncation fails cleanly.
   for (size_t n = 0; n < bytes.size(); ++n) {
-    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record)) << n;
+    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
   }
   // A huge declared array length is refused before allocating.
   std::string huge;
   ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kTrain));
   ByteWriter(huge).PutString("x");
   ByteWriter(huge).PutU64(uint64_t{1} << 60);
-  EXPECT_FALSE(DecodeMutation(huge, &record));
+  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
 }
 
 // The layout is little-endian whatever the host, and a combined checksum is

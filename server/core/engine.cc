@@ -109,10 +109,6 @@ bool AllDeviationsBounded(absl::Span<const Moments> moments) {
   return std::all_of(moments.begin(), moments.end(), DeviationsBounded);
 }
 
-std::string ShapeString(absl::Span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
-}
-
 // INVALID_ARGUMENT naming `field` unless the parameter has shape `expected`.
 absl::Status CheckAffineShape(const std::optional<AffineParam>& param,
                               absl::Span<const int64_t> expected,
@@ -448,7 +444,37 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
   return moments;
 }
 
-Engine::Engine(ModelStoreOptions options) : store_(options) {}
+Engine::Engine(ModelStoreOptions options, int max_rank)
+    : store_(options), max_rank_(max_rank) {}
+
+absl::Status Engine::CheckRanks(const InputTensor& input,
+                                const std::optional<AffineParam>& weight,
+                                const std::optional<AffineParam>& bias) const {
+  for (const auto& [shape, field] :
+       {std::pair{&input.shape, "input.shape"},
+        std::pair{weight.has_value() ? &weight->shape : nullptr,
+                  "weight.shape"},
+        std::pair{bias.has_value() ? &bias->shape : nullptr, "bias.shape"}}) {
+    if (shape != nullptr && shape->size() > static_cast<size_t>(max_rank_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": rank ", shape->size(), " exceeds the server's limit of ",
+          max_rank_, " dims (--max_rank)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<int64_t> Engine::ReturnedModelChannels(
+    const NormalizeSpec& spec) {
+  const bool returns_model =
+      spec.mode == NormMode::kBatchNorm ||
+      (spec.mode == NormMode::kInstanceNorm && !spec.model.empty());
+  if (!returns_model) return std::nullopt;
+  absl::StatusOr<ChannelLayout> layout =
+      ResolveChannelAxis(spec.input.shape, spec.channel_axis);
+  if (!layout.ok()) return std::nullopt;
+  return layout->channels;
+}
 
 bool Engine::ReadsScatteredInPlace(const NormalizeSpec& spec) {
   if (IsHalf(spec.input.dtype)) return false;
@@ -463,6 +489,10 @@ bool Engine::ReadsScatteredInPlace(const NormalizeSpec& spec) {
 
 absl::StatusOr<std::optional<BatchNormModel>> Engine::Normalize(
     const NormalizeSpec& spec, void* output) {
+  if (absl::Status s = CheckRanks(spec.input, spec.weight, spec.bias);
+      !s.ok()) {
+    return s;
+  }
   if (spec.input.scattered != nullptr && !ReadsScatteredInPlace(spec)) {
     std::vector<char> storage;
     NormalizeSpec gathered = spec;
@@ -794,6 +824,10 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
 }
 
 absl::StatusOr<BatchNormModel> Engine::Fit(const FitSpec& spec) {
+  if (absl::Status s = CheckRanks(spec.input, std::nullopt, std::nullopt);
+      !s.ok()) {
+    return s;
+  }
   if (spec.input.scattered != nullptr) {
     std::vector<char> storage;
     FitSpec gathered = spec;

@@ -73,7 +73,10 @@ struct FitSpec {
 
 class Engine {
  public:
-  explicit Engine(ModelStoreOptions options = {});
+  // `max_rank`: the most dims an input, weight or bias may have (the
+  // server's --max_rank); more is INVALID_ARGUMENT naming the field.
+  explicit Engine(ModelStoreOptions options = {},
+                  int max_rank = kDefaultMaxRank);
 
   // Normalizes spec.input into `output` (input.size elements of input.dtype;
   // may alias the input). Returns the model after the call for BatchNorm and
@@ -97,6 +100,13 @@ class Engine {
   // gather it there.
   static bool ReadsScatteredInPlace(const NormalizeSpec& spec);
 
+  // The channel count of the model a Normalize of `spec` returns (BatchNorm,
+  // InstanceNorm with a model), so that a caller can size its reply before
+  // the call changes anything; nullopt when it returns none or the spec is
+  // malformed (the call then fails without a change).
+  static std::optional<int64_t> ReturnedModelChannels(
+      const NormalizeSpec& spec);
+
   ModelStore& store() { return store_; }
   const ModelStore& store() const { return store_; }
 
@@ -110,7 +120,14 @@ class Engine {
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeGroups(
       const NormalizeSpec& spec, void* output);
 
+  // INVALID_ARGUMENT naming the field if a tensor of `spec` has more than
+  // max_rank_ dims.
+  absl::Status CheckRanks(const InputTensor& input,
+                          const std::optional<AffineParam>& weight,
+                          const std::optional<AffineParam>& bias) const;
+
   ModelStore store_;
+  const int max_rank_;
 };
 
 // Per-channel moments of a batch for a training step: INVALID_ARGUMENT unless

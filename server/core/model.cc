@@ -5,11 +5,54 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace normd {
 namespace {
 
 constexpr size_t kMaxNameLength = 128;
+
+// The character that starts at name[i], for an error message: its Unicode
+// code point ("U+00E9 'é'") when the bytes there are well-formed UTF-8, else
+// the byte ("byte 0xFF, not UTF-8").
+std::string DescribeCharacter(absl::string_view name, size_t i) {
+  const auto byte = [&](size_t k) {
+    return static_cast<unsigned char>(name[k]);
+  };
+  const unsigned char lead = byte(i);
+  int length = 0;
+  uint32_t code_point = 0;
+  if (lead < 0x80) {
+    length = 1;
+    code_point = lead;
+  } else if ((lead & 0xE0) == 0xC0) {
+    length = 2;
+    code_point = lead & 0x1F;
+  } else if ((lead & 0xF0) == 0xE0) {
+    length = 3;
+    code_point = lead & 0x0F;
+  } else if ((lead & 0xF8) == 0xF0) {
+    length = 4;
+    code_point = lead & 0x07;
+  }
+  bool well_formed = length > 0 && i + length <= name.size();
+  for (int k = 1; well_formed && k < length; ++k) {
+    well_formed = (byte(i + k) & 0xC0) == 0x80;
+    code_point = (code_point << 6) | (byte(i + k) & 0x3F);
+  }
+  // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+  constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  well_formed = well_formed && code_point >= kSmallest[length] &&
+                code_point <= 0x10FFFF &&
+                !(code_point >= 0xD800 && code_point <= 0xDFFF);
+  if (!well_formed) return absl::StrFormat("byte 0x%02X (not UTF-8)", lead);
+  std::string out = absl::StrFormat("U+%04X", code_point);
+  if (code_point >= 0x20 && code_point != 0x7F &&
+      !(code_point >= 0x80 && code_point < 0xA0)) {
+    absl::StrAppend(&out, " '", name.substr(i, length), "'");
+  }
+  return out;
+}
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -67,11 +110,11 @@ absl::Status ValidateModelName(absl::string_view name,
         field, ": must be 1-", kMaxNameLength,
         " characters of [A-Za-z0-9._:/-], got ", name.size(), " characters"));
   }
-  for (char c : name) {
-    if (!IsNameChar(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": character '", std::string(1, c),
-                       "' is not allowed; use [A-Za-z0-9._:/-]"));
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (!IsNameChar(name[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": character ", DescribeCharacter(name, i), " at byte ", i,
+          " is not allowed; use [A-Za-z0-9._:/-]"));
     }
   }
   return absl::OkStatus();
@@ -137,6 +180,95 @@ absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
   return model;
 }
 
+absl::Status ValidateModel(const BatchNormModel& model) {
+  if (absl::Status s = ValidateModelName(model.name, "name"); !s.ok()) {
+    return s;
+  }
+  const int64_t c = model.num_features;
+  if (c < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_features: must be >= 1, got ", c));
+  }
+  if (!(model.momentum >= 0.0 && model.momentum <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum: must be in [0, 1], got ", model.momentum));
+  }
+  if (absl::Status s = ValidateEps(model.eps, "eps"); !s.ok()) return s;
+  for (const auto& [value, field] :
+       {std::pair{model.num_batches_tracked, "num_batches_tracked"},
+        std::pair{model.sample_count, "sample_count"}}) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must be >= 0, got ", value));
+    }
+  }
+  for (const auto& [values, field, non_negative] :
+       {std::tuple{&model.running_mean, "running_mean", false},
+        std::tuple{&model.running_var, "running_var", true},
+        std::tuple{&model.weight, "weight", false},
+        std::tuple{&model.bias, "bias", false}}) {
+    if (values->size() != static_cast<size_t>(c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": has ", values->size(),
+                       " values, expected num_features = ", c));
+    }
+    if (absl::Status s = CheckChannelArray(*values, c, field, non_negative);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (model.pooled.size() != (model.sample_count == 0 ? 0 : size_t(c))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mean: has ", model.pooled.size(), " pooled statistics, expected ",
+        model.sample_count == 0 ? 0 : c, " (sample_count is ",
+        model.sample_count, ")"));
+  }
+  for (size_t i = 0; i < model.pooled.size(); ++i) {
+    const Moments& m = model.pooled[i];
+    if (m.count != model.sample_count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mean[", i, "]: pooled over ", m.count,
+                       " values but sample_count is ", model.sample_count));
+    }
+    if (!std::isfinite(m.mean)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mean[", i, "]: ", m.mean, " is not finite"));
+    }
+    if (!std::isfinite(m.m2) || m.m2 < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("var[", i, "]: its sum of squared deviations, ", m.m2,
+                       ", is not finite and >= 0"));
+    }
+  }
+  if (model.generation < 1) {
+    return absl::InvalidArgumentError("generation: must be >= 1, got 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCounterAdd(int64_t value, int64_t add,
+                             absl::string_view field) {
+  int64_t sum;
+  if (__builtin_add_overflow(value, add, &sum)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        field, ": ", value, " + ", add,
+        " overflows a 64-bit count; nothing was changed (ResetModel or "
+        "DeleteModel starts the count again)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGenerationAdd(uint64_t generation, uint64_t add) {
+  uint64_t sum;
+  if (__builtin_add_overflow(generation, add, &sum)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "generation: ", generation, " + ", add,
+        " overflows a 64-bit count; nothing was changed (DeleteModel, then "
+        "import the state with a smaller generation)"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // `status` with `prefix` before its message (which starts with the field).
@@ -189,7 +321,8 @@ absl::Status ValidatePooled(const ModelStateSpec& state) {
                                  /*non_negative=*/true);
 }
 
-// Merges per-channel batch moments into the pooled statistics.
+// Merges per-channel batch moments into the pooled statistics. The caller
+// has checked that sample_count + the batch's count fits (CheckCounterAdd).
 void MergePooled(BatchNormModel& model, absl::Span<const Moments> batch) {
   if (model.pooled.empty()) {
     model.pooled.assign(batch.begin(), batch.end());
@@ -201,12 +334,16 @@ void MergePooled(BatchNormModel& model, absl::Span<const Moments> batch) {
   model.sample_count += batch.empty() ? 0 : batch[0].count;
 }
 
-// (weight_a * a + weight_b * b) / (weight_a + weight_b), per channel, into a.
+// (weight_a * a + weight_b * b) / (weight_a + weight_b), per channel, into
+// a; the weights are made fractions first, so that averaging values near the
+// top of the double range does not overflow on the way.
 void WeightedAverage(std::vector<double>& a, double weight_a,
                      const std::vector<double>& b, double weight_b) {
   const double total = weight_a + weight_b;
+  const double fraction_a = weight_a / total;
+  const double fraction_b = weight_b / total;
   for (size_t c = 0; c < a.size(); ++c) {
-    a[c] = (weight_a * a[c] + weight_b * b[c]) / total;
+    a[c] = fraction_a * a[c] + fraction_b * b[c];
   }
 }
 
@@ -239,6 +376,12 @@ absl::StatusOr<BatchNormModel> MakeModelFromState(
     }
   }
   model->generation = std::max<uint64_t>(state.generation, 1);
+  // The arrays were checked one by one; what they make together (var x
+  // sample_count) must be representable too.
+  if (absl::Status s = ValidateModel(*model); !s.ok()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(field_prefix, s.message(), " (from var x sample_count)"));
+  }
   return model;
 }
 
@@ -255,6 +398,22 @@ absl::Status MergeModelStatistics(BatchNormModel& into,
         source.cumulative_average ? "true" : "false", " but model '", into.name,
         "' has ", into.cumulative_average ? "true" : "false",
         "; running statistics of the two kinds do not merge"));
+  }
+  const int64_t source_count =
+      source.pooled.empty() ? 0 : source.pooled[0].count;
+  if (absl::Status s =
+          CheckCounterAdd(into.sample_count, source_count, "sample_count");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckCounterAdd(into.num_batches_tracked, source.num_batches_tracked,
+                          "num_batches_tracked");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckGenerationAdd(into.generation, 1); !s.ok()) {
+    return s;
   }
   // Running statistics first: the weights are the counts before the merge.
   double weight_into = static_cast<double>(into.num_batches_tracked);
@@ -299,8 +458,39 @@ void MoveTowards(std::vector<double>& running, double factor,
 
 }  // namespace
 
-void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
+absl::Status ValidateBatchMoments(absl::Span<const Moments> batch) {
+  for (size_t c = 0; c < batch.size(); ++c) {
+    const Moments& m = batch[c];
+    if (m.count < 1 || m.count != batch[0].count || !std::isfinite(m.mean) ||
+        !std::isfinite(m.m2) || m.m2 < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", c, "]: moments of ", m.count, " values (mean ",
+                       m.mean, ", M2 ", m.m2, ") are not ", batch[0].count,
+                       " > 0 values with a finite mean and a finite M2 >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyTrainingStep(BatchNormModel& model,
+                               absl::Span<const Moments> batch) {
+  if (absl::Status s = ValidateBatchMoments(batch); !s.ok()) return s;
   const int64_t per_channel = batch.empty() ? 0 : batch[0].count;
+  if (absl::Status s =
+          CheckCounterAdd(model.sample_count, per_channel, "sample_count");
+      !s.ok()) {
+    return s;
+  }
+  if (per_channel > 1) {
+    if (absl::Status s = CheckCounterAdd(model.num_batches_tracked, 1,
+                                         "num_batches_tracked");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = CheckGenerationAdd(model.generation, 1); !s.ok()) {
+    return s;
+  }
   MergePooled(model, batch);
   if (per_channel > 1) {
     model.num_batches_tracked += 1;
@@ -318,26 +508,43 @@ void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch) {
     MoveTowards(model.running_var, factor, var);
   }
   model.generation += 1;
+  return absl::OkStatus();
 }
 
-void ApplyInstanceStep(BatchNormModel& model, absl::Span<const Moments> pooled,
-                       absl::Span<const double> running_targets) {
+absl::Status ApplyInstanceStep(BatchNormModel& model,
+                               absl::Span<const Moments> pooled,
+                               absl::Span<const double> running_targets) {
   const size_t channels = pooled.size();
+  if (absl::Status s = ValidateBatchMoments(pooled); !s.ok()) return s;
+  if (absl::Status s =
+          CheckCounterAdd(model.sample_count,
+                          pooled.empty() ? 0 : pooled[0].count, "sample_count");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckGenerationAdd(model.generation, 1); !s.ok()) {
+    return s;
+  }
   MergePooled(model, pooled);
   MoveTowards(model.running_mean, model.momentum,
               running_targets.subspan(0, channels));
   MoveTowards(model.running_var, model.momentum,
               running_targets.subspan(channels, channels));
   model.generation += 1;
+  return absl::OkStatus();
 }
 
-void ResetStatistics(BatchNormModel& model) {
+absl::Status ResetStatistics(BatchNormModel& model) {
+  if (absl::Status s = CheckGenerationAdd(model.generation, 1); !s.ok()) {
+    return s;
+  }
   std::fill(model.running_mean.begin(), model.running_mean.end(), 0.0);
   std::fill(model.running_var.begin(), model.running_var.end(), 1.0);
   model.num_batches_tracked = 0;
   model.sample_count = 0;
   model.pooled.clear();
   model.generation += 1;
+  return absl::OkStatus();
 }
 
 }  // namespace normd

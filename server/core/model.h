@@ -86,6 +86,18 @@ absl::Status ValidateModelSpec(const ModelSpec& spec);
 // Validates `spec` and builds the model at generation 1.
 absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec);
 
+// The invariants of a stored model, the one rule that decides what normd
+// keeps: a valid name; num_features >= 1; momentum in [0, 1]; eps finite and
+// > 0; running_mean, running_var, weight and bias of num_features finite
+// values (running_var >= 0); num_batches_tracked and sample_count >= 0;
+// pooled statistics empty exactly when sample_count is 0, else one per
+// channel, each of sample_count values with a finite mean and a finite M2 >=
+// 0; generation >= 1. The store checks every model it takes in (created,
+// imported, recovered) and the result of every change before the change is
+// applied or logged, so that whatever it accepted it can always recover.
+// INVALID_ARGUMENT naming the field otherwise. Allocates nothing.
+absl::Status ValidateModel(const BatchNormModel& model);
+
 // INVALID_ARGUMENT unless `state` is well formed: ValidateModelSpec's rules
 // on its config; sample_count >= 0; the pooled arrays empty when
 // sample_count is 0, else C finite means and C finite, non-negative M2 (or
@@ -95,7 +107,9 @@ absl::Status ValidateModelState(const ModelStateSpec& state,
                                 absl::string_view field_prefix);
 
 // Validates `state` (ValidateModelState) and builds the model, at the
-// state's generation (at least 1).
+// state's generation (at least 1). OUT_OF_RANGE (naming the field) when the
+// model it describes is not representable: pooled variances times
+// sample_count past the double range.
 absl::StatusOr<BatchNormModel> MakeModelFromState(
     const ModelStateSpec& state, absl::string_view field_prefix);
 
@@ -105,19 +119,31 @@ absl::StatusOr<BatchNormModel> MakeModelFromState(
 // added, running statistics averaged with weights num_batches_tracked (else
 // sample_count, else into's kept); into's name, configuration, weight and
 // bias kept; generation += 1. FAILED_PRECONDITION, `into` untouched, when
-// num_features or cumulative_average differ.
+// num_features or cumulative_average differ; OUT_OF_RANGE naming the
+// counter, `into` untouched, when a count would overflow. A statistic that
+// leaves the double range is not checked here: ValidateModel finds it.
 absl::Status MergeModelStatistics(BatchNormModel& into,
                                   const BatchNormModel& source);
 
 // A fresh model for a first Fit / training step: defaults, C channels.
 BatchNormModel MakeDefaultModel(absl::string_view name, int64_t num_features);
 
+// INVALID_ARGUMENT naming the channel unless every one of `batch` holds the
+// same count m >= 1 of values with a finite mean and a finite M2 >= 0 (what
+// the reductions produce; the steps below refuse anything else).
+absl::Status ValidateBatchMoments(absl::Span<const Moments> batch);
+
 // One training step with per-channel batch moments (all of one count m):
 // pooled statistics merged, sample_count += m and, when m > 1, the running
 // statistics updated as PyTorch does (num_batches_tracked += 1; factor
 // momentum or 1/num_batches_tracked; unbiased variance). generation += 1.
-// The caller has checked batch.size() == num_features.
-void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch);
+// The caller has checked batch.size() == num_features. INVALID_ARGUMENT
+// (ValidateBatchMoments), or OUT_OF_RANGE naming
+// the counter (sample_count, num_batches_tracked, generation), `model`
+// untouched, when one would overflow; statistics that leave the double range
+// are left for ValidateModel to find.
+absl::Status ApplyTrainingStep(BatchNormModel& model,
+                               absl::Span<const Moments> batch);
 
 // One InstanceNorm training step (PyTorch's InstanceNorm with
 // track_running_stats): `pooled` holds each channel's moments over the whole
@@ -126,13 +152,22 @@ void ApplyTrainingStep(BatchNormModel& model, absl::Span<const Moments> batch);
 // means of the instance unbiased variances, which the running statistics
 // move towards by `momentum`. num_batches_tracked is left alone, as PyTorch
 // does. generation += 1. The caller has checked the channel count and that
-// the model does not use cumulative_average.
-void ApplyInstanceStep(BatchNormModel& model, absl::Span<const Moments> pooled,
-                       absl::Span<const double> running_targets);
+// the model does not use cumulative_average. OUT_OF_RANGE as
+// ApplyTrainingStep.
+absl::Status ApplyInstanceStep(BatchNormModel& model,
+                               absl::Span<const Moments> pooled,
+                               absl::Span<const double> running_targets);
 
 // Running stats back to 0 / 1, counts 0, pooled statistics cleared; config,
-// weight and bias kept; generation += 1.
-void ResetStatistics(BatchNormModel& model);
+// weight and bias kept; generation += 1 (OUT_OF_RANGE, `model` untouched, if
+// that overflows).
+absl::Status ResetStatistics(BatchNormModel& model);
+
+// OUT_OF_RANGE naming `field` unless `value` + `add` fits an int64 / a uint64
+// (both >= 0).
+absl::Status CheckCounterAdd(int64_t value, int64_t add,
+                             absl::string_view field);
+absl::Status CheckGenerationAdd(uint64_t generation, uint64_t add);
 
 }  // namespace normd
 

@@ -35,6 +35,14 @@ absl::Status CheckChannels(const BatchNormModel& model, int64_t channels) {
                    "' has ", model.num_features, " (num_features)"));
 }
 
+int64_t ModelFootprintBytes(int64_t num_features, size_t name_size) {
+  // Four arrays of doubles and one Moments per channel, the name, and the
+  // model's and its entry's own fields.
+  constexpr int64_t kPerChannel = 4 * sizeof(double) + sizeof(Moments);
+  constexpr int64_t kFixed = 256;
+  return kFixed + static_cast<int64_t>(name_size) + kPerChannel * num_features;
+}
+
 ModelStore::ModelStore(ModelStoreOptions options) : options_(options) {}
 
 absl::Status ModelStore::CheckNumFeatures(int64_t num_features,
@@ -47,12 +55,22 @@ absl::Status ModelStore::CheckNumFeatures(int64_t num_features,
   return absl::OkStatus();
 }
 
-absl::Status ModelStore::CheckNewModelLimits(int64_t num_features) const {
-  if (absl::Status s = CheckNumFeatures(num_features, "num_features");
-      !s.ok()) {
+absl::Status ModelStore::CheckLimits(int64_t num_features, size_t name_size,
+                                     int64_t freed_bytes, bool new_model,
+                                     absl::string_view field) const {
+  if (absl::Status s = CheckNumFeatures(num_features, field); !s.ok()) {
     return s;
   }
-  if (static_cast<int64_t>(models_.size()) >= options_.max_models) {
+  const int64_t needed = ModelFootprintBytes(num_features, name_size);
+  const int64_t held = model_bytes_ - freed_bytes;
+  if (needed > options_.max_model_bytes - held) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": a model of ", num_features, " channels takes ", needed,
+        " bytes, and the models held take ", held, " of the ",
+        options_.max_model_bytes, " the server allows (--max_model_bytes)"));
+  }
+  if (new_model &&
+      static_cast<int64_t>(models_.size()) >= options_.max_models) {
     return absl::ResourceExhaustedError(
         absl::StrCat("model: the server already holds ", models_.size(),
                      " models, its limit (--max_models)"));
@@ -107,12 +125,15 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
   {
     ReaderMutexLock lock(&mu_);
-    if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
+    if (absl::Status s = CheckLimits(spec.num_features, spec.name.size(), 0,
+                                     /*new_model=*/true, "num_features");
+        !s.ok()) {
       return s;
     }
   }
   absl::StatusOr<BatchNormModel> model = MakeModel(spec);
   if (!model.ok()) return model.status();
+  if (absl::Status s = ValidateModel(*model); !s.ok()) return s;
   auto entry = std::make_shared<Entry>();
   {
     MutexLock entry_lock(&entry->mu);
@@ -126,11 +147,14 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
       return absl::AlreadyExistsError(
           absl::StrCat("name: model '", spec.name, "' already exists"));
     }
-    if (absl::Status s = CheckNewModelLimits(spec.num_features); !s.ok()) {
+    if (absl::Status s = CheckLimits(spec.num_features, spec.name.size(), 0,
+                                     /*new_model=*/true, "num_features");
+        !s.ok()) {
       return s;
     }
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     models_.emplace(spec.name, std::move(entry));
+    model_bytes_ += ModelFootprintBytes(spec.num_features, spec.name.size());
     sequence = Record({.kind = Mutation::Kind::kCreate,
                        .name = spec.name,
                        .model = &*model,
@@ -148,34 +172,65 @@ std::shared_ptr<ModelStore::Entry> ModelStore::Find(
   return it == models_.end() ? nullptr : it->second;
 }
 
-absl::StatusOr<std::shared_ptr<ModelStore::Entry>> ModelStore::FindOrCreate(
-    absl::string_view name, int64_t channels) {
-  if (auto entry = Find(name)) return entry;
+absl::StatusOr<BatchNormModel> ModelStore::ChangedCopy(
+    const BatchNormModel& current, Change change) {
+  BatchNormModel candidate = current;
+  if (absl::Status s = change(candidate); !s.ok()) return s;
+  if (absl::Status s = ValidateModel(candidate); !s.ok()) {
+    return absl::OutOfRangeError(
+        absl::StrCat(s.message(),
+                     " after this change, so it was refused: nothing was "
+                     "changed"));
+  }
+  return candidate;
+}
+
+absl::StatusOr<uint64_t> ModelStore::Commit(BatchNormModel& current,
+                                            Change change, Describe describe) {
+  absl::StatusOr<BatchNormModel> changed = ChangedCopy(current, change);
+  if (!changed.ok()) return changed.status();
+  const uint64_t sequence = Record(describe(*changed));
+  current = *std::move(changed);
+  return sequence;
+}
+
+absl::StatusOr<std::optional<std::pair<uint64_t, BatchNormModel>>>
+ModelStore::CreateByChange(absl::string_view name, int64_t channels,
+                           Change change, Describe describe) {
   MutexLock lock(&mu_);
-  auto it = models_.find(name);
-  if (it != models_.end()) return it->second;
-  if (absl::Status s = CheckNewModelLimits(channels); !s.ok()) return s;
-  auto entry = std::make_shared<Entry>();
-  BatchNormModel model = MakeDefaultModel(name, channels);
-  // The creation is a change of its own: a Delete or Reset may reach the new
-  // entry before the step that created it is applied.
+  if (models_.contains(name)) return std::nullopt;
+  if (absl::Status s = CheckLimits(channels, name.size(), 0,
+                                   /*new_model=*/true, "input.shape");
+      !s.ok()) {
+    return s;
+  }
+  const BatchNormModel created = MakeDefaultModel(name, channels);
+  // Nothing is stored or logged if the change is refused.
+  absl::StatusOr<BatchNormModel> model = ChangedCopy(created, change);
+  if (!model.ok()) return model.status();
+  // The creation is a change of its own: a Delete or Reset may reach the
+  // new entry right after it, and replay creates it before the step.
   Record({.kind = Mutation::Kind::kCreate,
           .name = name,
-          .model = &model,
+          .model = &created,
           .batch = {},
           .running_targets = {}});
+  const uint64_t sequence = Record(describe(*model));
+  auto entry = std::make_shared<Entry>();
   {
     MutexLock entry_lock(&entry->mu);
-    entry->model = std::move(model);
+    entry->model = *model;
   }
-  models_.emplace(std::string(name), entry);
-  return entry;
+  models_.emplace(std::string(name), std::move(entry));
+  model_bytes_ += ModelFootprintBytes(channels, name.size());
+  return std::make_optional(std::make_pair(sequence, *std::move(model)));
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Get(absl::string_view name) const {
   std::shared_ptr<Entry> entry = Find(name);
   if (entry == nullptr) return NotFound(name);
   MutexLock lock(&entry->mu);
+  if (entry->deleted) return NotFound(name);
   return entry->model;
 }
 
@@ -214,6 +269,8 @@ absl::Status ModelStore::Delete(absl::string_view name) {
     models_.erase(it);
     MutexLock entry_lock(&entry->mu);
     entry->deleted = true;
+    model_bytes_ -= ModelFootprintBytes(entry->model.num_features,
+                                        entry->model.name.size());
     sequence = Record({.kind = Mutation::Kind::kDelete,
                        .name = name,
                        .model = nullptr,
@@ -224,20 +281,18 @@ absl::Status ModelStore::Delete(absl::string_view name) {
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
-  return ChangeExisting(name,
-                        [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
-                          ResetStatistics(model);
-                          return Record({.kind = Mutation::Kind::kReset,
-                                         .name = name,
-                                         .model = nullptr,
-                                         .batch = {},
-                                         .running_targets = {}});
+  return ChangeExisting(name, ResetStatistics,
+                        [&](const BatchNormModel&) -> Mutation {
+                          return {.kind = Mutation::Kind::kReset,
+                                  .name = name,
+                                  .model = nullptr,
+                                  .batch = {},
+                                  .running_targets = {}};
                         });
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
-    absl::string_view name,
-    absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply) {
+    absl::string_view name, Change change, Describe describe) {
   uint64_t sequence = 0;
   BatchNormModel after;
   {
@@ -248,7 +303,8 @@ absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
       if (entry == nullptr) return NotFound(name);
       MutexLock lock(&entry->mu);
       if (entry->deleted) continue;  // Deleted meanwhile: look again.
-      absl::StatusOr<uint64_t> recorded = apply(entry->model);
+      absl::StatusOr<uint64_t> recorded =
+          Commit(entry->model, change, describe);
       if (!recorded.ok()) return recorded.status();
       sequence = *recorded;
       after = entry->model;
@@ -261,6 +317,9 @@ absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
 
 absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
                                                bool create_only) {
+  if (absl::Status s = ValidateModel(model); !s.ok()) return s;
+  const int64_t footprint =
+      ModelFootprintBytes(model.num_features, model.name.size());
   uint64_t sequence = 0;
   {
     ReaderMutexLock pause(&pause_mu_);
@@ -274,11 +333,27 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
             "name: model '", model.name, "' already exists (create_only)"));
       }
       MutexLock entry_lock(&it->second->mu);
-      model.generation =
-          std::max(model.generation, it->second->model.generation + 1);
-      it->second->model = model;
+      BatchNormModel& replaced = it->second->model;
+      const int64_t freed =
+          ModelFootprintBytes(replaced.num_features, replaced.name.size());
+      if (absl::Status s =
+              CheckLimits(model.num_features, model.name.size(), freed,
+                          /*new_model=*/false, "model.num_features");
+          !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = CheckGenerationAdd(replaced.generation, 1);
+          !s.ok()) {
+        return s;
+      }
+      model.generation = std::max(model.generation, replaced.generation + 1);
+      replaced = model;
+      model_bytes_ += footprint - freed;
     } else {
-      if (absl::Status s = CheckNewModelLimits(model.num_features); !s.ok()) {
+      if (absl::Status s =
+              CheckLimits(model.num_features, model.name.size(), 0,
+                          /*new_model=*/true, "model.num_features");
+          !s.ok()) {
         return s;
       }
       auto entry = std::make_shared<Entry>();
@@ -287,6 +362,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
         entry->model = model;
       }
       models_.emplace(model.name, std::move(entry));
+      model_bytes_ += footprint;
     }
     sequence = Record({.kind = Mutation::Kind::kPut,
                        .name = model.name,
@@ -301,31 +377,31 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
 absl::StatusOr<BatchNormModel> ModelStore::Merge(absl::string_view name,
                                                  const BatchNormModel& source) {
   return ChangeExisting(
-      name, [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
-        // A refusal leaves the model untouched (MergeModelStatistics checks
-        // before it changes anything).
-        if (absl::Status s = MergeModelStatistics(model, source); !s.ok()) {
-          return s;
-        }
-        return Record({.kind = Mutation::Kind::kPut,
-                       .name = name,
-                       .model = &model,
-                       .batch = {},
-                       .running_targets = {}});
+      name,
+      [&](BatchNormModel& model) {
+        return MergeModelStatistics(model, source);
+      },
+      [&](const BatchNormModel& merged) -> Mutation {
+        return {.kind = Mutation::Kind::kPut,
+                .name = name,
+                .model = &merged,
+                .batch = {},
+                .running_targets = {}};
       });
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Train(
     absl::string_view name, absl::Span<const Moments> batch) {
-  return Update(name, static_cast<int64_t>(batch.size()),
-                [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
-                  ApplyTrainingStep(model, batch);
-                  return Record({.kind = Mutation::Kind::kTrain,
-                                 .name = name,
-                                 .model = nullptr,
-                                 .batch = batch,
-                                 .running_targets = {}});
-                });
+  return Update(
+      name, static_cast<int64_t>(batch.size()),
+      [&](BatchNormModel& model) { return ApplyTrainingStep(model, batch); },
+      [&](const BatchNormModel&) -> Mutation {
+        return {.kind = Mutation::Kind::kTrain,
+                .name = name,
+                .model = nullptr,
+                .batch = batch,
+                .running_targets = {}};
+      });
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::TrainInstance(
@@ -333,42 +409,53 @@ absl::StatusOr<BatchNormModel> ModelStore::TrainInstance(
     absl::Span<const double> running_targets) {
   return Update(
       name, static_cast<int64_t>(pooled.size()),
-      [&](BatchNormModel& model) -> absl::StatusOr<uint64_t> {
+      [&](BatchNormModel& model) -> absl::Status {
         if (model.cumulative_average) {
           return absl::FailedPreconditionError(absl::StrCat(
               "model '", name,
               "' uses cumulative_average (PyTorch momentum=None), which "
               "InstanceNorm's running statistics do not support"));
         }
-        ApplyInstanceStep(model, pooled, running_targets);
-        return Record({.kind = Mutation::Kind::kTrainInstance,
-                       .name = name,
-                       .model = nullptr,
-                       .batch = pooled,
-                       .running_targets = running_targets});
+        return ApplyInstanceStep(model, pooled, running_targets);
+      },
+      [&](const BatchNormModel&) -> Mutation {
+        return {.kind = Mutation::Kind::kTrainInstance,
+                .name = name,
+                .model = nullptr,
+                .batch = pooled,
+                .running_targets = running_targets};
       });
 }
 
-absl::StatusOr<BatchNormModel> ModelStore::Update(
-    absl::string_view name, int64_t channels,
-    absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply) {
+absl::StatusOr<BatchNormModel> ModelStore::Update(absl::string_view name,
+                                                  int64_t channels,
+                                                  Change change,
+                                                  Describe describe) {
   uint64_t sequence = 0;
   BatchNormModel after;
   {
     ReaderMutexLock pause(&pause_mu_);
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     while (true) {
-      absl::StatusOr<std::shared_ptr<Entry>> entry =
-          FindOrCreate(name, channels);
-      if (!entry.ok()) return entry.status();
-      MutexLock lock(&(*entry)->mu);
-      if ((*entry)->deleted) continue;  // Deleted meanwhile: start afresh.
-      BatchNormModel& model = (*entry)->model;
-      if (absl::Status s = CheckChannels(model, channels); !s.ok()) return s;
-      absl::StatusOr<uint64_t> recorded = apply(model);
+      std::shared_ptr<Entry> entry = Find(name);
+      if (entry == nullptr) {
+        auto created = CreateByChange(name, channels, change, describe);
+        if (!created.ok()) return created.status();
+        if (!created->has_value()) continue;  // Appeared meanwhile.
+        sequence = (*created)->first;
+        after = std::move((*created)->second);
+        break;
+      }
+      MutexLock lock(&entry->mu);
+      if (entry->deleted) continue;  // Deleted meanwhile: start afresh.
+      if (absl::Status s = CheckChannels(entry->model, channels); !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<uint64_t> recorded =
+          Commit(entry->model, change, describe);
       if (!recorded.ok()) return recorded.status();
       sequence = *recorded;
-      after = model;
+      after = entry->model;
       break;
     }
   }
@@ -392,6 +479,17 @@ void ModelStore::Restore(BatchNormModel model) {
     entry->model = std::move(model);
   }
   MutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it != models_.end()) {
+    MutexLock old_lock(&it->second->mu);
+    model_bytes_ -= ModelFootprintBytes(it->second->model.num_features,
+                                        it->second->model.name.size());
+  }
+  {
+    MutexLock entry_lock(&entry->mu);
+    model_bytes_ += ModelFootprintBytes(entry->model.num_features,
+                                        entry->model.name.size());
+  }
   models_.insert_or_assign(std::move(name), std::move(entry));
 }
 
@@ -405,6 +503,11 @@ std::vector<BatchNormModel> ModelStore::CaptureConsistent(
 int64_t ModelStore::size() const {
   ReaderMutexLock lock(&mu_);
   return static_cast<int64_t>(models_.size());
+}
+
+int64_t ModelStore::model_bytes() const {
+  ReaderMutexLock lock(&mu_);
+  return model_bytes_;
 }
 
 }  // namespace normd

@@ -1,5 +1,11 @@
 // The in-memory store of BatchNorm models.
 //
+// Every model the store takes in (created, imported, merged into, trained,
+// reset) passes ValidateModel before it is stored or logged: a change whose
+// result would not validate, or would overflow a counter, is refused with
+// OUT_OF_RANGE naming the field, and nothing changes. So whatever the store
+// holds, recovery can read back.
+//
 // Thread-safe. A store-wide mutex guards only the name -> entry map; every
 // model has its own mutex, so work on different models proceeds in parallel
 // and updates of one model are serialized (none is ever lost). Callers do the
@@ -17,7 +23,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,11 +41,20 @@
 
 namespace normd {
 
-// Limits of a ModelStore.
+// Limits of a ModelStore (the server's --max_models, --max_num_features and
+// --max_model_bytes).
 struct ModelStoreOptions {
   int64_t max_models = 10000;
-  int64_t max_num_features = 1 << 20;
+  int64_t max_num_features = 65536;
+  int64_t max_model_bytes = int64_t{1} << 30;
 };
+
+// The bytes a model of `num_features` channels named `name_size` bytes is
+// charged against max_model_bytes: its four per-channel arrays and its
+// pooled statistics, whether or not anything was fitted yet, plus a fixed
+// overhead. A model is charged this from creation, so that a training step
+// never fails for want of budget.
+int64_t ModelFootprintBytes(int64_t num_features, size_t name_size);
 
 class ModelStore {
  public:
@@ -45,19 +62,22 @@ class ModelStore {
   ModelStore(const ModelStore&) = delete;
   ModelStore& operator=(const ModelStore&) = delete;
 
-  // Creates a model from a validated spec. ALREADY_EXISTS if the name is
-  // taken; RESOURCE_EXHAUSTED beyond max_models or max_num_features.
+  // Creates a model from a spec (INVALID_ARGUMENT naming the field unless it
+  // is valid). ALREADY_EXISTS if the name is taken; RESOURCE_EXHAUSTED naming
+  // the flag beyond max_models, max_num_features or max_model_bytes.
   absl::StatusOr<BatchNormModel> Create(const ModelSpec& spec);
 
-  // Stores `model` (already validated, e.g. by MakeModelFromState) under
-  // its name, replacing the model of that name unless `create_only`
-  // (ALREADY_EXISTS then). A replacement's generation is at least the
-  // replaced one's + 1. RESOURCE_EXHAUSTED when a new model would exceed a
-  // limit. Returns the model as stored.
+  // Stores `model` (e.g. from MakeModelFromState; INVALID_ARGUMENT unless
+  // it passes ValidateModel) under its name, replacing the model of that name
+  // unless `create_only` (ALREADY_EXISTS then). A replacement's generation is
+  // at least the replaced one's + 1 (OUT_OF_RANGE if that overflows).
+  // RESOURCE_EXHAUSTED when the model would exceed a limit. Returns the model
+  // as stored.
   absl::StatusOr<BatchNormModel> Put(BatchNormModel model, bool create_only);
 
   // Folds `source` into model `name` (see MergeModelStatistics). NOT_FOUND
-  // if absent; FAILED_PRECONDITION (model untouched) if they do not match.
+  // if absent; FAILED_PRECONDITION (model untouched) if they do not match;
+  // OUT_OF_RANGE (model untouched) if the result would overflow.
   absl::StatusOr<BatchNormModel> Merge(absl::string_view name,
                                        const BatchNormModel& source);
 
@@ -75,9 +95,11 @@ class ModelStore {
   absl::StatusOr<BatchNormModel> Reset(absl::string_view name);
 
   // Applies one training step with per-channel batch moments, creating the
-  // model with defaults if absent. FAILED_PRECONDITION (model untouched) if
-  // the model has a different channel count; RESOURCE_EXHAUSTED when a new
-  // model would exceed a limit. Returns the model after the step.
+  // model with defaults if absent (only if the step succeeds). FAILED_
+  // PRECONDITION (model untouched) if the model has a different channel
+  // count; OUT_OF_RANGE (untouched) if the result would overflow;
+  // RESOURCE_EXHAUSTED when a new model would exceed a limit. Returns the
+  // model after the step.
   absl::StatusOr<BatchNormModel> Train(absl::string_view name,
                                        absl::Span<const Moments> batch);
 
@@ -94,14 +116,18 @@ class ModelStore {
   absl::StatusOr<BatchNormModel> GetForEval(absl::string_view name,
                                             int64_t channels) const;
 
-  // RESOURCE_EXHAUSTED (naming `field`) when a model of `num_features`
-  // channels exceeds max_num_features. For callers that must check before
-  // they build such a model.
+  // RESOURCE_EXHAUSTED (naming `field` and the flag) when a model of
+  // `num_features` channels exceeds max_num_features. For callers that must
+  // check before they build such a model (a few bytes of request can ask for
+  // any number of channels); the byte budget is checked when it is stored.
   absl::Status CheckNumFeatures(int64_t num_features,
                                 absl::string_view field) const;
 
   // Number of models.
   int64_t size() const;
+
+  // Bytes charged to the models held (see ModelFootprintBytes).
+  int64_t model_bytes() const;
 
   // Attaches the log that records every later change (nullptr: none). Call
   // before the store is shared between threads.
@@ -112,8 +138,8 @@ class ModelStore {
   // MutationLog::OnDurable.
   void OnDurable(uint64_t sequence, std::function<void(absl::Status)> done);
 
-  // Inserts or replaces `model` as is: no limits, not logged. For loading a
-  // snapshot.
+  // Inserts or replaces `model` (already validated) as is: no limits, not
+  // logged. For loading a snapshot.
   void Restore(BatchNormModel model);
 
   // Pauses every change, calls `at_cut` (e.g. to rotate the log) and returns
@@ -131,26 +157,47 @@ class ModelStore {
     bool deleted ABSL_GUARDED_BY(mu) = false;
   };
 
+  // A change of one model: edits the copy it is given (or refuses with an
+  // error), and the record that logs the edited model.
+  using Change = absl::FunctionRef<absl::Status(BatchNormModel&)>;
+  using Describe = absl::FunctionRef<Mutation(const BatchNormModel&)>;
+
   std::shared_ptr<Entry> Find(absl::string_view name) const;
-  // The common part of the training steps: finds or creates the model,
-  // checks its channel count and, under its lock, calls `apply`, which
-  // changes it (or refuses with an error, changing nothing) and returns the
-  // sequence number of its log record; then waits for durability.
-  absl::StatusOr<BatchNormModel> Update(
-      absl::string_view name, int64_t channels,
-      absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply);
+  // A copy of `current` with `change` applied, if the result passes
+  // ValidateModel (OUT_OF_RANGE naming the field otherwise).
+  static absl::StatusOr<BatchNormModel> ChangedCopy(
+      const BatchNormModel& current, Change change);
+  // Applies `change` to a copy of `current`, checks the result
+  // (ValidateModel; OUT_OF_RANGE naming the field), logs it and only then
+  // stores it into `current`; returns the log sequence number. On any error
+  // `current` and the log are untouched. Requires current's entry mutex.
+  absl::StatusOr<uint64_t> Commit(BatchNormModel& current, Change change,
+                                  Describe describe);
+  // The common part of the training steps: finds the model (or creates it
+  // with defaults and `channels` channels, see CreateByChange), checks its
+  // channel count and commits `change`; then waits for durability.
+  absl::StatusOr<BatchNormModel> Update(absl::string_view name,
+                                        int64_t channels, Change change,
+                                        Describe describe);
+  // For Update on a name that was absent: under mu_, a default model with
+  // `channels` channels gets `change`; only if that succeeds is the model
+  // stored and its creation and the change logged. nullopt if the name
+  // appeared meanwhile (the caller looks again). Requires pause_mu_ shared.
+  absl::StatusOr<std::optional<std::pair<uint64_t, BatchNormModel>>>
+  CreateByChange(absl::string_view name, int64_t channels, Change change,
+                 Describe describe);
   // The common part of Reset and Merge: finds the model (NOT_FOUND if
-  // absent) and, under its lock, calls `apply`, which changes it (or
-  // refuses with an error, changing nothing) and returns the sequence number
-  // of its log record; then waits for durability.
-  absl::StatusOr<BatchNormModel> ChangeExisting(
-      absl::string_view name,
-      absl::FunctionRef<absl::StatusOr<uint64_t>(BatchNormModel&)> apply);
-  // The entry of `name`, created (and its creation logged) with defaults and
-  // `channels` channels if absent. Requires pause_mu_ held shared.
-  absl::StatusOr<std::shared_ptr<Entry>> FindOrCreate(absl::string_view name,
-                                                      int64_t channels);
-  absl::Status CheckNewModelLimits(int64_t num_features) const
+  // absent) and commits `change`; then waits for durability.
+  absl::StatusOr<BatchNormModel> ChangeExisting(absl::string_view name,
+                                                Change change,
+                                                Describe describe);
+  // RESOURCE_EXHAUSTED (naming the flag) unless a model of `num_features`
+  // channels and a `name_size`-byte name fits max_num_features and, in place
+  // of models charged `freed_bytes`, max_model_bytes; also max_models when
+  // `new_model`. Messages start with `field`.
+  absl::Status CheckLimits(int64_t num_features, size_t name_size,
+                           int64_t freed_bytes, bool new_model,
+                           absl::string_view field) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The log's health (OK without a log), checked before a change applies.
   absl::Status CheckLog() const;
@@ -168,6 +215,7 @@ class ModelStore {
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Entry>> models_
       ABSL_GUARDED_BY(mu_);
+  int64_t model_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // FAILED_PRECONDITION unless the model has `channels` channels.

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace normd {
 
@@ -21,6 +22,16 @@ absl::string_view DTypeName(DType dtype) {
       return "float16";
   }
   return "unknown";
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  constexpr size_t kShownWhole = 12, kHead = 8, kTail = 2;
+  if (shape.size() <= kShownWhole) {
+    return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+  }
+  return absl::StrCat("[", absl::StrJoin(shape.subspan(0, kHead), ","), ",...,",
+                      absl::StrJoin(shape.subspan(shape.size() - kTail), ","),
+                      "] (rank ", shape.size(), ")");
 }
 
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape,

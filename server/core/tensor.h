@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,14 @@ constexpr int64_t ElementSize(DType dtype) {
 absl::string_view DTypeName(DType dtype);
 
 using Shape = std::vector<int64_t>;
+
+// The rank a tensor may have unless the server says otherwise (--max_rank).
+inline constexpr int kDefaultMaxRank = 32;
+
+// "[2,3,4]", for messages; past 12 dims, abbreviated to the first 8 and the
+// last 2 with the rank ("[1,1,1,1,1,1,1,1,...,1,7] (rank 100000)"), so that
+// an error message stays short whatever the request held.
+std::string ShapeString(absl::Span<const int64_t> shape);
 
 // The number of elements of `shape`; INVALID_ARGUMENT naming `field` if a dim
 // is negative or the product overflows int64 (checked so that the byte size,

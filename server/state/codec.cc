@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace normd::state {
 namespace {
 
@@ -143,7 +145,7 @@ void EncodeModel(const BatchNormModel& model, ByteWriter& out) {
   out.PutU64(model.generation);
 }
 
-bool DecodeModel(ByteReader& in, BatchNormModel* model) {
+absl::Status DecodeModel(ByteReader& in, BatchNormModel* model) {
   uint8_t cumulative, pooled_stats;
   uint64_t pooled_count;
   if (!in.GetString(&model->name) || !in.GetI64(&model->num_features) ||
@@ -155,21 +157,20 @@ bool DecodeModel(ByteReader& in, BatchNormModel* model) {
       !in.GetDoubles(&model->running_var) || !in.GetDoubles(&model->weight) ||
       !in.GetDoubles(&model->bias) || !in.GetU64(&pooled_count) ||
       pooled_count > in.remaining() / 24) {
-    return false;
+    return absl::InvalidArgumentError("the bytes end inside the model");
   }
   model->cumulative_average = cumulative != 0;
   model->use_pooled_statistics = pooled_stats != 0;
   model->pooled.resize(pooled_count);
   for (Moments& m : model->pooled) {
-    if (!DecodeMoments(in, &m)) return false;
+    if (!DecodeMoments(in, &m)) {
+      return absl::InvalidArgumentError("the bytes end inside the model");
+    }
   }
-  if (!in.GetU64(&model->generation)) return false;
-  const auto c = static_cast<uint64_t>(model->num_features);
-  return ValidateModelName(model->name, "name").ok() &&
-         model->num_features >= 1 && model->running_mean.size() == c &&
-         model->running_var.size() == c && model->weight.size() == c &&
-         model->bias.size() == c && (pooled_count == 0 || pooled_count == c) &&
-         model->num_batches_tracked >= 0 && model->sample_count >= 0;
+  if (!in.GetU64(&model->generation)) {
+    return absl::InvalidArgumentError("the bytes end inside the model");
+  }
+  return ValidateModel(*model);
 }
 
 void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
@@ -200,19 +201,22 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
   }
 }
 
-bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
+absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
   ByteReader in(bytes);
   uint8_t kind;
-  if (!in.GetU8(&kind) || !in.GetString(&record->name) ||
-      !ValidateModelName(record->name, "name").ok()) {
-    return false;
+  if (!in.GetU8(&kind) || !in.GetString(&record->name)) {
+    return absl::InvalidArgumentError("the bytes end inside the record");
+  }
+  if (absl::Status s = ValidateModelName(record->name, "name"); !s.ok()) {
+    return s;
   }
   switch (static_cast<Mutation::Kind>(kind)) {
     case Mutation::Kind::kCreate:
     case Mutation::Kind::kPut:
-      if (!DecodeModel(in, &record->model) ||
-          record->model.name != record->name) {
-        return false;
+      if (absl::Status s = DecodeModel(in, &record->model); !s.ok()) return s;
+      if (record->model.name != record->name) {
+        return absl::InvalidArgumentError(
+            "the record's model has another name than the record");
       }
       break;
     case Mutation::Kind::kTrain:
@@ -220,16 +224,20 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
       uint64_t channels;
       if (!in.GetU64(&channels) || channels == 0 ||
           channels > in.remaining() / 24) {
-        return false;
+        return absl::InvalidArgumentError(
+            "the channel count is 0 or past the record's end");
       }
       record->batch.resize(channels);
       for (Moments& m : record->batch) {
-        if (!DecodeMoments(in, &m)) return false;
+        if (!DecodeMoments(in, &m)) {
+          return absl::InvalidArgumentError("a batch moment is malformed");
+        }
       }
       if (static_cast<Mutation::Kind>(kind) == Mutation::Kind::kTrainInstance &&
           (!in.GetDoubles(&record->running_targets) ||
            record->running_targets.size() != 2 * channels)) {
-        return false;
+        return absl::InvalidArgumentError(
+            "the running targets are not 2 per channel");
       }
       break;
     }
@@ -237,10 +245,15 @@ bool DecodeMutation(absl::string_view bytes, MutationRecord* record) {
     case Mutation::Kind::kReset:
       break;
     default:
-      return false;
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown record kind ", kind));
   }
   record->kind = static_cast<Mutation::Kind>(kind);
-  return in.remaining() == 0;
+  if (in.remaining() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(in.remaining(), " bytes after the record's end"));
+  }
+  return absl::OkStatus();
 }
 
 uint32_t Crc32(absl::string_view bytes, uint32_t crc) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "server/core/model.h"
@@ -55,10 +56,10 @@ class ByteReader {
 };
 
 void EncodeModel(const BatchNormModel& model, ByteWriter& out);
-// False if the bytes do not hold a well-formed model (valid name,
-// num_features >= 1, arrays of num_features entries, pooled empty or one per
-// channel, counts >= 0).
-bool DecodeModel(ByteReader& in, BatchNormModel* model);
+// Reads one model. INVALID_ARGUMENT, saying why, if the bytes end early or
+// the model fails ValidateModel (the rule every model the store holds was
+// checked against).
+absl::Status DecodeModel(ByteReader& in, BatchNormModel* model);
 
 void EncodeMutation(const Mutation& mutation, ByteWriter& out);
 
@@ -70,8 +71,9 @@ struct MutationRecord {
   std::vector<Moments> batch;           // kTrain, kTrainInstance.
   std::vector<double> running_targets;  // kTrainInstance.
 };
-// False if the bytes are not exactly one well-formed mutation.
-bool DecodeMutation(absl::string_view bytes, MutationRecord* record);
+// INVALID_ARGUMENT, saying why, unless the bytes are exactly one
+// well-formed mutation.
+absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record);
 
 // CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc`.
 uint32_t Crc32(absl::string_view bytes, uint32_t crc = 0);

@@ -12,10 +12,16 @@
 #include <cinttypes>
 #include <cstdio>
 #include <iterator>
+#include <optional>
+#include <tuple>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "server/state/codec.h"
 
 namespace normd::state {
@@ -28,6 +34,9 @@ constexpr size_t kMagicSize = 8;
 constexpr size_t kSegmentHeaderSize = kMagicSize + 4 + 8 + 4;
 constexpr size_t kRecordHeaderSize = 4 + 4 + 8;  // length, crc, sequence.
 constexpr char kSnapshotTemp[] = "snapshot.tmp";
+constexpr char kManifest[] = "MANIFEST";
+constexpr char kManifestTemp[] = "MANIFEST.tmp";
+constexpr char kManifestMagic[] = "normd-state-manifest 1";
 
 std::string Join(const std::string& dir, const std::string& name) {
   return absl::StrCat(dir, "/", name);
@@ -107,25 +116,53 @@ absl::Status SyncDirectory(const std::string& dir) {
   return rc == 0 ? absl::OkStatus() : IoError("cannot sync directory", dir);
 }
 
-// "<prefix><20 digits><suffix>" -> the number.
-bool ParseNumbered(absl::string_view name, absl::string_view prefix,
-                   absl::string_view suffix, uint64_t* number) {
+// Makes `dir`/`name` hold exactly `bytes`, atomically: written to
+// `dir`/`temp_name`, synced, renamed over `name`, the directory synced. A
+// crash leaves either the old file or the new one.
+absl::Status ReplaceFile(const std::string& dir, const std::string& temp_name,
+                         const std::string& name, absl::string_view bytes) {
+  const std::string temp = Join(dir, temp_name);
+  const std::string path = Join(dir, name);
+  const int fd =
+      ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return IoError("cannot create", temp);
+  absl::Status s = WriteAll(fd, bytes, temp);
+  if (s.ok() && ::fsync(fd) != 0) s = IoError("cannot sync", temp);
+  ::close(fd);
+  if (s.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+    s = IoError("cannot rename to", path);
+  }
+  if (s.ok()) s = SyncDirectory(dir);
+  return s;
+}
+
+// How a directory entry's name reads as "<prefix><20 digits><suffix>".
+enum class NumberedName { kOther, kNumbered, kOutOfRange };
+
+NumberedName ParseNumbered(absl::string_view name, absl::string_view prefix,
+                           absl::string_view suffix, uint64_t* number) {
   if (name.size() != prefix.size() + 20 + suffix.size() ||
       name.substr(0, prefix.size()) != prefix ||
       name.substr(name.size() - suffix.size()) != suffix) {
-    return false;
+    return NumberedName::kOther;
   }
   *number = 0;
+  bool overflow = false;
   for (char c : name.substr(prefix.size(), 20)) {
-    if (c < '0' || c > '9') return false;
-    *number = *number * 10 + static_cast<uint64_t>(c - '0');
+    if (c < '0' || c > '9') return NumberedName::kOther;
+    overflow = overflow ||
+               __builtin_mul_overflow(*number, uint64_t{10}, number) ||
+               __builtin_add_overflow(*number, uint64_t(c - '0'), number);
   }
-  return true;
+  return overflow ? NumberedName::kOutOfRange : NumberedName::kNumbered;
 }
 
 struct DirectoryListing {
   std::vector<uint64_t> snapshots;  // Sorted.
   std::vector<uint64_t> segments;   // Sorted by first sequence.
+  // Names shaped like a snapshot or segment whose number does not fit 64
+  // bits: no normd wrote them.
+  std::vector<std::string> out_of_range;
 };
 
 absl::StatusOr<DirectoryListing> ListDirectory(const std::string& dir) {
@@ -133,11 +170,20 @@ absl::StatusOr<DirectoryListing> ListDirectory(const std::string& dir) {
   if (d == nullptr) return IoError("cannot list", dir);
   DirectoryListing listing;
   while (const dirent* e = ::readdir(d)) {
-    uint64_t n;
-    if (ParseNumbered(e->d_name, "snapshot-", ".snap", &n)) {
-      listing.snapshots.push_back(n);
-    } else if (ParseNumbered(e->d_name, "wal-", ".log", &n)) {
-      listing.segments.push_back(n);
+    for (const auto& [prefix, suffix, numbers] :
+         {std::tuple{"snapshot-", ".snap", &listing.snapshots},
+          std::tuple{"wal-", ".log", &listing.segments}}) {
+      uint64_t n;
+      switch (ParseNumbered(e->d_name, prefix, suffix, &n)) {
+        case NumberedName::kNumbered:
+          numbers->push_back(n);
+          break;
+        case NumberedName::kOutOfRange:
+          listing.out_of_range.push_back(e->d_name);
+          break;
+        case NumberedName::kOther:
+          break;
+      }
     }
   }
   ::closedir(d);
@@ -146,13 +192,57 @@ absl::StatusOr<DirectoryListing> ListDirectory(const std::string& dir) {
   return listing;
 }
 
+// True when every byte of `bytes` is zero.
+bool AllZero(absl::string_view bytes) {
+  return std::all_of(bytes.begin(), bytes.end(), [](char c) { return c == 0; });
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
-// Replays one decoded record into the store (which has no log attached).
-absl::Status ApplyRecord(ModelStore& store, const MutationRecord& record) {
+// What the marker file records: the newest snapshot and the log segment
+// that changes go into.
+struct Manifest {
+  uint64_t snapshot = 0;
+  uint64_t segment = 0;
+};
+
+std::string EncodeManifest(const Manifest& manifest) {
+  std::string text =
+      absl::StrFormat("%s\nsnapshot %020d\nsegment %020d\n", kManifestMagic,
+                      manifest.snapshot, manifest.segment);
+  absl::StrAppend(&text, absl::StrFormat("crc32 %08x\n", Crc32(text)));
+  return text;
+}
+
+// The manifest in `text`, or nullopt if it is not one (damaged).
+std::optional<Manifest> ParseManifest(absl::string_view text) {
+  const size_t crc_at = text.rfind("crc32 ");
+  if (crc_at == absl::string_view::npos) return std::nullopt;
+  uint32_t crc = 0;
+  if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(text.substr(crc_at + 6)),
+                           &crc) ||
+      crc != Crc32(text.substr(0, crc_at))) {
+    return std::nullopt;
+  }
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(text.substr(0, crc_at), '\n', absl::SkipEmpty());
+  Manifest manifest;
+  if (lines.size() != 3 || lines[0] != kManifestMagic ||
+      !absl::ConsumePrefix(&lines[1], "snapshot ") ||
+      !absl::SimpleAtoi(lines[1], &manifest.snapshot) ||
+      !absl::ConsumePrefix(&lines[2], "segment ") ||
+      !absl::SimpleAtoi(lines[2], &manifest.segment)) {
+    return std::nullopt;
+  }
+  return manifest;
+}
+
+}  // namespace
+
+absl::Status ReplayRecord(ModelStore& store, const MutationRecord& record) {
   switch (record.kind) {
     case Mutation::Kind::kCreate:
     case Mutation::Kind::kPut:
@@ -179,8 +269,6 @@ absl::Status ApplyRecord(ModelStore& store, const MutationRecord& record) {
   }
   return absl::InternalError("unknown record kind");
 }
-
-}  // namespace
 
 std::string SnapshotFileName(uint64_t sequence) {
   return absl::StrFormat("snapshot-%020d.snap", sequence);
@@ -237,9 +325,21 @@ DurableState::~DurableState() {
 }
 
 absl::Status DurableState::Recover(RecoveryReport* report) {
+  MutexLock snapshot_lock(&snapshot_mu_);
   ::unlink(Join(options_.dir, kSnapshotTemp).c_str());
+  ::unlink(Join(options_.dir, kManifestTemp).c_str());
   absl::StatusOr<DirectoryListing> listing = ListDirectory(options_.dir);
   if (!listing.ok()) return listing.status();
+  if (!listing->out_of_range.empty()) {
+    return DataLoss(Join(options_.dir, listing->out_of_range.front()),
+                    "its sequence number does not fit in 64 bits, so no normd "
+                    "wrote it");
+  }
+  if (absl::Status s =
+          CheckManifest(listing->snapshots, listing->segments, report);
+      !s.ok()) {
+    return s;
+  }
 
   uint64_t snapshot_sequence = 0;
   if (!listing->snapshots.empty()) {
@@ -269,8 +369,9 @@ absl::Status DurableState::Recover(RecoveryReport* report) {
     }
     for (uint64_t i = 0; i < count; ++i) {
       BatchNormModel model;
-      if (!DecodeModel(in, &model)) {
-        return DataLoss(path, absl::StrCat("model ", i, " is malformed"));
+      if (absl::Status s = DecodeModel(in, &model); !s.ok()) {
+        return DataLoss(
+            path, absl::StrCat("model ", i, " is malformed: ", s.message()));
       }
       store_.Restore(std::move(model));
     }
@@ -292,7 +393,8 @@ absl::Status DurableState::Recover(RecoveryReport* report) {
   }
   report->models = store_.size();
 
-  // A fresh snapshot of the recovered state, then a new, empty log.
+  // A fresh snapshot of the recovered state, then a new, empty log (which
+  // the manifest names), and only then are the files they cover dropped.
   const uint64_t last_sequence = next_sequence - 1;
   if (report->records_replayed > 0 || listing->snapshots.empty() ||
       listing->snapshots.back() != last_sequence) {
@@ -303,11 +405,60 @@ absl::Status DurableState::Recover(RecoveryReport* report) {
       return s;
     }
   }
+  manifest_snapshot_ = last_sequence;
+  {
+    MutexLock lock(&mu_);
+    next_sequence_ = next_sequence;
+    durable_sequence_ = last_sequence;
+    if (absl::Status s = StartSegment(next_sequence); !s.ok()) return s;
+  }
   DropFilesBefore(last_sequence + 1);
-  MutexLock lock(&mu_);
-  next_sequence_ = next_sequence;
-  durable_sequence_ = last_sequence;
-  return StartSegment(next_sequence);
+  return absl::OkStatus();
+}
+
+absl::Status DurableState::CheckManifest(const std::vector<uint64_t>& snapshots,
+                                         const std::vector<uint64_t>& segments,
+                                         RecoveryReport* report) {
+  const std::string path = Join(options_.dir, kManifest);
+  if (::access(path.c_str(), F_OK) != 0) {
+    if (!snapshots.empty() || !segments.empty()) {
+      report->warnings.push_back(absl::StrCat(
+          path,
+          " is missing (a state directory of an older normd, or the file was "
+          "removed), so a removed newest log segment could not be detected "
+          "this time; it is written now"));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  const std::optional<Manifest> manifest = ParseManifest(*text);
+  if (!manifest.has_value()) {
+    return DataLoss(path,
+                    "damaged (not a normd manifest, or its checksum "
+                    "fails)");
+  }
+  // Snapshots and segments are dropped only after the manifest names newer
+  // ones, so the ones it names must be there.
+  if (manifest->snapshot > 0 &&
+      (snapshots.empty() || snapshots.back() < manifest->snapshot)) {
+    return DataLoss(
+        Join(options_.dir, SnapshotFileName(manifest->snapshot)),
+        absl::StrCat("missing: ", path,
+                     " names it as the newest snapshot (every change up to "
+                     "record #",
+                     manifest->snapshot, ")"));
+  }
+  if (!std::binary_search(segments.begin(), segments.end(),
+                          manifest->segment)) {
+    return DataLoss(
+        Join(options_.dir, SegmentFileName(manifest->segment)),
+        absl::StrCat("missing: ", path,
+                     " names it as the current log segment (the changes "
+                     "from record #",
+                     manifest->segment, " on)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
@@ -316,12 +467,15 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) return bytes.status();
   const absl::string_view file(*bytes);
+  if (last && (file.size() < kSegmentHeaderSize || AllZero(file))) {
+    // StartSegment syncs the header before any record goes in: a crash
+    // came first.
+    report->warnings.push_back(absl::StrCat(
+        path, ": dropped a segment whose header was never ",
+        "completely written (", file.size(), " bytes); it held no records"));
+    return absl::OkStatus();
+  }
   if (file.size() < kSegmentHeaderSize) {
-    if (last) {
-      report->warnings.push_back(absl::StrCat(
-          path, ": dropped a torn segment header (", file.size(), " bytes)"));
-      return absl::OkStatus();
-    }
     return DataLoss(path, "truncated segment header");
   }
   ByteReader header(file.substr(0, kSegmentHeaderSize));
@@ -338,9 +492,12 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
   }
   if (first > *next_sequence) {
     return DataLoss(
-        path, absl::StrCat("starts at record ", first,
-                           " but the state ends at record ", *next_sequence - 1,
-                           " (a segment is missing)"));
+        path, absl::StrCat("starts at record #", first,
+                           " but what comes before it ends at record #",
+                           *next_sequence - 1, ": records #", *next_sequence,
+                           " to #", first - 1,
+                           " are missing (a log segment or the snapshot "
+                           "holding them was removed)"));
   }
   size_t offset = kSegmentHeaderSize;
   uint64_t expected = first;
@@ -349,23 +506,44 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
     ByteReader frame(file.substr(offset));
     uint32_t length = 0, crc = 0;
     uint64_t sequence = 0;
-    const bool complete = left >= kRecordHeaderSize && frame.GetU32(&length) &&
-                          frame.GetU32(&crc) && frame.GetU64(&sequence) &&
-                          length <= left - kRecordHeaderSize;
-    const bool ends_file =
-        complete && offset + kRecordHeaderSize + length == file.size();
-    const absl::string_view checked =
-        complete ? file.substr(offset + 8, 8 + length) : absl::string_view();
-    if (!complete || Crc32(checked) != crc) {
-      if (last && (!complete || ends_file)) {
+    const bool has_header = left >= kRecordHeaderSize &&
+                            frame.GetU32(&length) && frame.GetU32(&crc) &&
+                            frame.GetU64(&sequence);
+    if (has_header && length == 0 && crc == 0 && sequence == 0 &&
+        AllZero(file.substr(offset))) {
+      // Zeros where the next record would start (preallocated space, or a
+      // crash before the record's bytes reached the disk): the log ends.
+      break;
+    }
+    if (!has_header || length > left - kRecordHeaderSize) {
+      if (last) {
         report->warnings.push_back(absl::StrCat(
             path, ": dropped a torn record at offset ", offset, " (", left,
-            " bytes): its write was cut off, so it was never acknowledged"));
+            " bytes to the end of the file, shorter than the record "
+            "claims): a write cut off by a crash. A change is acknowledged "
+            "only once its record is whole on disk; if the disk lost data "
+            "it had confirmed, this is where"));
         return absl::OkStatus();
       }
       return DataLoss(path, absl::StrCat("record at offset ", offset,
-                                         complete ? " fails its checksum"
-                                                  : " is truncated"));
+                                         " is truncated, and a newer "
+                                         "segment follows"));
+    }
+    const absl::string_view checked = file.substr(offset + 8, 8 + length);
+    if (Crc32(checked) != crc) {
+      const bool ends_log =
+          last && offset + kRecordHeaderSize + length == file.size();
+      return DataLoss(
+          path,
+          absl::StrCat(
+              "the record at offset ", offset, " (", kRecordHeaderSize + length,
+              " bytes) fails its checksum",
+              ends_log ? absl::StrCat("; it is the log's last record: if it "
+                                      "was being written when the server "
+                                      "crashed, it was not acknowledged, "
+                                      "and truncating the file to ",
+                                      offset, " bytes drops it")
+                       : std::string()));
     }
     if (sequence != expected) {
       return DataLoss(path, absl::StrCat("record at offset ", offset, " is #",
@@ -373,11 +551,13 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
     }
     if (sequence >= *next_sequence) {
       MutationRecord record;
-      if (!DecodeMutation(checked.substr(8), &record)) {
-        return DataLoss(path, absl::StrCat("record #", sequence, " at offset ",
-                                           offset, " is malformed"));
+      if (absl::Status s = DecodeMutation(checked.substr(8), &record);
+          !s.ok()) {
+        return DataLoss(
+            path, absl::StrCat("record #", sequence, " at offset ", offset,
+                               " is malformed: ", s.message()));
       }
-      if (absl::Status s = ApplyRecord(store_, record); !s.ok()) {
+      if (absl::Status s = ReplayRecord(store_, record); !s.ok()) {
         return DataLoss(path, absl::StrCat("record #", sequence,
                                            " does not apply: ", s.message()));
       }
@@ -402,19 +582,8 @@ absl::Status DurableState::WriteSnapshotFile(
   writer.PutU32(Crc32(out));
   *bytes = static_cast<int64_t>(out.size());
 
-  const std::string temp = Join(options_.dir, kSnapshotTemp);
-  const std::string path = Join(options_.dir, SnapshotFileName(sequence));
-  const int fd =
-      ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return IoError("cannot create", temp);
-  absl::Status s = WriteAll(fd, out, temp);
-  if (s.ok() && ::fsync(fd) != 0) s = IoError("cannot sync", temp);
-  ::close(fd);
-  if (s.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    s = IoError("cannot rename to", path);
-  }
-  if (s.ok()) s = SyncDirectory(options_.dir);
-  return s;
+  return ReplaceFile(options_.dir, kSnapshotTemp, SnapshotFileName(sequence),
+                     out);
 }
 
 absl::Status DurableState::StartSegment(uint64_t first_sequence) {
@@ -436,7 +605,13 @@ absl::Status DurableState::StartSegment(uint64_t first_sequence) {
   if (segment_fd_ >= 0) ::close(segment_fd_);
   segment_fd_ = fd;
   segment_first_ = first_sequence;
-  return absl::OkStatus();
+  return WriteManifest(first_sequence);
+}
+
+absl::Status DurableState::WriteManifest(uint64_t segment) {
+  return ReplaceFile(
+      options_.dir, kManifestTemp, kManifest,
+      EncodeManifest({.snapshot = manifest_snapshot_, .segment = segment}));
 }
 
 void DurableState::DropFilesBefore(uint64_t sequence) {
@@ -637,6 +812,15 @@ absl::Status DurableState::Snapshot() {
   if (absl::Status s = WriteSnapshotFile(models, *cut, &bytes); !s.ok()) {
     return s;
   }
+  // Files are dropped only once the manifest names the snapshot that
+  // covers them.
+  manifest_snapshot_ = *cut;
+  uint64_t segment;
+  {
+    MutexLock lock(&mu_);
+    segment = segment_first_;
+  }
+  if (absl::Status s = WriteManifest(segment); !s.ok()) return s;
   DropFilesBefore(*cut + 1);
   {
     MutexLock lock(&mu_);

@@ -4,6 +4,9 @@
 //   <dir>/LOCK                      flock()ed while a normd owns the dir
 //   <dir>/snapshot-<seq>.snap       every model as of log record <seq>
 //   <dir>/wal-<first seq>.log       records <first seq>, <first seq> + 1, ...
+//   <dir>/MANIFEST                  the newest snapshot and the current
+//                                   segment, rewritten (atomically) and
+//                                   synced whenever either changes
 //
 // Open() loads the newest snapshot, replays the log after it, writes a fresh
 // snapshot and starts a new log segment. Every change of the store is then
@@ -13,9 +16,16 @@
 // When the log has grown past snapshot_log_bytes a second background thread
 // writes a new snapshot and drops the segments it covers.
 //
-// A torn record at the very end of the last segment (a write cut off by a
-// crash, never acknowledged) is dropped with a warning; any other damage to a
-// snapshot or the log stops Open with an error naming the file.
+// Recovery rules: zero bytes where the next record would start end the log
+// (preallocation, or a crash before the record reached the disk); an
+// incomplete record at the very end of the newest segment is a torn write,
+// dropped with a warning; a complete record whose checksum fails (anywhere),
+// a gap in the record numbers, a snapshot or segment the MANIFEST names but
+// the directory lacks, or any other damage stops Open with DATA_LOSS naming
+// the file (and the offset). Files are dropped only after the MANIFEST names
+// newer ones. What cannot be detected: a log cut exactly at a record
+// boundary after the last rotation, and the removal of MANIFEST itself
+// (recovery then warns and writes a new one).
 //
 // Thread-safe: any number of threads may change the store at once; Snapshot
 // and Close may be called from any thread.
@@ -35,6 +45,7 @@
 #include "server/core/model_store.h"
 #include "server/core/mutation_log.h"
 #include "server/core/sync.h"
+#include "server/state/codec.h"
 
 namespace normd::state {
 
@@ -98,12 +109,23 @@ class DurableState final : public MutationLog {
   DurableState(const DurableStateOptions& options, ModelStore& store,
                int lock_fd);
   absl::Status Recover(RecoveryReport* report);
+  // DATA_LOSS if the MANIFEST is damaged or names a snapshot or segment the
+  // directory lacks; a warning if it is missing.
+  // `snapshots` and `segments`: the sorted numbers of those in the dir.
+  absl::Status CheckManifest(const std::vector<uint64_t>& snapshots,
+                             const std::vector<uint64_t>& segments,
+                             RecoveryReport* report);
   absl::Status ReplaySegment(const std::string& path, bool last,
                              uint64_t* next_sequence, RecoveryReport* report);
   absl::Status WriteSnapshotFile(const std::vector<BatchNormModel>& models,
                                  uint64_t sequence, int64_t* bytes);
+  // Creates and syncs segment `first_sequence`, makes it the current one
+  // and names it in the MANIFEST.
   absl::Status StartSegment(uint64_t first_sequence)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, snapshot_mu_);
+  // Rewrites the MANIFEST: manifest_snapshot_ and `segment`.
+  absl::Status WriteManifest(uint64_t segment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_);
   // What one flush wrote.
   struct FlushStats {
     int64_t records = 0;
@@ -116,7 +138,8 @@ class DurableState final : public MutationLog {
   // record covered by the old segments; `ready` receives the waiters it
   // made durable, to be called once the store runs again.
   absl::StatusOr<uint64_t> Rotate(FlushStats* flushed,
-                                  std::vector<Waiter>* ready);
+                                  std::vector<Waiter>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_);
   // Moves the waiters that are durable (or can never be) into `ready`.
   void TakeReadyWaiters(std::vector<Waiter>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -134,6 +157,8 @@ class DurableState final : public MutationLog {
   const int lock_fd_;
 
   Mutex snapshot_mu_;  // One snapshot at a time.
+  // The newest snapshot written, as the MANIFEST names it.
+  uint64_t manifest_snapshot_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
 
   Mutex mu_;
   DurabilityObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -153,6 +178,11 @@ class DurableState final : public MutationLog {
   std::thread sync_thread_;
   std::thread snapshot_thread_;
 };
+
+// Applies one decoded log record to `store` (which has no log attached), as
+// recovery does: the change the record describes, bit for bit. The error of
+// the store if it does not apply.
+absl::Status ReplayRecord(ModelStore& store, const MutationRecord& record);
 
 // File names inside a state directory.
 std::string SnapshotFileName(uint64_t sequence);
