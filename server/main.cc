@@ -28,9 +28,24 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
 ABSL_FLAG(int64_t, max_models, 10000,
           "Most BatchNorm models held at once; creating more is "
           "RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, max_num_features, 1 << 20,
+ABSL_FLAG(int64_t, max_num_features, 65536,
           "Most channels (num_features) of one model; more is "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED naming this flag.");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{1} << 30,
+          "Most bytes all BatchNorm models together may hold. Each model is "
+          "charged its full size from its creation (56 bytes per channel, "
+          "pooled statistics included, plus its name and ~256 bytes), so a "
+          "training step never fails for want of memory; creating or "
+          "growing past the budget is RESOURCE_EXHAUSTED naming this flag. "
+          "Metric normd_model_bytes.");
+ABSL_FLAG(int, max_rank, 32,
+          "Most dims of a request tensor (input, weight, bias); more is "
+          "INVALID_ARGUMENT naming the field and this flag.");
+ABSL_FLAG(absl::Duration, stream_idle_timeout, absl::Seconds(60),
+          "A NormalizeStream or FitStream whose client sends no message (or "
+          "takes no response) for this long is ended with CANCELLED (the "
+          "steps it carried stay applied). Idle streams hold no "
+          "--max_inflight_requests slot. 0: never.");
 ABSL_FLAG(int, tbb_threads, 0,
           "Threads for the parallel reductions (oneTBB); 0 = one per core.");
 ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
@@ -38,9 +53,9 @@ ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
           "so that large requests do not page-fault fresh memory; 0 keeps "
           "none.");
 ABSL_FLAG(int64_t, max_inflight_requests, 256,
-          "Most Normalizer calls in progress at once (a stream counts as "
-          "one); more get RESOURCE_EXHAUSTED at once instead of queuing. 0: "
-          "no limit.");
+          "Most Normalizer calls and stream messages being processed at "
+          "once (a stream waiting on its client counts for nothing); more "
+          "get RESOURCE_EXHAUSTED at once instead of queuing. 0: no limit.");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
           "Most request bytes held by calls in progress; more get "
           "RESOURCE_EXHAUSTED at once. A single request may always use up "
@@ -138,6 +153,9 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_models = absl::GetFlag(FLAGS_max_models);
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
+  options.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  options.max_rank = absl::GetFlag(FLAGS_max_rank);
+  options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.buffer_pool_bytes = absl::GetFlag(FLAGS_buffer_pool_bytes);

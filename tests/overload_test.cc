@@ -3,7 +3,8 @@
 // admits). Every call gets OK or RESOURCE_EXHAUSTED at once, the server's
 // peak RSS stays under a stated bound, nothing crashes, and afterwards the
 // service answers normally. Deadlines: a call whose deadline passed while it
-// waited for the compute arena is not computed.
+// waited for the compute arena is not computed. A stream waiting on its
+// client holds no slot.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -139,6 +140,38 @@ TEST(OverloadTest, RefusalNamesTheLimit) {
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 
+  // With one call allowed in progress, a client that keeps one big
+  // Normalize after another in flight makes some of a second client's calls
+  // refused, naming the limit.
+  testing::ServerProcess limited;
+  ASSERT_TRUE(limited.Start(NORMD_BINARY,
+                            {"--max_inflight_requests=1", "--tbb_threads=1"}))
+      << limited.log();
+  auto busy = NormdClient::Connect(limited.target());
+  auto other = NormdClient::Connect(limited.target());
+  std::atomic<bool> stop = false;
+  std::thread busy_client([&] {
+    const v1::NormalizeRequest large = LayerNormRequest(2048, 1024);  // 8 MiB.
+    while (!stop) (void)busy->Normalize(large);
+  });
+  absl::Status refused;
+  const v1::NormalizeRequest small = LayerNormRequest(2, 8);
+  for (int i = 0; i < 20000 && refused.ok(); ++i) {
+    refused = other->Normalize(small).status();
+  }
+  stop = true;
+  busy_client.join();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--max_inflight_requests"),
+            std::string::npos)
+      << refused;
+}
+
+TEST(OverloadTest, AnOpenStreamWaitingOnItsClientHoldsNoSlot) {
+  // Admission counts messages being processed, not open streams: a FitStream
+  // that sent one step and waits holds nothing, so that with a limit of one
+  // call in progress another caller is still served (it used to be
+  // refused until the stream ended).
   testing::ServerProcess limited;
   ASSERT_TRUE(limited.Start(NORMD_BINARY, {"--max_inflight_requests=1"}))
       << limited.log();
@@ -153,29 +186,32 @@ TEST(OverloadTest, RefusalNamesTheLimit) {
     *fit.mutable_input() = MakeTensor({2, 1}, {1, 2}, v1::FLOAT64);
     return fit;
   }()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  grpc::ClientContext get_context;
+  // The step is applied (and its message's slot released) before long;
+  // until then a call may find the model missing, or the one slot taken.
   v1::GetModelRequest get;
   get.set_name("m");
   v1::ModelState state;
-  const grpc::Status refused =
-      limited_stub->GetModel(&get_context, get, &state);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(refused.error_message().find("--max_inflight_requests"),
-            std::string::npos)
-      << refused.error_message();
-  open->WritesDone();
-  EXPECT_TRUE(open->Finish().ok());
-  // The stream's slot is given back once the server has cleaned it up.
-  grpc::Status again;
+  grpc::Status served;
   for (int i = 0; i < 100; ++i) {
-    grpc::ClientContext again_context;
-    again = limited_stub->GetModel(&again_context, get, &state);
-    if (again.ok()) break;
+    grpc::ClientContext get_context;
+    served = limited_stub->GetModel(&get_context, get, &state);
+    if (served.ok()) break;
+    ASSERT_TRUE(served.error_code() == grpc::StatusCode::NOT_FOUND ||
+                served.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << served.error_message();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_TRUE(again.ok()) << again.error_message();
+  EXPECT_TRUE(served.ok()) << served.error_message();
   EXPECT_EQ(state.num_batches_tracked(), 1);
+  // From then on the stream, open and idle, takes no slot from anyone.
+  for (int i = 0; i < 20; ++i) {
+    grpc::ClientContext get_context;
+    served = limited_stub->GetModel(&get_context, get, &state);
+    EXPECT_TRUE(served.ok()) << i << ": " << served.error_message();
+  }
+  open->WritesDone();
+  EXPECT_TRUE(open->Finish().ok());
+  EXPECT_EQ(fit_response.model().num_batches_tracked(), 1);
 }
 
 // Canceled Normalize calls the server finished, from its metrics.

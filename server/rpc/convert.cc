@@ -31,7 +31,8 @@ absl::StatusOr<DType> ParseDType(v1::DataType dtype, absl::string_view field) {
 }
 
 std::string ShapeString(const v1::Tensor& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ","), "]");
+  return normd::ShapeString(
+      absl::MakeConstSpan(tensor.shape().data(), tensor.shape().size()));
 }
 
 // Parses an optional affine parameter (weight / bias) into fp64 values.

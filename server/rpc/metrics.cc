@@ -89,6 +89,34 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
                  .Help("BatchNorm models held in memory.")
                  .Register(registry)
                  .Add({});
+  model_bytes_ = &prometheus::BuildGauge()
+                      .Name("normd_model_bytes")
+                      .Help(
+                          "Bytes the BatchNorm models are charged against "
+                          "--max_model_bytes (each its full size, pooled "
+                          "statistics included, from its creation).")
+                      .Register(registry)
+                      .Add({});
+  model_bytes_limit_ = &prometheus::BuildGauge()
+                            .Name("normd_max_model_bytes")
+                            .Help("The --max_model_bytes limit.")
+                            .Register(registry)
+                            .Add({});
+  open_streams_ = &prometheus::BuildGauge()
+                       .Name("normd_open_streams")
+                       .Help(
+                           "NormalizeStream and FitStream calls open (idle "
+                           "ones hold no --max_inflight_requests slot).")
+                       .Register(registry)
+                       .Add({});
+  idle_streams_ended_ = &prometheus::BuildCounter()
+                             .Name("normd_idle_streams_ended_total")
+                             .Help(
+                                 "Streams the server ended because their "
+                                 "client sent or took nothing for "
+                                 "--stream_idle_timeout.")
+                             .Register(registry)
+                             .Add({});
   inflight_ = &prometheus::BuildGauge()
                    .Name("normd_inflight_requests")
                    .Help("Normalizer RPCs in progress.")
@@ -127,9 +155,20 @@ void ServerMetrics::AddElements(ElementsMode mode, int64_t count) {
   elements_[static_cast<int>(mode)]->Increment(static_cast<double>(count));
 }
 
-void ServerMetrics::SetModels(int64_t count) {
+void ServerMetrics::SetModels(int64_t count, int64_t bytes) {
   models_->Set(static_cast<double>(count));
+  model_bytes_->Set(static_cast<double>(bytes));
 }
+
+void ServerMetrics::SetModelBytesLimit(int64_t limit) {
+  model_bytes_limit_->Set(static_cast<double>(limit));
+}
+
+void ServerMetrics::AddOpenStreams(double delta) {
+  open_streams_->Increment(delta);
+}
+
+void ServerMetrics::IdleStreamEnded() { idle_streams_ended_->Increment(); }
 
 void ServerMetrics::AddInflight(double delta) { inflight_->Increment(delta); }
 

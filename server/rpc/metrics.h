@@ -55,7 +55,11 @@ class ServerMetrics {
   void Started(RpcMethod method);
   void Handled(RpcMethod method, grpc::StatusCode code, double seconds);
   void AddElements(ElementsMode mode, int64_t count);
-  void SetModels(int64_t count);
+  // The models held and the bytes they are charged (normd_model_bytes).
+  void SetModels(int64_t count, int64_t bytes);
+  void SetModelBytesLimit(int64_t limit);
+  void AddOpenStreams(double delta);
+  void IdleStreamEnded();
   void AddInflight(double delta);
   // The configured --max_inflight_requests (0: no limit), for saturation.
   void SetInflightLimit(int64_t limit);
@@ -70,6 +74,10 @@ class ServerMetrics {
   std::array<prometheus::Histogram*, kNumRpcMethods> handling_seconds_{};
   std::array<prometheus::Counter*, kNumElementsModes> elements_{};
   prometheus::Gauge* models_ = nullptr;
+  prometheus::Gauge* model_bytes_ = nullptr;
+  prometheus::Gauge* model_bytes_limit_ = nullptr;
+  prometheus::Gauge* open_streams_ = nullptr;
+  prometheus::Counter* idle_streams_ended_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Gauge* inflight_limit_ = nullptr;
   prometheus::Counter* rejected_ = nullptr;

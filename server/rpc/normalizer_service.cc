@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/parallel.h"
+#include "server/rpc/auth.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/logging.h"
 #include "server/rpc/status_mapping.h"
@@ -45,6 +46,33 @@ void LogIfServerFault(const char* method, const grpc::Status& status) {
     default:
       break;
   }
+}
+
+// Parses the serialized `Message` in `bytes`: INVALID_ARGUMENT naming the
+// message type if they are not one.
+template <typename Message>
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
+  grpc::ByteBuffer copy(bytes);  // Shares the slices; parsing consumes it.
+  if (!grpc::SerializationTraits<Message>::Deserialize(&copy, &message).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: not a serialized ", Message::descriptor()->full_name(),
+        " (protobuf cannot parse it: malformed wire format, or a string "
+        "field that is not UTF-8)"));
+  }
+  return absl::OkStatus();
+}
+
+// Serializes `message` into `bytes`.
+template <typename Message>
+absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer& bytes) {
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<Message>::Serialize(message, &bytes,
+                                                     &own_buffer)
+           .ok()) {
+    return absl::InternalError(absl::StrCat(
+        "cannot serialize the ", Message::descriptor()->full_name()));
+  }
+  return absl::OkStatus();
 }
 
 // Finishes a unary call with `status`, logged and counted.
@@ -120,89 +148,119 @@ bool AdmitUnary(NormalizerService& service, UnaryCall& call,
   return true;
 }
 
-// Completes a unary call: admits it, runs `body`, records the metrics,
-// finishes.
-template <typename Fn>
-grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
-                                   NormalizerService& service, RpcMethod method,
-                                   const char* name, int64_t request_bytes,
-                                   Fn&& body) {
-  auto call = std::make_shared<UnaryCall>(service, method, context, name);
-  grpc::ServerUnaryReactor* reactor = call->reactor;
-  if (AdmitUnary(service, *call, request_bytes)) {
-    CompleteUnary(std::move(call), service.store(), body);
-  }
-  return reactor;
-}
-
 // Requests at least this large are computed in the compute arena rather than
 // on the gRPC callback thread that received them, so that one big tensor
 // never holds up the threads serving everyone else; smaller ones are cheaper
 // to compute in place than to hand over.
 constexpr size_t kOffloadRequestBytes = 256 << 10;
 
-// RunUnary for compute RPCs: requests of kOffloadRequestBytes or more run
-// `body` (which must own or point to everything it uses) in the compute
-// arena and finish the call from there.
+// Completes a unary call: admits it, runs `body` (on this thread, or in the
+// compute arena when `offload` and the request is large; `body` must own or
+// point to everything it uses), records the metrics, finishes.
 template <typename Fn>
-grpc::ServerUnaryReactor* RunCompute(grpc::CallbackServerContext* context,
-                                     NormalizerService& service,
-                                     RpcMethod method, const char* name,
-                                     int64_t request_bytes, Fn body) {
-  if (request_bytes < static_cast<int64_t>(kOffloadRequestBytes)) {
-    return RunUnary(context, service, method, name, request_bytes, body);
-  }
+grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
+                                   NormalizerService& service, RpcMethod method,
+                                   const char* name,
+                                   const grpc::ByteBuffer& request,
+                                   bool offload, Fn body) {
   auto call = std::make_shared<UnaryCall>(service, method, context, name);
   grpc::ServerUnaryReactor* reactor = call->reactor;
-  if (!AdmitUnary(service, *call, request_bytes)) return reactor;
-  EnqueueCompute([call = std::move(call), &service, body = std::move(body)] {
-    CompleteUnary(call, service.store(), body);
-  });
+  const size_t request_bytes = request.Length();
+  if (!AdmitUnary(service, *call, static_cast<int64_t>(request_bytes))) {
+    return reactor;
+  }
+  if (offload && request_bytes >= kOffloadRequestBytes) {
+    EnqueueCompute([call = std::move(call), &service, body = std::move(body)] {
+      CompleteUnary(call, service.store(), body);
+    });
+  } else {
+    CompleteUnary(std::move(call), service.store(), body);
+  }
   return reactor;
 }
 
-// NormalizeStream: read a request, answer it, read the next; responses go
-// out in request order. A failed request fills that response's `error`.
+// RunUnary for a method that takes a `Request` message and answers a
+// `Response`: `run(request, response)` between parsing and serializing.
+template <typename Request, typename Response, typename Fn>
+grpc::ServerUnaryReactor* RunParsed(grpc::CallbackServerContext* context,
+                                    NormalizerService& service,
+                                    RpcMethod method, const char* name,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response, bool offload,
+                                    Fn run) {
+  return RunUnary(context, service, method, name, *request, offload,
+                  [request, response, run = std::move(run)] {
+                    Request parsed;
+                    if (absl::Status s = ParseMessage(*request, parsed);
+                        !s.ok()) {
+                      return s;
+                    }
+                    Response reply;
+                    if (absl::Status s = run(parsed, reply); !s.ok()) return s;
+                    return SerializeMessage(reply, *response);
+                  });
+}
+
+// RunParsed for the model RPCs, which run NormalizerService::`run` on the
+// gRPC thread.
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* RunModelRpc(
+    grpc::CallbackServerContext* context, NormalizerService& service,
+    RpcMethod method, const char* name, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response,
+    absl::Status (NormalizerService::*run)(const Request&, Response&)) {
+  return RunParsed<Request, Response>(
+      context, service, method, name, request, response, /*offload=*/false,
+      [&service, run](const Request& parsed, Response& reply) {
+        return (service.*run)(parsed, reply);
+      });
+}
+
+// NormalizeStream: read a message, answer it, read the next; responses go
+// out in request order. A failed message, one that is not a
+// NormalizeRequest included, gets a response whose `error` says why, and the
+// stream goes on. Each message is admitted while it is computed; while the
+// stream waits on its client it holds no slot, and the watchdog ends it if
+// that lasts past --stream_idle_timeout.
 class NormalizeStreamReactor final
-    : public grpc::ServerBidiReactor<v1::NormalizeRequest,
-                                     v1::NormalizeResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public IdleStream {
  public:
   NormalizeStreamReactor(NormalizerService& service,
                          const grpc::CallbackServerContext& context)
       : service_(service),
         tracker_(service.metrics(), RpcMethod::kNormalizeStream) {
+    service_.metrics().AddOpenStreams(1);
+    service_.watchdog().Add(this);
     if (absl::Status s = service.Authenticate(context); !s.ok()) {
-      FinishWith(ToGrpcStatus(s));
+      FinishOnce(s);
       return;
     }
-    absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
-    if (!ticket.ok()) {
-      service.metrics().Rejected();
-      FinishWith(ToGrpcStatus(ticket.status()));
-      return;
-    }
-    ticket_ = std::move(*ticket);
-    StartRead(&request_);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      FinishWith(grpc::Status::OK);
+    if (!StartWorking()) return;  // Ended meanwhile (idle).
+    if (!ok) {                    // The client half-closed (or the call broke).
+      FinishOnce(absl::OkStatus());
       return;
     }
+    ++messages_;
+    request_.Clear();
     response_.Clear();
-    absl::StatusOr<Admission::Ticket> message_ticket =
-        service_.admission().Admit(
-            0, static_cast<int64_t>(request_.ByteSizeLong()));
-    if (!message_ticket.ok()) service_.metrics().Rejected();
-    absl::Status status = message_ticket.status();
+    absl::StatusOr<Admission::Ticket> ticket = service_.admission().Admit(
+        1, static_cast<int64_t>(raw_request_.Length()));
+    if (!ticket.ok()) service_.metrics().Rejected();
+    absl::Status status = ticket.status();
     uint64_t sequence = 0;
-    if (message_ticket.ok()) {
+    if (status.ok()) status = ParseMessage(raw_request_, request_);
+    if (status.ok()) {
       DeferDurability defer;
       status =
           Guarded([&] { return service_.DoNormalize(request_, response_); });
       sequence = defer.sequence();
     }
+    ticket = Admission::Ticket();  // Released: only the write is left.
     // A training step is answered once it is durable (from the log's
     // thread; at once otherwise).
     service_.store().OnDurable(
@@ -212,98 +270,141 @@ class NormalizeStreamReactor final
           if (!final_status.ok()) {
             response_.Clear();
             response_.set_request_id(request_.request_id());
-            response_.mutable_error()->set_code(
-                static_cast<int>(final_status.code()));
-            response_.mutable_error()->set_message(
-                std::string(final_status.message()));
+            const grpc::Status bounded = ToGrpcStatus(final_status);
+            response_.mutable_error()->set_code(bounded.error_code());
+            response_.mutable_error()->set_message(bounded.error_message());
           }
-          StartWrite(&response_);
+          raw_response_.Clear();
+          if (absl::Status s = SerializeMessage(response_, raw_response_);
+              !s.ok()) {
+            FinishOnce(s);
+            return;
+          }
+          StartWaiting(Waiting::kForClientToRead,
+                       [&] { StartWrite(&raw_response_); });
         });
   }
 
   void OnWriteDone(bool ok) override {
+    if (!StartWorking()) return;
     if (!ok) {
-      FinishWith(grpc::Status(grpc::StatusCode::CANCELLED,
-                              "the client stopped reading"));
+      FinishOnce(absl::CancelledError("the client stopped reading"));
       return;
     }
-    StartRead(&request_);
+    ReadNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_.watchdog().Remove(this);
+    service_.metrics().AddOpenStreams(-1);
+    delete this;
+  }
 
  private:
-  void FinishWith(const grpc::Status& status) {
-    tracker_.Finish(status.error_code());
-    Finish(status);
+  void ReadNext() {
+    StartWaiting(Waiting::kForMessage, [&] { StartRead(&raw_request_); });
+  }
+  void FinishOnce(const absl::Status& status) {
+    if (ClaimFinish()) FinishWith(status);
+  }
+  void FinishIdle(const absl::Status& status) override {
+    service_.metrics().IdleStreamEnded();
+    FinishWith(absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), " after ", messages_, " messages")));
+  }
+  void FinishWith(const absl::Status& status) {
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    tracker_.Finish(grpc_status.error_code());
+    Finish(grpc_status);
   }
 
   NormalizerService& service_;
   CallTracker tracker_;
-  Admission::Ticket ticket_;
+  grpc::ByteBuffer raw_request_;
+  grpc::ByteBuffer raw_response_;
   v1::NormalizeRequest request_;
   v1::NormalizeResponse response_;
+  int64_t messages_ = 0;  // Read so far.
 };
 
 // FitStream: each message is one Fit step, applied as it arrives. The reply
 // (the model after the last step) is sent when the client half-closes, once
-// every step is durable; a failing message ends the call with its error
-// (also once the steps before it are durable).
-class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
+// every step is durable; a failing message (one that is not a FitRequest
+// included) ends the call with its error, naming its index and how many
+// steps before it were applied (also once those are durable). Admission and
+// idleness as NormalizeStream.
+class FitStreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer>,
+                               public IdleStream {
  public:
   FitStreamReactor(NormalizerService& service,
                    const grpc::CallbackServerContext& context,
-                   v1::FitResponse* response)
+                   grpc::ByteBuffer* response)
       : service_(service),
         response_(response),
         tracker_(service.metrics(), RpcMethod::kFitStream) {
+    service_.metrics().AddOpenStreams(1);
+    service_.watchdog().Add(this);
     if (absl::Status s = service.Authenticate(context); !s.ok()) {
-      FinishWith(s);
+      FinishOnce(s);
       return;
     }
-    absl::StatusOr<Admission::Ticket> ticket = service.admission().Admit(1, 0);
-    if (!ticket.ok()) {
-      service.metrics().Rejected();
-      FinishWith(ticket.status());
-      return;
-    }
-    ticket_ = std::move(*ticket);
-    StartRead(&request_);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      FinishWith(steps_ > 0 ? absl::OkStatus()
-                            : absl::InvalidArgumentError(
-                                  "FitStream: the stream carried no "
-                                  "FitRequest"));
+    if (!StartWorking()) return;  // Ended meanwhile (idle).
+    if (!ok) {                    // The client half-closed (or the call broke).
+      absl::Status status =
+          steps_ > 0 ? SerializeMessage(reply_, *response_)
+                     : absl::InvalidArgumentError(
+                           "FitStream: the stream carried no FitRequest");
+      FinishOnce(status);
       return;
     }
-    absl::Status status;
-    absl::StatusOr<Admission::Ticket> message_ticket =
-        service_.admission().Admit(
-            0, static_cast<int64_t>(request_.ByteSizeLong()));
-    if (!message_ticket.ok()) {
-      service_.metrics().Rejected();
-      status = message_ticket.status();
-    } else {
+    absl::StatusOr<Admission::Ticket> ticket = service_.admission().Admit(
+        1, static_cast<int64_t>(raw_request_.Length()));
+    if (!ticket.ok()) service_.metrics().Rejected();
+    absl::Status status = ticket.status();
+    if (status.ok()) status = ParseMessage(raw_request_, request_);
+    if (status.ok()) {
       DeferDurability defer;
-      status = Guarded([&] { return service_.DoFit(request_, *response_); });
+      status = Guarded([&] { return service_.DoFit(request_, reply_); });
       durable_after_ = std::max(durable_after_, defer.sequence());
     }
     if (!status.ok()) {
-      FinishWith(absl::Status(
+      FinishOnce(absl::Status(
           status.code(),
-          absl::StrCat("FitStream message ", steps_, ": ", status.message())));
+          absl::StrCat("FitStream message ", steps_, ": ", status.message(),
+                       "; the ", steps_, " steps before it are applied")));
       return;
     }
     ++steps_;
-    StartRead(&request_);
+    ticket = Admission::Ticket();
+    ReadNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_.watchdog().Remove(this);
+    service_.metrics().AddOpenStreams(-1);
+    delete this;
+  }
 
  private:
+  void ReadNext() {
+    request_.Clear();
+    StartWaiting(Waiting::kForMessage, [&] { StartRead(&raw_request_); });
+  }
+  void FinishOnce(const absl::Status& status) {
+    if (ClaimFinish()) FinishWith(status);
+  }
+  void FinishIdle(const absl::Status& status) override {
+    service_.metrics().IdleStreamEnded();
+    FinishWith(absl::Status(status.code(),
+                            absl::StrCat(status.message(), "; the ", steps_,
+                                         " steps it carried are applied")));
+  }
+  // Finishes once the steps applied so far are durable.
   void FinishWith(const absl::Status& status) {
     service_.store().OnDurable(
         durable_after_, [this, status](const absl::Status& durable) {
@@ -316,10 +417,11 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
   }
 
   NormalizerService& service_;
-  v1::FitResponse* response_;
+  grpc::ByteBuffer* const response_;
   CallTracker tracker_;
-  Admission::Ticket ticket_;
+  grpc::ByteBuffer raw_request_;
   v1::FitRequest request_;
+  v1::FitResponse reply_;
   int64_t steps_ = 0;
   uint64_t durable_after_ = 0;  // Last change to be durable before the reply.
 };
@@ -328,29 +430,16 @@ class FitStreamReactor final : public grpc::ServerReadReactor<v1::FitRequest> {
 
 NormalizerService::NormalizerService(Engine& engine, ServerMetrics& metrics,
                                      Admission& admission,
-                                     std::string auth_token)
+                                     NormalizerServiceOptions options)
     : engine_(engine),
       metrics_(metrics),
       admission_(admission),
-      auth_token_(std::move(auth_token)) {}
+      options_(std::move(options)),
+      watchdog_(options_.stream_idle_timeout) {}
 
 absl::Status NormalizerService::Authenticate(
     const grpc::CallbackServerContext& context) const {
-  if (auth_token_.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find("authorization");
-  const std::string expected = "Bearer " + auth_token_;
-  if (it != metadata.end() && it->second.size() == expected.size()) {
-    // Constant time: the comparison does not reveal how much matched.
-    unsigned char differ = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      differ |= static_cast<unsigned char>(it->second.data()[i] ^ expected[i]);
-    }
-    if (differ == 0) return absl::OkStatus();
-  }
-  return absl::UnauthenticatedError(
-      "authorization: this server needs the metadata \"authorization: Bearer "
-      "<token>\" with its token (--auth_token_file); it was missing or wrong");
+  return CheckBearerToken(context, options_.auth_token);
 }
 
 namespace {
@@ -375,16 +464,58 @@ ElementsMode ElementsModeOf(const NormalizeSpec& spec) {
 
 }  // namespace
 
+absl::Status NormalizerService::CheckReplySize(int64_t bytes,
+                                               absl::string_view what) const {
+  if (bytes <= options_.max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "response: ", what, " would take about ", bytes,
+      " bytes, more than the server sends in one message (--max_message_bytes "
+      "= ",
+      options_.max_message_bytes, "); refused before anything was changed"));
+}
+
+absl::Status NormalizerService::CheckModelReplySize(int64_t channels,
+                                                    absl::string_view name,
+                                                    int64_t other_bytes) const {
+  // A ModelState: six packed arrays of doubles (running_mean / var, mean,
+  // var, weight, bias; each a tag and a length of at most 6 bytes), the name
+  // and at most 96 bytes of scalars; plus its own tag and length.
+  const int64_t model_bytes =
+      6 * (6 + 8 * channels) + static_cast<int64_t>(name.size()) + 96 + 6;
+  return CheckReplySize(
+      model_bytes + other_bytes,
+      absl::StrCat("the reply with the model of ", channels, " channels"));
+}
+
+void NormalizerService::UpdateModelMetrics() {
+  metrics_.SetModels(engine_.store().size(), engine_.store().model_bytes());
+}
+
 absl::Status NormalizerService::RunNormalize(
     const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
     void* out, v1::NormalizeResponse& response) {
+  if (const std::optional<int64_t> channels =
+          Engine::ReturnedModelChannels(parsed.spec)) {
+    // The output tensor: data (or 9 bytes per value) and up to 11 bytes per
+    // dim; the request_id; tags and lengths.
+    const int64_t output_bytes =
+        (parsed.input.values_form ? 9 : ElementSize(parsed.input.view.dtype)) *
+            parsed.input.view.size +
+        11 * static_cast<int64_t>(parsed.input.view.shape.size()) +
+        static_cast<int64_t>(request.request_id().size()) + 32;
+    if (absl::Status s =
+            CheckModelReplySize(*channels, parsed.spec.model, output_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<std::optional<BatchNormModel>> model =
       engine_.Normalize(parsed.spec, out);
   if (!model.ok()) return model.status();
   response.set_request_id(request.request_id());
   if (model->has_value()) {
     ToModelState(**model, /*with_arrays=*/true, *response.mutable_model());
-    if (parsed.spec.training) metrics_.SetModels(engine_.store().size());
+    if (parsed.spec.training) UpdateModelMetrics();
   }
   metrics_.AddElements(ElementsModeOf(parsed.spec), parsed.input.view.size);
   return absl::OkStatus();
@@ -493,114 +624,160 @@ absl::Status NormalizerService::DoFit(const v1::FitRequest& request,
                                       v1::FitResponse& response) {
   ParsedFit parsed;
   if (absl::Status s = ParseFitRequest(request, parsed); !s.ok()) return s;
+  if (absl::StatusOr<ChannelLayout> layout =
+          ResolveChannelAxis(parsed.spec.input.shape, parsed.spec.channel_axis);
+      layout.ok()) {
+    if (absl::Status s =
+            CheckModelReplySize(layout->channels, parsed.spec.model,
+                                request.request_id().size() + 16);
+        !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<BatchNormModel> model = engine_.Fit(parsed.spec);
   if (!model.ok()) return model.status();
   response.Clear();
   ToModelState(*model, /*with_arrays=*/true, *response.mutable_model());
   response.set_request_id(request.request_id());
   metrics_.AddElements(ElementsMode::kFit, parsed.input.view.size);
-  metrics_.SetModels(engine_.store().size());
+  UpdateModelMetrics();
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* NormalizerService::Normalize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunCompute(context, *this, RpcMethod::kNormalize, "Normalize",
-                    static_cast<int64_t>(request->Length()),
-                    [this, request, response] {
-                      return DoNormalizeRaw(*request, *response);
-                    });
+  return RunUnary(context, *this, RpcMethod::kNormalize, "Normalize", *request,
+                  /*offload=*/true, [this, request, response] {
+                    return DoNormalizeRaw(*request, *response);
+                  });
 }
 
 grpc::ServerUnaryReactor* NormalizerService::Fit(
-    grpc::CallbackServerContext* context, const v1::FitRequest* request,
-    v1::FitResponse* response) {
-  return RunCompute(
-      context, *this, RpcMethod::kFit, "Fit",
-      static_cast<int64_t>(request->ByteSizeLong()),
-      [this, request, response] { return DoFit(*request, *response); });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunParsed<v1::FitRequest, v1::FitResponse>(
+      context, *this, RpcMethod::kFit, "Fit", request, response,
+      /*offload=*/true,
+      [this](const v1::FitRequest& parsed, v1::FitResponse& reply) {
+        return DoFit(parsed, reply);
+      });
+}
+
+absl::Status NormalizerService::DoCreateModel(
+    const v1::CreateModelRequest& request, v1::ModelState& response) {
+  if (absl::Status s = ValidateModelSpec(ToModelSpec(request)); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckModelReplySize(request.num_features(), request.name(), 0);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BatchNormModel> model =
+      engine_.store().Create(ToModelSpec(request));
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  UpdateModelMetrics();
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoGetModel(const v1::GetModelRequest& request,
+                                           v1::ModelState& response) {
+  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BatchNormModel> model = engine_.store().Get(request.name());
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoListModels(
+    const v1::ListModelsRequest& request, v1::ListModelsResponse& response) {
+  for (const BatchNormModel& model : engine_.store().List()) {
+    ToModelState(model, /*with_arrays=*/false, *response.add_models());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoDeleteModel(
+    const v1::DeleteModelRequest& request, v1::DeleteModelResponse& response) {
+  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = engine_.store().Delete(request.name()); !s.ok()) {
+    return s;
+  }
+  UpdateModelMetrics();
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoResetModel(
+    const v1::ResetModelRequest& request, v1::ModelState& response) {
+  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<BatchNormModel> model = engine_.store().Reset(request.name());
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* NormalizerService::CreateModel(
-    grpc::CallbackServerContext* context, const v1::CreateModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kCreateModel, "CreateModel",
-                  request->ByteSizeLong(), [&] {
-                    absl::StatusOr<BatchNormModel> model =
-                        engine_.store().Create(ToModelSpec(*request));
-                    if (!model.ok()) return model.status();
-                    ToModelState(*model, /*with_arrays=*/true, *response);
-                    metrics_.SetModels(engine_.store().size());
-                    return absl::OkStatus();
-                  });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kCreateModel, "CreateModel",
+                     request, response, &NormalizerService::DoCreateModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::GetModel(
-    grpc::CallbackServerContext* context, const v1::GetModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(
-      context, *this, RpcMethod::kGetModel, "GetModel", request->ByteSizeLong(),
-      [&] {
-        if (absl::Status s = ValidateModelName(request->name(), "name");
-            !s.ok()) {
-          return s;
-        }
-        absl::StatusOr<BatchNormModel> model =
-            engine_.store().Get(request->name());
-        if (!model.ok()) return model.status();
-        ToModelState(*model, /*with_arrays=*/true, *response);
-        return absl::OkStatus();
-      });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kGetModel, "GetModel", request,
+                     response, &NormalizerService::DoGetModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ListModels(
-    grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
-    v1::ListModelsResponse* response) {
-  return RunUnary(context, *this, RpcMethod::kListModels, "ListModels",
-                  request->ByteSizeLong(), [&] {
-                    for (const BatchNormModel& model : engine_.store().List()) {
-                      ToModelState(model, /*with_arrays=*/false,
-                                   *response->add_models());
-                    }
-                    return absl::OkStatus();
-                  });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kListModels, "ListModels",
+                     request, response, &NormalizerService::DoListModels);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::DeleteModel(
-    grpc::CallbackServerContext* context, const v1::DeleteModelRequest* request,
-    v1::DeleteModelResponse* response) {
-  return RunUnary(
-      context, *this, RpcMethod::kDeleteModel, "DeleteModel",
-      request->ByteSizeLong(), [&] {
-        if (absl::Status s = ValidateModelName(request->name(), "name");
-            !s.ok()) {
-          return s;
-        }
-        if (absl::Status s = engine_.store().Delete(request->name()); !s.ok()) {
-          return s;
-        }
-        metrics_.SetModels(engine_.store().size());
-        return absl::OkStatus();
-      });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kDeleteModel, "DeleteModel",
+                     request, response, &NormalizerService::DoDeleteModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ResetModel(
-    grpc::CallbackServerContext* context, const v1::ResetModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(
-      context, *this, RpcMethod::kResetModel, "ResetModel",
-      request->ByteSizeLong(), [&] {
-        if (absl::Status s = ValidateModelName(request->name(), "name");
-            !s.ok()) {
-          return s;
-        }
-        absl::StatusOr<BatchNormModel> model =
-            engine_.store().Reset(request->name());
-        if (!model.ok()) return model.status();
-        ToModelState(*model, /*with_arrays=*/true, *response);
-        return absl::OkStatus();
-      });
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kResetModel, "ResetModel",
+                     request, response, &NormalizerService::DoResetModel);
+}
+
+grpc::ServerUnaryReactor* NormalizerService::ExportModel(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kExportModel, "ExportModel",
+                     request, response, &NormalizerService::DoExportModel);
+}
+
+grpc::ServerUnaryReactor* NormalizerService::ImportModel(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kImportModel, "ImportModel",
+                     request, response, &NormalizerService::DoImportModel);
+}
+
+grpc::ServerUnaryReactor* NormalizerService::MergeModel(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunModelRpc(context, *this, RpcMethod::kMergeModel, "MergeModel",
+                     request, response, &NormalizerService::DoMergeModel);
 }
 
 absl::Status NormalizerService::DoExportModel(
@@ -630,6 +807,11 @@ absl::StatusOr<BatchNormModel> NormalizerService::ParseModelState(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s =
+          CheckModelReplySize(state.config.num_features, state.config.name, 0);
+      !s.ok()) {
+    return s;
+  }
   return MakeModelFromState(state, absl::StrCat(field, "."));
 }
 
@@ -646,7 +828,7 @@ absl::Status NormalizerService::DoImportModel(
   model = engine_.store().Put(*std::move(model), request.create_only());
   if (!model.ok()) return model.status();
   ToModelState(*model, /*with_arrays=*/true, response);
-  metrics_.SetModels(engine_.store().size());
+  UpdateModelMetrics();
   return absl::OkStatus();
 }
 
@@ -666,40 +848,13 @@ absl::Status NormalizerService::DoMergeModel(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* NormalizerService::ExportModel(
-    grpc::CallbackServerContext* context, const v1::ExportModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kExportModel, "ExportModel",
-                  request->ByteSizeLong(), [this, request, response] {
-                    return DoExportModel(*request, *response);
-                  });
-}
-
-grpc::ServerUnaryReactor* NormalizerService::ImportModel(
-    grpc::CallbackServerContext* context, const v1::ImportModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kImportModel, "ImportModel",
-                  request->ByteSizeLong(), [this, request, response] {
-                    return DoImportModel(*request, *response);
-                  });
-}
-
-grpc::ServerUnaryReactor* NormalizerService::MergeModel(
-    grpc::CallbackServerContext* context, const v1::MergeModelRequest* request,
-    v1::ModelState* response) {
-  return RunUnary(context, *this, RpcMethod::kMergeModel, "MergeModel",
-                  request->ByteSizeLong(), [this, request, response] {
-                    return DoMergeModel(*request, *response);
-                  });
-}
-
-grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NormalizerService::NormalizeStream(grpc::CallbackServerContext* context) {
   return new NormalizeStreamReactor(*this, *context);
 }
 
-grpc::ServerReadReactor<v1::FitRequest>* NormalizerService::FitStream(
-    grpc::CallbackServerContext* context, v1::FitResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* NormalizerService::FitStream(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new FitStreamReactor(*this, *context, response);
 }
 

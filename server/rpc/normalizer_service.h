@@ -1,6 +1,9 @@
 // The normd.v1.Normalizer gRPC service (callback API). A thin front-end: it
 // parses messages (convert.h), calls the Engine, formats the reply and maps
 // the status (status_mapping.h); all numerics and state live in the core.
+// Admission control counts calls and stream messages being processed; a
+// stream waiting on its client holds no slot, and one that waits longer
+// than --stream_idle_timeout is ended (StreamWatchdog).
 //
 // Thread-safe: gRPC invokes it from many threads at once; the Engine and the
 // metrics are thread-safe, and each stream's reactor is driven by one
@@ -11,75 +14,92 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "normd/v1/normalizer.grpc.pb.h"
 #include "server/core/engine.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/metrics.h"
+#include "server/rpc/stream_watchdog.h"
 
 namespace normd {
 
-// Every method on the callback API; Normalize is raw (see DoNormalizeRaw).
+// Every method on the callback API, raw: normd parses each request itself,
+// so that bytes that are not the method's message get INVALID_ARGUMENT
+// naming the message type (gRPC's own parsing answers UNIMPLEMENTED without
+// a word), and a garbage message inside a stream is told apart from the end
+// of the stream.
 using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
-    v1::Normalizer::WithCallbackMethod_Fit<
-        v1::Normalizer::WithCallbackMethod_CreateModel<
-            v1::Normalizer::WithCallbackMethod_GetModel<
-                v1::Normalizer::WithCallbackMethod_ListModels<
-                    v1::Normalizer::WithCallbackMethod_DeleteModel<
-                        v1::Normalizer::WithCallbackMethod_ResetModel<
-                            v1::Normalizer::WithCallbackMethod_NormalizeStream<
-                                v1::Normalizer::WithCallbackMethod_FitStream<
-                                    v1::Normalizer::WithCallbackMethod_ExportModel<
-                                        v1::Normalizer::
-                                            WithCallbackMethod_ImportModel<
-                                                v1::Normalizer::
-                                                    WithCallbackMethod_MergeModel<
-                                                        v1::Normalizer::
-                                                            Service>>>>>>>>>>>>;
+    v1::Normalizer::WithRawCallbackMethod_Fit<
+        v1::Normalizer::WithRawCallbackMethod_CreateModel<
+            v1::Normalizer::WithRawCallbackMethod_GetModel<
+                v1::Normalizer::WithRawCallbackMethod_ListModels<
+                    v1::Normalizer::WithRawCallbackMethod_DeleteModel<
+                        v1::Normalizer::WithRawCallbackMethod_ResetModel<
+                            v1::Normalizer::WithRawCallbackMethod_NormalizeStream<
+                                v1::Normalizer::WithRawCallbackMethod_FitStream<
+                                    v1::Normalizer::
+                                        WithRawCallbackMethod_ExportModel<
+                                            v1::Normalizer::
+                                                WithRawCallbackMethod_ImportModel<
+                                                    v1::Normalizer::
+                                                        WithRawCallbackMethod_MergeModel<
+                                                            v1::Normalizer::
+                                                                Service>>>>>>>>>>>>;
+
+// What the service needs to know of the server's configuration.
+struct NormalizerServiceOptions {
+  // The bearer token every call must carry in its "authorization" metadata
+  // ("Bearer <token>"); empty: none needed.
+  std::string auth_token;
+  // The largest response gRPC will send (--max_message_bytes): a call whose
+  // reply would be larger is refused before it changes anything.
+  int64_t max_message_bytes = 64 << 20;
+  // Streams waiting on their client this long are ended
+  // (--stream_idle_timeout); zero: never.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
+};
 
 class NormalizerService final : public NormalizerServiceBase {
  public:
-  // `auth_token`: the bearer token every call must carry in its
-  // "authorization" metadata ("Bearer <token>"); empty: none needed.
   NormalizerService(Engine& engine, ServerMetrics& metrics,
-                    Admission& admission, std::string auth_token = "");
+                    Admission& admission,
+                    NormalizerServiceOptions options = {});
 
+  using Raw = grpc::ByteBuffer;
   grpc::ServerUnaryReactor* Normalize(grpc::CallbackServerContext* context,
-                                      const grpc::ByteBuffer* request,
-                                      grpc::ByteBuffer* response) override;
+                                      const Raw* request,
+                                      Raw* response) override;
   grpc::ServerUnaryReactor* Fit(grpc::CallbackServerContext* context,
-                                const v1::FitRequest* request,
-                                v1::FitResponse* response) override;
+                                const Raw* request, Raw* response) override;
   grpc::ServerUnaryReactor* CreateModel(grpc::CallbackServerContext* context,
-                                        const v1::CreateModelRequest* request,
-                                        v1::ModelState* response) override;
+                                        const Raw* request,
+                                        Raw* response) override;
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
-                                     const v1::GetModelRequest* request,
-                                     v1::ModelState* response) override;
-  grpc::ServerUnaryReactor* ListModels(
-      grpc::CallbackServerContext* context,
-      const v1::ListModelsRequest* request,
-      v1::ListModelsResponse* response) override;
-  grpc::ServerUnaryReactor* DeleteModel(
-      grpc::CallbackServerContext* context,
-      const v1::DeleteModelRequest* request,
-      v1::DeleteModelResponse* response) override;
+                                     const Raw* request,
+                                     Raw* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const Raw* request,
+                                       Raw* response) override;
+  grpc::ServerUnaryReactor* DeleteModel(grpc::CallbackServerContext* context,
+                                        const Raw* request,
+                                        Raw* response) override;
   grpc::ServerUnaryReactor* ResetModel(grpc::CallbackServerContext* context,
-                                       const v1::ResetModelRequest* request,
-                                       v1::ModelState* response) override;
+                                       const Raw* request,
+                                       Raw* response) override;
   grpc::ServerUnaryReactor* ExportModel(grpc::CallbackServerContext* context,
-                                        const v1::ExportModelRequest* request,
-                                        v1::ModelState* response) override;
+                                        const Raw* request,
+                                        Raw* response) override;
   grpc::ServerUnaryReactor* ImportModel(grpc::CallbackServerContext* context,
-                                        const v1::ImportModelRequest* request,
-                                        v1::ModelState* response) override;
+                                        const Raw* request,
+                                        Raw* response) override;
   grpc::ServerUnaryReactor* MergeModel(grpc::CallbackServerContext* context,
-                                       const v1::MergeModelRequest* request,
-                                       v1::ModelState* response) override;
-  grpc::ServerBidiReactor<v1::NormalizeRequest, v1::NormalizeResponse>*
-  NormalizeStream(grpc::CallbackServerContext* context) override;
-  grpc::ServerReadReactor<v1::FitRequest>* FitStream(
-      grpc::CallbackServerContext* context, v1::FitResponse* response) override;
+                                       const Raw* request,
+                                       Raw* response) override;
+  grpc::ServerBidiReactor<Raw, Raw>* NormalizeStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerReadReactor<Raw>* FitStream(grpc::CallbackServerContext* context,
+                                          Raw* response) override;
 
   // One Normalize / Fit, shared by the unary and streaming RPCs. DoNormalize
   // is the protobuf reference path.
@@ -93,7 +113,17 @@ class NormalizerService final : public NormalizerServiceBase {
   absl::Status DoNormalizeRaw(const grpc::ByteBuffer& request,
                               grpc::ByteBuffer& response);
   absl::Status DoFit(const v1::FitRequest& request, v1::FitResponse& response);
-  // ExportModel, ImportModel and MergeModel (see the .proto).
+  // The model RPCs (see the .proto).
+  absl::Status DoCreateModel(const v1::CreateModelRequest& request,
+                             v1::ModelState& response);
+  absl::Status DoGetModel(const v1::GetModelRequest& request,
+                          v1::ModelState& response);
+  absl::Status DoListModels(const v1::ListModelsRequest& request,
+                            v1::ListModelsResponse& response);
+  absl::Status DoDeleteModel(const v1::DeleteModelRequest& request,
+                             v1::DeleteModelResponse& response);
+  absl::Status DoResetModel(const v1::ResetModelRequest& request,
+                            v1::ModelState& response);
   absl::Status DoExportModel(const v1::ExportModelRequest& request,
                              v1::ModelState& response);
   absl::Status DoImportModel(const v1::ImportModelRequest& request,
@@ -104,6 +134,7 @@ class NormalizerService final : public NormalizerServiceBase {
   ServerMetrics& metrics() { return metrics_; }
   ModelStore& store() { return engine_.store(); }
   Admission& admission() { return admission_; }
+  StreamWatchdog& watchdog() { return watchdog_; }
 
   // UNAUTHENTICATED unless the call carries the bearer token (OK when none
   // is configured).
@@ -121,6 +152,17 @@ class NormalizerService final : public NormalizerServiceBase {
                                   const ParsedNormalize& parsed,
                                   v1::NormalizeResponse& response);
 
+  // RESOURCE_EXHAUSTED unless a reply of `bytes` fits --max_message_bytes;
+  // checked before a call changes anything, so that a reply gRPC could not
+  // send never follows a change the client is not told of.
+  absl::Status CheckReplySize(int64_t bytes, absl::string_view what) const;
+  // CheckReplySize for a reply that holds a ModelState of `channels`
+  // channels named `name`, plus `other_bytes`.
+  absl::Status CheckModelReplySize(int64_t channels, absl::string_view name,
+                                   int64_t other_bytes) const;
+  // Sets the models gauges from the store.
+  void UpdateModelMetrics();
+
   // A received model state (ImportModel's model, MergeModel's source),
   // named `name` when that is not empty, validated (errors name the field
   // after `field`.) and within the server's num_features limit.
@@ -131,7 +173,8 @@ class NormalizerService final : public NormalizerServiceBase {
   Engine& engine_;
   ServerMetrics& metrics_;
   Admission& admission_;
-  const std::string auth_token_;
+  const NormalizerServiceOptions options_;
+  StreamWatchdog watchdog_;
 };
 
 }  // namespace normd

@@ -1,6 +1,5 @@
 #include "server/rpc/server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <malloc.h>
 
 #include <exception>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/rpc/buffer_pool.h"
 #include "server/rpc/logging.h"
+#include "server/rpc/reflection_service.h"
 
 namespace normd {
 namespace {
@@ -153,10 +153,22 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         "no limit)");
   }
   if (options.max_models < 0 || options.max_num_features < 1 ||
-      options.tbb_threads < 0 || options.buffer_pool_bytes < 0) {
+      options.max_num_features > (int64_t{1} << 32) ||
+      options.max_model_bytes < 0 || options.tbb_threads < 0 ||
+      options.buffer_pool_bytes < 0) {
     return absl::InvalidArgumentError(
-        "--max_models must be >= 0, --max_num_features >= 1, "
-        "--tbb_threads >= 0 and --buffer_pool_bytes >= 0");
+        "--max_models must be >= 0, --max_num_features in 1..2^32, "
+        "--max_model_bytes >= 0, --tbb_threads >= 0 and --buffer_pool_bytes "
+        ">= 0");
+  }
+  if (options.max_rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_rank: must be >= 1, got ", options.max_rank));
+  }
+  if (options.stream_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stream_idle_timeout: must be >= 0 (0: never), got ",
+                     absl::FormatDuration(options.stream_idle_timeout)));
   }
   std::string auth_token;
   if (!options.auth_token_file.empty()) {
@@ -197,7 +209,10 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
     server->metrics_port_ = ports.empty() ? options.metrics_port : ports[0];
   }
   server->engine_ = std::make_unique<Engine>(
-      ModelStoreOptions{options.max_models, options.max_num_features});
+      ModelStoreOptions{.max_models = options.max_models,
+                        .max_num_features = options.max_num_features,
+                        .max_model_bytes = options.max_model_bytes},
+      options.max_rank);
   if (!options.state_dir.empty()) {
     if (options.snapshot_log_bytes < 1) {
       return absl::InvalidArgumentError(
@@ -221,14 +236,29 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
                                                   : report.snapshot_file,
                      " + ", report.records_replayed, " log records"));
     server->state_metrics_ = std::make_unique<StateMetrics>(*server->registry_);
-    server->metrics_->SetModels(server->engine_->store().size());
+    const ModelStore& store = server->engine_->store();
+    if (store.model_bytes() > options.max_model_bytes) {
+      Log(LogSeverity::kWarning,
+          absl::StrCat(
+              "the recovered models take ", store.model_bytes(),
+              " bytes, more than --max_model_bytes = ", options.max_model_bytes,
+              "; they are all kept, and new models are refused "
+              "until enough are deleted"));
+    }
   }
+  server->metrics_->SetModels(server->engine_->store().size(),
+                              server->engine_->store().model_bytes());
+  server->metrics_->SetModelBytesLimit(options.max_model_bytes);
   server->admission_ = std::make_unique<Admission>(
       options.max_inflight_requests, options.max_inflight_bytes);
   server->metrics_->SetInflightLimit(options.max_inflight_requests);
+  const std::string auth_token_for_reflection = auth_token;
   server->service_ = std::make_unique<NormalizerService>(
       *server->engine_, *server->metrics_, *server->admission_,
-      std::move(auth_token));
+      NormalizerServiceOptions{
+          .auth_token = std::move(auth_token),
+          .max_message_bytes = options.max_message_bytes,
+          .stream_idle_timeout = options.stream_idle_timeout});
 
   // normd's own health service (see health_service.h), not gRPC's default.
   grpc::EnableDefaultHealthCheckService(false);
@@ -238,12 +268,16 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         *server->state_metrics_, *server->health_);
     server->durable_->SetObserver(server->state_observer_.get());
   }
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  server->reflection_ = std::make_unique<ReflectionService>(
+      std::vector<std::string>{kServiceName, "grpc.health.v1.Health",
+                               "grpc.reflection.v1alpha.ServerReflection"},
+      auth_token_for_reflection, server->service_->watchdog());
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
   ConfigureServerBuilder(options, builder, &server->port_, *credentials);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->health_.get());
+  builder.RegisterService(server->reflection_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

@@ -1,4 +1,5 @@
-// A running normd server: the gRPC server (Normalizer, health, reflection),
+// A running normd server: the gRPC server (Normalizer, health, reflection
+// behind the same bearer token as the Normalizer),
 // the Prometheus exposer, the engine they share and, with a state_dir, the
 // durable state behind the engine's models. Start() recovers the state and
 // brings everything up; Shutdown() marks health NOT_SERVING, drains calls in
@@ -23,6 +24,7 @@
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/reflection_service.h"
 #include "server/state/durable_state.h"
 
 namespace normd {
@@ -34,7 +36,11 @@ struct ServerOptions {
   int metrics_port = 9464;  // 0: pick a free port; -1: no metrics endpoint.
   int64_t max_message_bytes = 64 << 20;
   int64_t max_models = 10000;
-  int64_t max_num_features = 1 << 20;
+  int64_t max_num_features = 65536;
+  int64_t max_model_bytes = int64_t{1} << 30;
+  int max_rank = kDefaultMaxRank;
+  // Streams that wait on their client this long are ended; zero: never.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   int tbb_threads = 0;  // 0: one per core.
   absl::Duration shutdown_grace = absl::Seconds(10);
   int64_t buffer_pool_bytes = 64 << 20;           // See BufferPool.
@@ -109,6 +115,7 @@ class NormdServer {
   std::unique_ptr<state::DurableState> durable_;
   std::unique_ptr<NormalizerService> service_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int metrics_port_ = -1;

@@ -1,15 +1,28 @@
 // The one place where absl::Status and grpc::Status meet. absl::StatusCode
 // and grpc::StatusCode share google.rpc.Code's numbering, so codes map one to
-// one and messages are kept. Stateless; thread-safe.
+// one and messages are kept (bounded in length). Stateless; thread-safe.
 #ifndef NORMD_SERVER_RPC_STATUS_MAPPING_H_
 #define NORMD_SERVER_RPC_STATUS_MAPPING_H_
 
 #include <grpcpp/support/status.h>
 
+#include <cstddef>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace normd {
 
+// Error messages are cut to this many bytes (whole UTF-8 characters, with
+// "... (N bytes in all)" at the end), so that no input can make a status
+// exceed gRPC's metadata limits; the messages normd writes stay well under.
+inline constexpr size_t kMaxErrorMessageBytes = 1000;
+
+// `message`, cut to kMaxErrorMessageBytes.
+std::string BoundedMessage(absl::string_view message);
+
+// The same code, the message bounded.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
