@@ -1,6 +1,8 @@
 #include "server/rpc/health_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/raw_message.h"
+#include "server/rpc/status_mapping.h"
 
 namespace normd {
 
@@ -11,7 +13,7 @@ using ::grpc::health::v1::HealthCheckResponse;
 // that change faster than the client reads are coalesced to the newest), and
 // finishes after the final NOT_SERVING at shutdown or on cancellation.
 class HealthService::Watcher final
-    : public grpc::ServerWriteReactor<HealthCheckResponse> {
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   Watcher(HealthService& service, std::string name)
       : service_(service), name_(std::move(name)) {}
@@ -48,14 +50,27 @@ class HealthService::Watcher final
     delete this;
   }
 
+  // Ends a stream whose request could not be parsed (before Register).
+  void Refuse(const grpc::Status& status) {
+    MutexLock lock(&mu_);
+    FinishLocked(status);
+  }
+
  private:
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     if (has_pending_) {
       has_pending_ = false;
-      response_.set_status(pending_);
+      HealthCheckResponse response;
+      response.set_status(pending_);
+      raw_response_.Clear();
+      if (!SerializeMessage(response, raw_response_).ok()) {
+        FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL,
+                                  "cannot serialize the status"));
+        return;
+      }
       writing_ = true;
-      StartWrite(&response_);
+      StartWrite(&raw_response_);
       return;
     }
     if (finish_after_pending_) FinishLocked(grpc::Status::OK);
@@ -75,7 +90,7 @@ class HealthService::Watcher final
   HealthService& service_;
   const std::string name_;
   Mutex mu_;
-  HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer raw_response_ ABSL_GUARDED_BY(mu_);
   ServingStatus pending_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_after_pending_ ABSL_GUARDED_BY(mu_) = false;
@@ -125,29 +140,37 @@ void HealthService::Unregister(Watcher* watcher) {
 }
 
 grpc::ServerUnaryReactor* HealthService::Check(
-    grpc::CallbackServerContext* context, const HealthCheckRequest* request,
-    HealthCheckResponse* response) {
-  grpc::Status status;
-  {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  HealthCheckRequest parsed;
+  absl::Status status = ParseMessage(*request, parsed);
+  HealthCheckResponse reply;
+  if (status.ok()) {
     MutexLock lock(&mu_);
-    const ServingStatus serving = StatusLocked(request->service());
+    const ServingStatus serving = StatusLocked(parsed.service());
     if (serving == HealthCheckResponse::SERVICE_UNKNOWN) {
-      status = grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("service: unknown service '", request->service(), "'"));
+      status = absl::NotFoundError(
+          absl::StrCat("service: unknown service '", parsed.service(), "'"));
     } else {
-      response->set_status(serving);
+      reply.set_status(serving);
     }
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
+  if (status.ok()) status = SerializeMessage(reply, *response);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
-grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
-    grpc::CallbackServerContext* context, const HealthCheckRequest* request) {
-  auto* watcher = new Watcher(*this, request->service());
-  Register(watcher);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* HealthService::Watch(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  HealthCheckRequest parsed;
+  const absl::Status status = ParseMessage(*request, parsed);
+  auto* watcher = new Watcher(*this, parsed.service());
+  if (!status.ok()) {
+    watcher->Refuse(ToGrpcStatus(status));
+  } else {
+    Register(watcher);
+  }
   return watcher;
 }
 

@@ -25,7 +25,12 @@
 
 namespace normd {
 
-class HealthService final : public grpc::health::v1::Health::CallbackService {
+// Both methods raw: requests that are not a HealthCheckRequest get
+// INVALID_ARGUMENT (raw_message.h).
+class HealthService final
+    : public grpc::health::v1::Health::WithRawCallbackMethod_Check<
+          grpc::health::v1::Health::WithRawCallbackMethod_Watch<
+              grpc::health::v1::Health::Service>> {
  public:
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
@@ -37,13 +42,12 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   // SetServing calls are ignored.
   void Shutdown();
 
-  grpc::ServerUnaryReactor* Check(
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(
       grpc::CallbackServerContext* context,
-      const grpc::health::v1::HealthCheckRequest* request,
-      grpc::health::v1::HealthCheckResponse* response) override;
-  grpc::ServerWriteReactor<grpc::health::v1::HealthCheckResponse>* Watch(
-      grpc::CallbackServerContext* context,
-      const grpc::health::v1::HealthCheckRequest* request) override;
+      const grpc::ByteBuffer* request) override;
 
  private:
   class Watcher;

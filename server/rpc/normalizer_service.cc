@@ -12,6 +12,7 @@
 #include "server/rpc/auth.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/logging.h"
+#include "server/rpc/raw_message.h"
 #include "server/rpc/status_mapping.h"
 
 namespace normd {
@@ -46,33 +47,6 @@ void LogIfServerFault(const char* method, const grpc::Status& status) {
     default:
       break;
   }
-}
-
-// Parses the serialized `Message` in `bytes`: INVALID_ARGUMENT naming the
-// message type if they are not one.
-template <typename Message>
-absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
-  grpc::ByteBuffer copy(bytes);  // Shares the slices; parsing consumes it.
-  if (!grpc::SerializationTraits<Message>::Deserialize(&copy, &message).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request: not a serialized ", Message::descriptor()->full_name(),
-        " (protobuf cannot parse it: malformed wire format, or a string "
-        "field that is not UTF-8)"));
-  }
-  return absl::OkStatus();
-}
-
-// Serializes `message` into `bytes`.
-template <typename Message>
-absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer& bytes) {
-  bool own_buffer = false;
-  if (!grpc::SerializationTraits<Message>::Serialize(message, &bytes,
-                                                     &own_buffer)
-           .ok()) {
-    return absl::InternalError(absl::StrCat(
-        "cannot serialize the ", Message::descriptor()->full_name()));
-  }
-  return absl::OkStatus();
 }
 
 // Finishes a unary call with `status`, logged and counted.
@@ -666,16 +640,15 @@ grpc::ServerUnaryReactor* NormalizerService::Fit(
 
 absl::Status NormalizerService::DoCreateModel(
     const v1::CreateModelRequest& request, v1::ModelState& response) {
-  if (absl::Status s = ValidateModelSpec(ToModelSpec(request)); !s.ok()) {
-    return s;
-  }
+  const ModelSpec spec = ToModelSpec(request);
+  // A malformed request is INVALID_ARGUMENT before any limit is reported.
+  if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
   if (absl::Status s =
           CheckModelReplySize(request.num_features(), request.name(), 0);
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<BatchNormModel> model =
-      engine_.store().Create(ToModelSpec(request));
+  absl::StatusOr<BatchNormModel> model = engine_.store().Create(spec);
   if (!model.ok()) return model.status();
   ToModelState(*model, /*with_arrays=*/true, response);
   UpdateModelMetrics();

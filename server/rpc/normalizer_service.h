@@ -24,11 +24,8 @@
 
 namespace normd {
 
-// Every method on the callback API, raw: normd parses each request itself,
-// so that bytes that are not the method's message get INVALID_ARGUMENT
-// naming the message type (gRPC's own parsing answers UNIMPLEMENTED without
-// a word), and a garbage message inside a stream is told apart from the end
-// of the stream.
+// Every method on the callback API, raw: the service parses each request
+// itself (raw_message.h).
 using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
     v1::Normalizer::WithRawCallbackMethod_Fit<
         v1::Normalizer::WithRawCallbackMethod_CreateModel<

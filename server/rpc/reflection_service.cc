@@ -8,6 +8,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/raw_message.h"
 #include "server/rpc/status_mapping.h"
 
 namespace normd {
@@ -29,8 +30,7 @@ void SetError(grpc::StatusCode code, const std::string& message,
 // One stream: answers each request in turn. Files already sent on the
 // stream are not sent again (the protocol allows it; clients cache them).
 class ReflectionReactor final
-    : public grpc::ServerBidiReactor<ServerReflectionRequest,
-                                     ServerReflectionResponse>,
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public IdleStream {
  public:
   ReflectionReactor(const std::vector<std::string>& services,
@@ -51,9 +51,21 @@ class ReflectionReactor final
       if (ClaimFinish()) Finish(grpc::Status::OK);
       return;
     }
-    response_.Clear();
-    Answer(request_, response_);
-    StartWaiting(Waiting::kForClientToRead, [&] { StartWrite(&response_); });
+    ServerReflectionRequest request;
+    ServerReflectionResponse response;
+    if (absl::Status s = ParseMessage(raw_request_, request); !s.ok()) {
+      SetError(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()),
+               response);
+    } else {
+      Answer(request, response);
+    }
+    raw_response_.Clear();
+    if (absl::Status s = SerializeMessage(response, raw_response_); !s.ok()) {
+      if (ClaimFinish()) Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartWaiting(Waiting::kForClientToRead,
+                 [&] { StartWrite(&raw_response_); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -75,7 +87,7 @@ class ReflectionReactor final
 
  private:
   void ReadNext() {
-    StartWaiting(Waiting::kForMessage, [&] { StartRead(&request_); });
+    StartWaiting(Waiting::kForMessage, [&] { StartRead(&raw_request_); });
   }
   void FinishIdle(const absl::Status& status) override {
     Finish(ToGrpcStatus(status));
@@ -165,8 +177,8 @@ class ReflectionReactor final
 
   const std::vector<std::string>& services_;
   StreamWatchdog& watchdog_;
-  ServerReflectionRequest request_;
-  ServerReflectionResponse response_;
+  grpc::ByteBuffer raw_request_;
+  grpc::ByteBuffer raw_response_;
   absl::flat_hash_set<std::string> sent_;
 };
 
@@ -179,7 +191,7 @@ ReflectionService::ReflectionService(std::vector<std::string> services,
       auth_token_(std::move(auth_token)),
       watchdog_(watchdog) {}
 
-grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext* context) {
   return new ReflectionReactor(services_, *context, auth_token_, watchdog_);
 }

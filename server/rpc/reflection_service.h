@@ -21,16 +21,19 @@
 
 namespace normd {
 
+// Raw: a request that is not a ServerReflectionRequest gets an
+// error_response saying INVALID_ARGUMENT, and the stream goes on.
 class ReflectionService final
-    : public grpc::reflection::v1alpha::ServerReflection::CallbackService {
+    : public grpc::reflection::v1alpha::ServerReflection::
+          WithRawCallbackMethod_ServerReflectionInfo<
+              grpc::reflection::v1alpha::ServerReflection::Service> {
  public:
   // `services`: the fully qualified names list_services answers with;
   // `auth_token`: the bearer token a stream must carry (empty: none).
   ReflectionService(std::vector<std::string> services, std::string auth_token,
                     StreamWatchdog& watchdog);
 
-  grpc::ServerBidiReactor<grpc::reflection::v1alpha::ServerReflectionRequest,
-                          grpc::reflection::v1alpha::ServerReflectionResponse>*
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
   ServerReflectionInfo(grpc::CallbackServerContext* context) override;
 
  private:

@@ -16,7 +16,7 @@ accepted, it recovers after SIGTERM and SIGKILL).
   7. Unparseable requests on every RPC, huge ranks, non-ASCII names,
      reflection behind the token.
 
-Usage: red_team_test.py --normd BUILD/normd --stubs BUILD/python
+Usage: red_team_test.py --normd BUILD/normd --stubs BUILD/python [--only 3,7]
 """
 
 import os
@@ -30,7 +30,9 @@ import time
 
 import harness
 
-ARGS = harness.parse_args(__doc__)
+ARGS = harness.parse_args(__doc__, [
+    ("--only", {"default": "", "help": "run only these findings, e.g. 3,7"}),
+])
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
@@ -660,19 +662,43 @@ def finding7_small_ones():
                              metadata=auth, timeout=10))
     CHECKS.expect(b"normd/v1/normalizer.proto" in reply,
                   "reflection does not describe normd.v1.Normalizer")
+    reply = b"".join(reflect(iter([GARBAGE, list_services]), metadata=auth,
+                             timeout=10))
+    CHECKS.expect(b"not a serialized grpc.reflection.v1alpha."
+                  b"ServerReflectionRequest" in reply and
+                  b"normd.v1.Normalizer" in reply,
+                  f"reflection: a garbage request, then list_services: "
+                  f"{reply!r}")
     check = channel.unary_unary("/grpc.health.v1.Health/Check")
     CHECKS.expect(check(b"", timeout=10) == b"\x08\x01",
                   "health without the token")
+    CHECKS.expect_error(
+        lambda: check(GARBAGE, timeout=10), Code.INVALID_ARGUMENT,
+        "request: not a serialized grpc.health.v1.HealthCheckRequest",
+        what="garbage to Health/Check")
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+    CHECKS.expect_error(
+        lambda: list(watch(GARBAGE, timeout=10)), Code.INVALID_ARGUMENT,
+        "request: not a serialized grpc.health.v1.HealthCheckRequest",
+        what="garbage to Health/Watch")
+    long_name = b"x" * 5000
+    CHECKS.expect_error(
+        lambda: check(b"\x0a\x88\x27" + long_name, timeout=10),
+        Code.NOT_FOUND, "service: unknown service",
+        what="Health/Check of a 5000-byte service name")
     server.stop()
 
 
 def main():
-    for test in (finding1_overflow_is_refused_and_state_recovers,
-                 finding2_memory_budget, finding3_idle_streams,
-                 finding4_garbage_in_streams,
-                 finding5_rejected_training_step_changes_nothing,
-                 finding6_recovery_of_crashed_state, finding7_small_ones):
-        CHECKS.run(test)
+    tests = (finding1_overflow_is_refused_and_state_recovers,
+             finding2_memory_budget, finding3_idle_streams,
+             finding4_garbage_in_streams,
+             finding5_rejected_training_step_changes_nothing,
+             finding6_recovery_of_crashed_state, finding7_small_ones)
+    only = {int(n) for n in ARGS.only.split(",") if n}
+    for number, test in enumerate(tests, start=1):
+        if not only or number in only:
+            CHECKS.run(test)
     return CHECKS.report("red team")
 
 

@@ -121,11 +121,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2: {  // CreateModel, then Get / Reset / Delete of that name.
       normd::v1::CreateModelRequest request;
       if (!request.ParseFromString(bytes)) break;
-      normd::ModelStore& store = fixture->engine.store();
-      (void)store.Create(normd::ToModelSpec(request));
-      (void)store.Get(request.name());
-      (void)store.Reset(request.name());
-      if (selector & 0x80) (void)store.Delete(request.name());
+      normd::v1::ModelState state;
+      (void)service.DoCreateModel(request, state);
+      normd::v1::GetModelRequest get;
+      get.set_name(request.name());
+      (void)service.DoGetModel(get, state);
+      normd::v1::ResetModelRequest reset;
+      reset.set_name(request.name());
+      (void)service.DoResetModel(reset, state);
+      if (selector & 0x80) {
+        normd::v1::DeleteModelRequest remove;
+        remove.set_name(request.name());
+        normd::v1::DeleteModelResponse removed;
+        (void)service.DoDeleteModel(remove, removed);
+      }
       break;
     }
     case 3: {  // A training Normalize (changes models).

@@ -1,0 +1,47 @@
+// Parsing and serializing the protobuf messages of raw gRPC methods: normd's
+// services take requests as bytes and parse them themselves, so that bytes
+// that are not the method's message get INVALID_ARGUMENT naming the message
+// type (gRPC's own parsing answers UNIMPLEMENTED without a word), and a
+// garbage message in a stream is told apart from the end of the stream.
+// Stateless; thread-safe.
+#ifndef NORMD_SERVER_RPC_RAW_MESSAGE_H_
+#define NORMD_SERVER_RPC_RAW_MESSAGE_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace normd {
+
+// Parses the serialized `Message` in `bytes` (which keeps its contents):
+// INVALID_ARGUMENT "request: not a serialized <type>" if they are not one.
+template <typename Message>
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
+  grpc::ByteBuffer copy(bytes);  // Shares the slices; parsing consumes it.
+  if (!grpc::SerializationTraits<Message>::Deserialize(&copy, &message).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: not a serialized ", Message::descriptor()->full_name(),
+        " (protobuf cannot parse it: malformed wire format, or a string "
+        "field that is not UTF-8)"));
+  }
+  return absl::OkStatus();
+}
+
+// Serializes `message` into `bytes`.
+template <typename Message>
+absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer& bytes) {
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<Message>::Serialize(message, &bytes,
+                                                     &own_buffer)
+           .ok()) {
+    return absl::InternalError(absl::StrCat(
+        "cannot serialize the ", Message::descriptor()->full_name()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_RPC_RAW_MESSAGE_H_
