@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/parallel.h"
+#include "server/rpc/answering_stream.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/logging.h"
@@ -196,38 +197,32 @@ grpc::ServerUnaryReactor* RunModelRpc(
 // stream goes on. Each message is admitted while it is computed; while the
 // stream waits on its client it holds no slot, and the watchdog ends it if
 // that lasts past --stream_idle_timeout.
-class NormalizeStreamReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-      public IdleStream {
+class NormalizeStreamReactor final : public AnsweringStream {
  public:
   NormalizeStreamReactor(NormalizerService& service,
                          const grpc::CallbackServerContext& context)
-      : service_(service),
+      : AnsweringStream(service.watchdog()),
+        service_(service),
         tracker_(service.metrics(), RpcMethod::kNormalizeStream) {
     service_.metrics().AddOpenStreams(1);
-    service_.watchdog().Add(this);
     if (absl::Status s = service.Authenticate(context); !s.ok()) {
       FinishOnce(s);
       return;
     }
-    ReadNext();
+    Start();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!StartWorking()) return;  // Ended meanwhile (idle).
-    if (!ok) {                    // The client half-closed (or the call broke).
-      FinishOnce(absl::OkStatus());
-      return;
-    }
+ private:
+  void Answer(const grpc::ByteBuffer& raw_request) override {
     ++messages_;
     request_.Clear();
     response_.Clear();
     absl::StatusOr<Admission::Ticket> ticket = service_.admission().Admit(
-        1, static_cast<int64_t>(raw_request_.Length()));
+        1, static_cast<int64_t>(raw_request.Length()));
     if (!ticket.ok()) service_.metrics().Rejected();
     absl::Status status = ticket.status();
     uint64_t sequence = 0;
-    if (status.ok()) status = ParseMessage(raw_request_, request_);
+    if (status.ok()) status = ParseMessage(raw_request, request_);
     if (status.ok()) {
       DeferDurability defer;
       status =
@@ -248,55 +243,21 @@ class NormalizeStreamReactor final
             response_.mutable_error()->set_code(bounded.error_code());
             response_.mutable_error()->set_message(bounded.error_message());
           }
-          raw_response_.Clear();
-          if (absl::Status s = SerializeMessage(response_, raw_response_);
-              !s.ok()) {
-            FinishOnce(s);
-            return;
-          }
-          StartWaiting(Waiting::kForClientToRead,
-                       [&] { StartWrite(&raw_response_); });
+          Reply(response_);
         });
   }
-
-  void OnWriteDone(bool ok) override {
-    if (!StartWorking()) return;
-    if (!ok) {
-      FinishOnce(absl::CancelledError("the client stopped reading"));
-      return;
-    }
-    ReadNext();
-  }
-
-  void OnDone() override {
-    service_.watchdog().Remove(this);
-    service_.metrics().AddOpenStreams(-1);
-    delete this;
-  }
-
- private:
-  void ReadNext() {
-    StartWaiting(Waiting::kForMessage, [&] { StartRead(&raw_request_); });
-  }
-  void FinishOnce(const absl::Status& status) {
-    if (ClaimFinish()) FinishWith(status);
-  }
-  void FinishIdle(const absl::Status& status) override {
+  absl::Status OnIdleEnd(const absl::Status& status) override {
     service_.metrics().IdleStreamEnded();
-    FinishWith(absl::Status(
-        status.code(),
-        absl::StrCat(status.message(), " after ", messages_, " messages")));
+    return absl::Status(status.code(), absl::StrCat(status.message(), " after ",
+                                                    messages_, " messages"));
   }
-  void FinishWith(const absl::Status& status) {
-    const grpc::Status grpc_status = ToGrpcStatus(status);
-    tracker_.Finish(grpc_status.error_code());
-    Finish(grpc_status);
+  void OnFinishing(const grpc::Status& status) override {
+    tracker_.Finish(status.error_code());
   }
+  void OnClosed() override { service_.metrics().AddOpenStreams(-1); }
 
   NormalizerService& service_;
   CallTracker tracker_;
-  grpc::ByteBuffer raw_request_;
-  grpc::ByteBuffer raw_response_;
   v1::NormalizeRequest request_;
   v1::NormalizeResponse response_;
   int64_t messages_ = 0;  // Read so far.

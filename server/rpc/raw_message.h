@@ -36,8 +36,8 @@ absl::Status SerializeMessage(const Message& message, grpc::ByteBuffer& bytes) {
   if (!grpc::SerializationTraits<Message>::Serialize(message, &bytes,
                                                      &own_buffer)
            .ok()) {
-    return absl::InternalError(absl::StrCat(
-        "cannot serialize the ", Message::descriptor()->full_name()));
+    return absl::InternalError(
+        absl::StrCat("cannot serialize the ", message.GetTypeName()));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
+#include "server/rpc/answering_stream.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/status_mapping.h"
@@ -29,68 +30,30 @@ void SetError(grpc::StatusCode code, const std::string& message,
 
 // One stream: answers each request in turn. Files already sent on the
 // stream are not sent again (the protocol allows it; clients cache them).
-class ReflectionReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-      public IdleStream {
+class ReflectionReactor final : public AnsweringStream {
  public:
   ReflectionReactor(const std::vector<std::string>& services,
                     const grpc::CallbackServerContext& context,
                     const std::string& auth_token, StreamWatchdog& watchdog)
-      : services_(services), watchdog_(watchdog) {
-    watchdog_.Add(this);
+      : AnsweringStream(watchdog), services_(services) {
     if (absl::Status s = CheckBearerToken(context, auth_token); !s.ok()) {
-      if (ClaimFinish()) Finish(ToGrpcStatus(s));
+      FinishOnce(s);
       return;
     }
-    ReadNext();
+    Start();
   }
 
-  void OnReadDone(bool ok) override {
-    if (!StartWorking()) return;
-    if (!ok) {
-      if (ClaimFinish()) Finish(grpc::Status::OK);
-      return;
-    }
+ private:
+  void Answer(const grpc::ByteBuffer& raw_request) override {
     ServerReflectionRequest request;
     ServerReflectionResponse response;
-    if (absl::Status s = ParseMessage(raw_request_, request); !s.ok()) {
+    if (absl::Status s = ParseMessage(raw_request, request); !s.ok()) {
       SetError(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()),
                response);
     } else {
       Answer(request, response);
     }
-    raw_response_.Clear();
-    if (absl::Status s = SerializeMessage(response, raw_response_); !s.ok()) {
-      if (ClaimFinish()) Finish(ToGrpcStatus(s));
-      return;
-    }
-    StartWaiting(Waiting::kForClientToRead,
-                 [&] { StartWrite(&raw_response_); });
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!StartWorking()) return;
-    if (!ok) {
-      if (ClaimFinish()) {
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                            "the client stopped reading"));
-      }
-      return;
-    }
-    ReadNext();
-  }
-
-  void OnDone() override {
-    watchdog_.Remove(this);
-    delete this;
-  }
-
- private:
-  void ReadNext() {
-    StartWaiting(Waiting::kForMessage, [&] { StartRead(&raw_request_); });
-  }
-  void FinishIdle(const absl::Status& status) override {
-    Finish(ToGrpcStatus(status));
+    Reply(response);
   }
 
   void Answer(const ServerReflectionRequest& request,
@@ -176,9 +139,6 @@ class ReflectionReactor final
   }
 
   const std::vector<std::string>& services_;
-  StreamWatchdog& watchdog_;
-  grpc::ByteBuffer raw_request_;
-  grpc::ByteBuffer raw_response_;
   absl::flat_hash_set<std::string> sent_;
 };
 
