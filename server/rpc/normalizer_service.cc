@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -414,12 +415,16 @@ absl::Status NormalizerService::CheckModelReplySize(int64_t channels,
                                                     int64_t other_bytes) const {
   // A ModelState: six packed arrays of doubles (running_mean / var, mean,
   // var, weight, bias; each a tag and a length of at most 6 bytes), the name
-  // and at most 96 bytes of scalars; plus its own tag and length.
-  const int64_t model_bytes =
-      6 * (6 + 8 * channels) + static_cast<int64_t>(name.size()) + 96 + 6;
-  return CheckReplySize(
-      model_bytes + other_bytes,
-      absl::StrCat("the reply with the model of ", channels, " channels"));
+  // and at most 96 bytes of scalars; plus its own tag and length. Counted in
+  // double, so that any channel count a shape can claim is sized without
+  // overflow; past the int64 range the reply is simply too large.
+  const double estimate = 6.0 * (6.0 + 8.0 * static_cast<double>(channels)) +
+                          static_cast<double>(name.size()) + 102.0 +
+                          static_cast<double>(other_bytes);
+  const int64_t bytes = estimate < 9e18 ? static_cast<int64_t>(estimate)
+                                        : std::numeric_limits<int64_t>::max();
+  return CheckReplySize(bytes, absl::StrCat("the reply with the model of ",
+                                            channels, " channels"));
 }
 
 void NormalizerService::UpdateModelMetrics() {
@@ -604,6 +609,11 @@ absl::Status NormalizerService::DoCreateModel(
   const ModelSpec spec = ToModelSpec(request);
   // A malformed request is INVALID_ARGUMENT before any limit is reported.
   if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
+  if (absl::Status s =
+          engine_.store().CheckNumFeatures(spec.num_features, "num_features");
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s =
           CheckModelReplySize(request.num_features(), request.name(), 0);
       !s.ok()) {
