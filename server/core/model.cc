@@ -60,22 +60,60 @@ bool IsNameChar(char c) {
          c == '/' || c == '-';
 }
 
-// INVALID_ARGUMENT naming `field` unless `values` is empty or has `channels`
-// finite entries (>= 0 when `non_negative`).
+// INVALID_ARGUMENT naming `field` unless `values` has `channels` finite
+// entries (>= 0 when `non_negative`), or is empty and `empty_allowed`.
 absl::Status CheckChannelArray(const std::vector<double>& values,
                                int64_t channels, absl::string_view field,
-                               bool non_negative = false) {
-  if (values.empty()) return absl::OkStatus();
+                               bool non_negative = false,
+                               bool empty_allowed = true) {
+  if (values.empty() && empty_allowed) return absl::OkStatus();
   if (static_cast<int64_t>(values.size()) != channels) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": has ", values.size(),
-                     " values, expected num_features = ", channels, " or 0"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": has ", values.size(), " values, expected num_features = ",
+        channels, empty_allowed ? " or 0" : ""));
   }
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, "[", i, "]: ", values[i], " is not ",
                        non_negative ? "finite and >= 0" : "finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What a model and a CreateModel spec are checked for alike: the name,
+// num_features >= 1, momentum in [0, 1], eps, num_batches_tracked >= 0 and
+// the four per-channel arrays (num_features finite values, running_var >=
+// 0; a spec may leave an array empty to ask for PyTorch's default).
+absl::Status ValidateConfig(
+    absl::string_view name, int64_t num_features, double momentum, double eps,
+    int64_t num_batches_tracked, const std::vector<double>& running_mean,
+    const std::vector<double>& running_var, const std::vector<double>& weight,
+    const std::vector<double>& bias, bool empty_arrays_allowed) {
+  if (absl::Status s = ValidateModelName(name, "name"); !s.ok()) return s;
+  if (num_features < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_features: must be >= 1, got ", num_features));
+  }
+  if (!(momentum >= 0.0 && momentum <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum: must be in [0, 1], got ", momentum));
+  }
+  if (absl::Status s = ValidateEps(eps, "eps"); !s.ok()) return s;
+  if (num_batches_tracked < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_batches_tracked: must be >= 0, got ", num_batches_tracked));
+  }
+  for (const auto& [values, field, non_negative] :
+       {std::tuple{&running_mean, "running_mean", false},
+        std::tuple{&running_var, "running_var", true},
+        std::tuple{&weight, "weight", false},
+        std::tuple{&bias, "bias", false}}) {
+    if (absl::Status s = CheckChannelArray(*values, num_features, field,
+                                           non_negative, empty_arrays_allowed);
+        !s.ok()) {
+      return s;
     }
   }
   return absl::OkStatus();
@@ -129,36 +167,11 @@ absl::Status ValidateEps(double eps, absl::string_view field) {
 }
 
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
-  if (absl::Status s = ValidateModelName(spec.name, "name"); !s.ok()) return s;
-  if (spec.num_features < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_features: must be >= 1, got ", spec.num_features));
-  }
-  const double momentum = spec.momentum.value_or(kDefaultMomentum);
-  if (!(momentum >= 0.0 && momentum <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("momentum: must be in [0, 1], got ", momentum));
-  }
-  if (absl::Status s = ValidateEps(spec.eps.value_or(kDefaultEps), "eps");
-      !s.ok()) {
-    return s;
-  }
-  if (spec.num_batches_tracked < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_batches_tracked: must be >= 0, got ", spec.num_batches_tracked));
-  }
-  const int64_t c = spec.num_features;
-  for (const auto& [values, field, non_negative] :
-       {std::tuple{&spec.running_mean, "running_mean", false},
-        std::tuple{&spec.running_var, "running_var", true},
-        std::tuple{&spec.weight, "weight", false},
-        std::tuple{&spec.bias, "bias", false}}) {
-    if (absl::Status s = CheckChannelArray(*values, c, field, non_negative);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+  return ValidateConfig(
+      spec.name, spec.num_features, spec.momentum.value_or(kDefaultMomentum),
+      spec.eps.value_or(kDefaultEps), spec.num_batches_tracked,
+      spec.running_mean, spec.running_var, spec.weight, spec.bias,
+      /*empty_arrays_allowed=*/true);
 }
 
 absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
@@ -181,41 +194,17 @@ absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
 }
 
 absl::Status ValidateModel(const BatchNormModel& model) {
-  if (absl::Status s = ValidateModelName(model.name, "name"); !s.ok()) {
+  if (absl::Status s = ValidateConfig(
+          model.name, model.num_features, model.momentum, model.eps,
+          model.num_batches_tracked, model.running_mean, model.running_var,
+          model.weight, model.bias, /*empty_arrays_allowed=*/false);
+      !s.ok()) {
     return s;
   }
   const int64_t c = model.num_features;
-  if (c < 1) {
+  if (model.sample_count < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_features: must be >= 1, got ", c));
-  }
-  if (!(model.momentum >= 0.0 && model.momentum <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("momentum: must be in [0, 1], got ", model.momentum));
-  }
-  if (absl::Status s = ValidateEps(model.eps, "eps"); !s.ok()) return s;
-  for (const auto& [value, field] :
-       {std::pair{model.num_batches_tracked, "num_batches_tracked"},
-        std::pair{model.sample_count, "sample_count"}}) {
-    if (value < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": must be >= 0, got ", value));
-    }
-  }
-  for (const auto& [values, field, non_negative] :
-       {std::tuple{&model.running_mean, "running_mean", false},
-        std::tuple{&model.running_var, "running_var", true},
-        std::tuple{&model.weight, "weight", false},
-        std::tuple{&model.bias, "bias", false}}) {
-    if (values->size() != static_cast<size_t>(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": has ", values->size(),
-                       " values, expected num_features = ", c));
-    }
-    if (absl::Status s = CheckChannelArray(*values, c, field, non_negative);
-        !s.ok()) {
-      return s;
-    }
+        absl::StrCat("sample_count: must be >= 0, got ", model.sample_count));
   }
   if (model.pooled.size() != (model.sample_count == 0 ? 0 : size_t(c))) {
     return absl::InvalidArgumentError(absl::StrCat(
