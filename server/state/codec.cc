@@ -146,30 +146,31 @@ void EncodeModel(const BatchNormModel& model, ByteWriter& out) {
 }
 
 absl::Status DecodeModel(ByteReader& in, BatchNormModel* model) {
-  uint8_t cumulative, pooled_stats;
-  uint64_t pooled_count;
-  if (!in.GetString(&model->name) || !in.GetI64(&model->num_features) ||
-      !in.GetDouble(&model->momentum) || !in.GetU8(&cumulative) ||
-      !in.GetDouble(&model->eps) || !in.GetU8(&pooled_stats) ||
-      !in.GetI64(&model->num_batches_tracked) ||
-      !in.GetI64(&model->sample_count) ||
-      !in.GetDoubles(&model->running_mean) ||
-      !in.GetDoubles(&model->running_var) || !in.GetDoubles(&model->weight) ||
-      !in.GetDoubles(&model->bias) || !in.GetU64(&pooled_count) ||
-      pooled_count > in.remaining() / 24) {
+  uint8_t cumulative = 0, pooled_stats = 0;
+  uint64_t pooled_count = 0;
+  bool complete =
+      in.GetString(&model->name) && in.GetI64(&model->num_features) &&
+      in.GetDouble(&model->momentum) && in.GetU8(&cumulative) &&
+      in.GetDouble(&model->eps) && in.GetU8(&pooled_stats) &&
+      in.GetI64(&model->num_batches_tracked) &&
+      in.GetI64(&model->sample_count) && in.GetDoubles(&model->running_mean) &&
+      in.GetDoubles(&model->running_var) && in.GetDoubles(&model->weight) &&
+      in.GetDoubles(&model->bias) && in.GetU64(&pooled_count) &&
+      pooled_count <= in.remaining() / 24;
+  if (complete) {
+    model->pooled.resize(pooled_count);
+    for (Moments& m : model->pooled) {
+      complete = complete && in.GetI64(&m.count) && in.GetDouble(&m.mean) &&
+                 in.GetDouble(&m.m2);
+    }
+    complete = complete && in.GetU64(&model->generation);
+  }
+  if (!complete) {
     return absl::InvalidArgumentError("the bytes end inside the model");
   }
   model->cumulative_average = cumulative != 0;
   model->use_pooled_statistics = pooled_stats != 0;
-  model->pooled.resize(pooled_count);
-  for (Moments& m : model->pooled) {
-    if (!DecodeMoments(in, &m)) {
-      return absl::InvalidArgumentError("the bytes end inside the model");
-    }
-  }
-  if (!in.GetU64(&model->generation)) {
-    return absl::InvalidArgumentError("the bytes end inside the model");
-  }
+  // Counts, sizes and values: the rule every stored model was checked with.
   return ValidateModel(*model);
 }
 
