@@ -9,7 +9,7 @@
 #   docker run -p 50051:50051 -p 9464:9464 normd
 #   docker run -v normd-state:/var/lib/normd normd --state_dir=/var/lib/normd
 #
-# tests/container_test.sh builds this file with podman and smoke-runs the
+# tests/deploy/container_test.py builds this file with podman and smoke-runs the
 # image as its non-root user (`make test-container`).
 
 FROM debian:bookworm AS build

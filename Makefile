@@ -35,7 +35,7 @@ endef
 
 # npm packages of the tests (lockfiles committed): installed with `npm ci`
 # unless node_modules is newer than the lockfile.
-NPM_DIRS := tests/k8s client/node
+NPM_DIRS := tests/deploy/k8s client/node
 
 deps:
 	$(call install_missing,$(DEB_PACKAGES))
@@ -44,7 +44,7 @@ deps:
 	  npm ci --prefix $$d --no-audit --no-fund --loglevel=error || exit 1; \
 	done
 
-$(BUILD_DIR)/Makefile: CMakeLists.txt tests/CMakeLists.txt
+$(BUILD_DIR)/Makefile: CMakeLists.txt $(wildcard tests/CMakeLists.txt tests/*/CMakeLists.txt)
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
 build: deps $(BUILD_DIR)/Makefile
@@ -106,13 +106,13 @@ fuzz: deps
 # The Dockerfile, built with podman (no Docker engine needed) and smoke-run
 # as the image's non-root user; needs root (podman storage, chroot). The
 # debian:bookworm base is made once with debootstrap. See
-# tests/container_test.py.
+# tests/deploy/container_test.py.
 CONTAINER_PACKAGES := podman debootstrap
 test-container: build
 	$(call install_missing,$(CONTAINER_PACKAGES))
 	mkdir -p $(BUILD_DIR)/container
 	$$( [ "$$(id -u)" = 0 ] || echo sudo ) /usr/bin/python3 \
-	  tests/container_test.py --normd $(BUILD_DIR)/normd \
+	  tests/deploy/container_test.py --normd $(BUILD_DIR)/normd \
 	  --stubs $(BUILD_DIR)/python --work $(CURDIR)/$(BUILD_DIR)/container
 
 # Starts normd in the foreground with in-memory state; Ctrl-C stops it.

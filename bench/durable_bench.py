@@ -19,7 +19,7 @@ import tempfile
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "tests"))
+                                "..", "tests", "testing"))
 import normd_process  # noqa: E402
 
 # name -> Fit input shape (fp32; channels = shape[1]).

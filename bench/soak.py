@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "tests"))
+                                "..", "tests", "testing"))
 import normd_process  # noqa: E402
 
 PHASES = [

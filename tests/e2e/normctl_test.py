@@ -1,0 +1,440 @@
+#!/usr/bin/python3
+"""normctl for real data, against a real normd, checked with numpy in fp64.
+
+.npy in and out (float32 and float64 kept), `fit --input` streaming a file in
+chunks over FitStream (progress bar; pooled statistics of the whole file
+exact; one Fit step per chunk), `list` as an aligned table, `--json` on every
+subcommand, `--help` on every subcommand, the exit codes (0 ok, 1 server
+error, 2 usage, 3 unreachable), and clear refusals of .npy files normd cannot
+take.
+
+Usage: normctl_test.py --normd BUILD/normd --stubs BUILD/python
+         --normctl BUILD/normctl
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "testing"))  # normd_process
+import normd_process  # noqa: E402
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--normd", required=True)
+parser.add_argument("--stubs", required=True)
+parser.add_argument("--normctl", required=True)
+args = parser.parse_args()
+
+COMMANDS = ["normalize", "fit", "create", "get", "list", "delete", "reset",
+            "export", "import", "merge", "health"]
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+
+
+class Normctl:
+    def __init__(self, target):
+        self.target = target
+
+    def __call__(self, *argv, server=None):
+        return subprocess.run(
+            [args.normctl, f"--server={server or self.target}", *argv],
+            capture_output=True, text=True, timeout=120)
+
+
+def layer_norm(x, eps=1e-5):
+    x = x.astype(np.float64)
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(
+        x.var(-1, keepdims=True) + eps)
+
+
+def test_npy(ctl, tmp):
+    rng = np.random.default_rng(0)
+    for dtype, tol in ((np.float32, 2e-6), (np.float64, 1e-12)):
+        x = (rng.standard_normal((5, 7)) * 3 + 100).astype(dtype)
+        src, dst = os.path.join(tmp, "x.npy"), os.path.join(tmp, "y.npy")
+        np.save(src, x)
+        run = ctl("normalize", f"--input={src}", f"--output={dst}")
+        check(run.returncode == 0, f"normalize .npy: {run.stderr}")
+        y = np.load(dst)
+        check(y.dtype == dtype and y.shape == x.shape,
+              f"output .npy is {y.dtype} {y.shape}")
+        err = np.abs(y - layer_norm(x)).max()
+        check(err < tol, f"{np.dtype(dtype).name} .npy LayerNorm error {err}")
+    # BatchNorm training on a 3-D .npy, channels at axis 1.
+    x = rng.standard_normal((4, 3, 5))
+    np.save(src, x)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=batch_norm", "--model=npy-bn", "--training")
+    y = np.load(dst)
+    mean, var = x.mean((0, 2), keepdims=True), x.var((0, 2), keepdims=True)
+    check(run.returncode == 0 and
+          np.abs(y - (x - mean) / np.sqrt(var + 1e-5)).max() < 1e-12,
+          f"batch_norm training .npy: {run.stderr}")
+
+
+def test_norm_family(ctl, tmp):
+    """GroupNorm / InstanceNorm / RMSNorm / BERT style from .npy, float16
+    .npy in and out, and --values with --dtype=bfloat16 (printed back)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 4, 5)) * 2 + 7
+    src, dst = os.path.join(tmp, "g.npy"), os.path.join(tmp, "h.npy")
+    np.save(src, x)
+    g = x.reshape(2, 3, -1)
+    want = ((g - g.mean(-1, keepdims=True)) /
+            np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=group_norm", "--num_groups=3")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"group_norm .npy: {run.stderr}")
+    i = x.reshape(2, 6, -1)
+    want = ((i - i.mean(-1, keepdims=True)) /
+            np.sqrt(i.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=instance_norm")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"instance_norm .npy: {run.stderr}")
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=rms_norm")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"rms_norm .npy: {run.stderr}")
+    want = (x - x.mean(-1, keepdims=True)) / (x.std(-1, ddof=1, keepdims=True)
+                                               + 1e-6)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--layer_norm_style=bert")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"layer_norm bert .npy: {run.stderr}")
+    # float16 .npy keeps its dtype; error within one float16 rounding.
+    half = x.astype(np.float16)
+    np.save(src, half)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=rms_norm")
+    y = np.load(dst)
+    h = half.astype(np.float64)
+    want = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5)
+    check(run.returncode == 0 and y.dtype == np.float16 and
+          np.all(np.abs(y - want) <= 2.0 ** -11 * np.abs(want) + 1e-6),
+          f"rms_norm float16 .npy: {run.stderr}")
+    # bfloat16 from --values: 1 and 3 are exact, LayerNorm gives -1 and 1.
+    run = ctl("normalize", "--shape=1,2", "--values=1,3", "--dtype=bfloat16",
+              "--json")
+    out = json.loads(run.stdout) if run.returncode == 0 else {}
+    check(out.get("output", {}).get("dtype") == "BFLOAT16",
+          f"bfloat16 --values: {run.stdout} {run.stderr}")
+    run = ctl("normalize", "--shape=1,2", "--values=1,3", "--dtype=bfloat16")
+    check(run.returncode == 0 and "-1" in run.stdout and "1" in run.stdout,
+          f"bfloat16 printed: {run.stdout} {run.stderr}")
+    run = ctl("normalize", "--shape=1,4", "--values=1,2,3,4",
+              "--mode=group_norm", "--num_groups=3")
+    check(run.returncode == 1 and "num_groups" in run.stderr,
+          f"bad num_groups: exit {run.returncode} {run.stderr}")
+    run = ctl("normalize", "--shape=1,4", "--values=1,2,3,4", "--mode=nope")
+    check(run.returncode == 2 and "--mode" in run.stderr,
+          f"bad --mode: exit {run.returncode} {run.stderr}")
+
+
+def test_streaming_fit(ctl, tmp):
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((20000, 6)) * np.arange(1, 7) + 1e3
+    path = os.path.join(tmp, "big.npy")
+    np.save(path, big)
+    chunk_bytes = 64 * 1024  # 1365 rows of 48 bytes per step.
+    rows_per_step = chunk_bytes // (6 * 8)
+    steps = -(-len(big) // rows_per_step)
+    run = ctl("fit", "--model=stream", f"--input={path}",
+              f"--chunk_bytes={chunk_bytes}", "--progress=always", "--json")
+    check(run.returncode == 0, f"fit --input: {run.stderr}")
+    state = json.loads(run.stdout)["model"]
+    check(int(state["num_batches_tracked"]) == steps and
+          int(state["sample_count"]) == len(big),
+          f"fit --input counts {state['num_batches_tracked']} "
+          f"{state['sample_count']}, want {steps} steps of {len(big)} rows")
+    check(np.allclose(state["mean"], big.mean(0), rtol=1e-12, atol=0) and
+          np.allclose(state["var"], big.var(0), rtol=1e-11, atol=0),
+          "streamed pooled statistics differ from fp64 over the whole file")
+    check("100%" in run.stderr and f"{steps} steps" in run.stderr,
+          f"no finished progress bar on stderr: {run.stderr[-300:]!r}")
+    quiet = ctl("fit", "--model=stream2", f"--input={path}",
+                "--progress=never")
+    check(quiet.returncode == 0 and quiet.stderr == "" and
+          f"{len(big)} rows in" in quiet.stdout,
+          f"fit --progress=never: {quiet.stdout!r} {quiet.stderr!r}")
+
+
+def test_list_table(ctl):
+    ctl("create", "--model=a-much-longer-model-name", "--num_features=12")
+    run = ctl("list")
+    lines = run.stdout.rstrip("\n").split("\n")
+    check(run.returncode == 0 and lines[0].split()[:3] == ["NAME", "C",
+                                                            "BATCHES"],
+          f"list header: {lines[:1]}")
+    # Right-aligned numeric columns end at the same offset on every line.
+    ends = {line.index(line.split()[1]) + len(line.split()[1])
+            for line in lines}
+    check(len(ends) == 1, f"list's C column is not aligned:\n{run.stdout}")
+    check(any(l.startswith("a-much-longer-model-name ") for l in lines),
+          "list lacks the long name")
+
+
+def test_json_everywhere(ctl, tmp):
+    x = os.path.join(tmp, "j.npy")
+    np.save(x, np.ones((2, 3), np.float32))
+    runs = {
+        "normalize": ctl("normalize", f"--input={x}", "--json"),
+        "fit": ctl("fit", "--model=j", "--shape=2,2", "--values=1,2,3,4",
+                   "--json"),
+        "create": ctl("create", "--model=j2", "--num_features=2", "--json"),
+        "get": ctl("get", "--model=j", "--json"),
+        "list": ctl("list", "--json"),
+        "reset": ctl("reset", "--model=j", "--json"),
+        "export": ctl("export", "--model=j", "--json"),
+        "import": ctl("import", f"--from={ctl.target}", "--from_model=j",
+                      "--model=j3", "--json"),
+        "merge": ctl("merge", f"--from={ctl.target}", "--from_model=j",
+                     "--model=j3", "--json"),
+        "delete": ctl("delete", "--model=j", "--json"),
+        "health": ctl("health", "--json"),
+    }
+    check(sorted(runs) == sorted(COMMANDS), "a command lacks a --json case")
+    for command, run in runs.items():
+        try:
+            json.loads(run.stdout)
+            check(run.returncode == 0, f"{command} --json: {run.stderr}")
+        except ValueError:
+            failures.append(f"{command} --json is not JSON: {run.stdout!r}")
+    err = ctl("get", "--model=j", "--json")  # Deleted above.
+    try:
+        check(json.loads(err.stderr)["code"] == "NOT_FOUND",
+              f"--json error: {err.stderr}")
+    except ValueError:
+        failures.append(f"--json error is not JSON: {err.stderr!r}")
+
+
+def test_help_everywhere(ctl):
+    for command in COMMANDS:
+        run = ctl(command, "--help")
+        check(run.returncode == 0 and
+              run.stdout.startswith(f"Usage: normctl {command}") and
+              "--json" in run.stdout and "Exit status" in run.stdout,
+              f"{command} --help: {run.returncode} {run.stdout[:200]!r}")
+    fit = ctl("fit", "--help").stdout
+    for flag in ("--input", "--chunk_bytes", "--progress", "--model"):
+        check(flag in fit, f"fit --help lacks {flag}")
+    check("--num_features" not in fit, "fit --help lists create's flags")
+    # The server's own --help: every mode and 16-bit dtype, and its one
+    # environment variable.
+    server_help = subprocess.run([args.normd, "--help"], capture_output=True,
+                                 text=True, timeout=60).stdout
+    for word in ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm",
+                 "InstanceNorm", "bfloat16", "float16", "NORMD_NO_AVX512_BF16"):
+        check(word in server_help, f"normd --help lacks {word}")
+    # The start-up line names the kernels' instruction set.
+    server = subprocess.Popen(
+        [args.normd, "--bind_address=127.0.0.1", "--port=0",
+         "--metrics_port=-1"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = server.stderr.readline()
+        check(re.search(r"serving gRPC on .*; kernels: (AVX-512|compiled)",
+                        first), f"start line without kernels: {first!r}")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_exit_codes(ctl, tmp):
+    with socket.socket() as s:  # A port nobody listens on.
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    cases = [
+        ("usage: unknown command", ctl("frobnicate"), 2),
+        ("usage: no input", ctl("normalize"), 2),
+        ("usage: bad --progress", ctl("fit", "--model=m", "--input=x.npy",
+                                      "--progress=sometimes"), 2),
+        ("usage: two inputs", ctl("normalize", "--input=a.npy",
+                                  "--values=1", "--shape=1"), 2),
+        ("server: unknown model", ctl("get", "--model=nobody"), 1),
+        ("server: invalid request", ctl("normalize", "--shape=2",
+                                        "--values=1,2",
+                                        "--normalized_ndim=4"), 1),
+        ("unreachable", ctl("list", "--connect_timeout=1s", server=closed), 3),
+    ]
+    for what, run, code in cases:
+        check(run.returncode == code,
+              f"{what}: exit {run.returncode}, want {code} ({run.stderr!r})")
+    check("cannot reach" in cases[-1][1].stderr, "unreachable message")
+    check("INVALID_ARGUMENT" in cases[5][1].stderr and
+          "normalized_ndim" in cases[5][1].stderr, "server error message")
+
+
+def test_bad_npy(ctl, tmp):
+    cases = {
+        "fortran": (np.asfortranarray(np.ones((3, 4))), "Fortran"),
+        "bigendian": (np.ones((3, 4), dtype=">f4"), ">f4"),
+        "int": (np.ones((3, 4), dtype=np.int32), "<i4"),
+    }
+    for name, (array, message) in cases.items():
+        path = os.path.join(tmp, name + ".npy")
+        np.save(path, array)
+        for command in (["normalize"], ["fit", "--model=bad"]):
+            run = ctl(*command, f"--input={path}")
+            check(run.returncode == 2 and message in run.stderr and
+                  path in run.stderr,
+                  f"{command[0]} {name}.npy: {run.returncode} {run.stderr!r}")
+    truncated = os.path.join(tmp, "truncated.npy")
+    np.save(truncated, np.ones((10, 4)))
+    with open(truncated, "r+b") as f:
+        f.truncate(os.path.getsize(truncated) - 8)
+    run = ctl("fit", "--model=bad", f"--input={truncated}")
+    check(run.returncode == 2 and "bytes" in run.stderr,
+          f"truncated .npy: {run.stderr!r}")
+    # An empty array whose other dimensions multiply past int64 (found by
+    # the fuzzer: the row size overflowed): refused as too large.
+    empty = os.path.join(tmp, "empty_overflow.npy")
+    header = (b"{'descr': '<f4', 'fortran_order': False, "
+              b"'shape': (0, 4007000000000, 2000002000), }")
+    header += b" " * ((64 - (10 + len(header) + 1) % 64) % 64) + b"\n"
+    with open(empty, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") +
+                header)
+    for command in (["normalize"], ["fit", "--model=bad"]):
+        run = ctl(*command, f"--input={empty}")
+        check(run.returncode == 2 and "too large" in run.stderr and
+              empty in run.stderr,
+              f"{command[0]} empty_overflow.npy: {run.returncode} "
+              f"{run.stderr!r}")
+    # A header length of 4 GiB in a 70-byte file: refused as truncated
+    # without allocating what the header claims (the run's own peak RSS).
+    huge = os.path.join(tmp, "huge_header.npy")
+    with open(huge, "wb") as f:
+        f.write(b"\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr': '<f4', "
+                b"'fortran_order': False, 'shape': (2,), }\n")
+    for command in (["normalize"], ["fit", "--model=bad"]):
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(
+                [args.normctl, f"--server={ctl.target}", *command,
+                 f"--input={huge}"], stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            stderr = err.read()
+        check(proc.returncode == 2 and "truncated header" in stderr and
+              usage.ru_maxrss < 1024 * 1024,
+              f"{command[0]} with a 4 GiB header length: exit "
+              f"{proc.returncode}, peak RSS {usage.ru_maxrss} KiB, {stderr!r}")
+
+
+def test_readme_commands(ctl, tmp):
+    """The README's .npy commands, run as written (with --server added) in a
+    directory holding the files they name."""
+    readme_path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "README.md")
+    with open(readme_path) as f:
+        readme = f.read()
+    section = readme[readme.index("Real data comes in"):]
+    block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
+    work = os.path.join(tmp, "readme")
+    os.makedirs(work)
+    rng = np.random.default_rng(2)
+    np.save(os.path.join(work, "x.npy"), rng.standard_normal((3, 5)))
+    np.save(os.path.join(work, "activations.npy"),
+            rng.standard_normal((1000, 2)).astype(np.float32))
+    commands = [shlex.split(line.split("#")[0]) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 2, f"README .npy block: {block!r}")
+    for argv in commands:
+        run = subprocess.run([os.path.abspath(args.normctl),
+                              f"--server={ctl.target}",
+                              *argv[1:]], capture_output=True, text=True,
+                             cwd=work, timeout=120)
+        check(run.returncode == 0, f"README: {' '.join(argv)}: {run.stderr}")
+    y = np.load(os.path.join(work, "y.npy"))
+    check(y.dtype == np.float64 and y.shape == (3, 5),
+          f"README's y.npy is {y.dtype} {y.shape}")
+    # The Clients section's commands for the other modes, on an NCHW x.npy.
+    section = readme[readme.index("### normctl"):]
+    block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
+    commands = [shlex.split(line) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 4, f"README modes block: {block!r}")
+    modes = os.path.join(tmp, "readme-modes")
+    os.makedirs(modes)
+    x = rng.standard_normal((2, 8, 3, 3))
+    np.save(os.path.join(modes, "x.npy"), x)
+    for argv in commands:
+        run = subprocess.run([os.path.abspath(args.normctl),
+                              f"--server={ctl.target}", *argv[1:]],
+                             capture_output=True, text=True, cwd=modes,
+                             timeout=120)
+        check(run.returncode == 0, f"README: {' '.join(argv)}: {run.stderr}")
+    # The last one written to y.npy is RMSNorm over the last dim.
+    y = np.load(os.path.join(modes, "y.npy"))
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
+    check(np.abs(y - want).max() < 1e-12, "README rms_norm y.npy")
+    # Its export/import/merge block, with A = this server, B = a second one.
+    rest = section[section.index("```\n", 6) + 4:]
+    block = rest[rest.index("```sh\n") + 6:rest.index("```\n", 6)]
+    commands = [shlex.split(line.split("#")[0]) for line in block.splitlines()
+                if line.startswith("normctl ")]
+    check(len(commands) == 4 and "export" in commands[0],
+          f"README export block: {block!r}")
+    check(ctl("fit", "--model=m", "--shape=4,2", "--values=1,2,3,4,5,6,7,9")
+          .returncode == 0, "fit m for the README export block")
+    other, other_port, _ = normd_process.start_normd(args.normd)
+    b = f"127.0.0.1:{other_port}"
+    try:
+        for argv in commands:
+            argv = [a.replace("=B:50051", "=" + b).replace(
+                "=A:50051", "=" + ctl.target).replace("--server=B", "--server=" + b)
+                for a in argv[1:]]
+            if not any(a.startswith("--server=") for a in argv):
+                argv.insert(0, f"--server={ctl.target}")
+            run = subprocess.run([os.path.abspath(args.normctl), *argv],
+                                 capture_output=True, text=True, cwd=modes,
+                                 timeout=120)
+            check(run.returncode == 0, f"README: {argv}: {run.stderr}")
+        got = json.loads(ctl("get", "--model=m", "--json").stdout)
+        check(got["sample_count"] == "8" and got["num_batches_tracked"] == "2",
+              f"README merge doubled m: {got}")
+        copy = json.loads(ctl("get", "--model=m", "--json", server=b).stdout)
+        check(copy["mean"] == got["mean"] and copy["sample_count"] == "4",
+              f"README import on B: {copy}")
+    finally:
+        other.terminate()
+        other.wait(timeout=60)
+
+
+def main():
+    proc, port, _ = normd_process.start_normd(args.normd)
+    try:
+        ctl = Normctl(f"127.0.0.1:{port}")
+        with tempfile.TemporaryDirectory() as tmp:
+            test_npy(ctl, tmp)
+            test_norm_family(ctl, tmp)
+            test_streaming_fit(ctl, tmp)
+            test_list_table(ctl)
+            test_json_everywhere(ctl, tmp)
+            test_help_everywhere(ctl)
+            test_exit_codes(ctl, tmp)
+            test_bad_npy(ctl, tmp)
+            test_readme_commands(ctl, tmp)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return normd_process.report(failures, "normctl")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,598 @@
+// Durable state (server/state): a store recovered from its state directory is
+// bitwise the store that wrote it, through snapshots, log rotation, torn
+// tails and concurrent writers; damage other than a torn tail stops recovery
+// with an error naming the file.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "server/core/engine.h"
+#include "server/core/model_store.h"
+#include "server/state/codec.h"
+#include "server/state/durable_state.h"
+#include "tests/testing/reference.h"
+#include "tests/testing/temp_dir.h"
+
+namespace normd::state {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FreshDir(const std::string& name) {
+  return testing::FreshTempDir("normd_state_test", name);
+}
+
+std::vector<Moments> RandomBatch(std::mt19937_64& rng, int64_t channels) {
+  std::uniform_real_distribution<double> value(-100, 100);
+  std::vector<Moments> batch(channels);
+  const int64_t count = 1 + static_cast<int64_t>(rng() % 5);
+  for (Moments& m : batch) {
+    m.count = count;
+    m.mean = value(rng);
+    m.m2 = count > 1 ? std::abs(value(rng)) * count : 0.0;
+  }
+  return batch;
+}
+
+// Every field, bitwise (doubles compared by representation via ==, and NaN
+// never occurs in these states).
+void ExpectSameModels(const std::vector<BatchNormModel>& a,
+                      const std::vector<BatchNormModel>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE(a[i].name);
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].num_features, b[i].num_features);
+    EXPECT_EQ(a[i].momentum, b[i].momentum);
+    EXPECT_EQ(a[i].cumulative_average, b[i].cumulative_average);
+    EXPECT_EQ(a[i].eps, b[i].eps);
+    EXPECT_EQ(a[i].use_pooled_statistics, b[i].use_pooled_statistics);
+    EXPECT_EQ(a[i].num_batches_tracked, b[i].num_batches_tracked);
+    EXPECT_EQ(a[i].sample_count, b[i].sample_count);
+    EXPECT_EQ(a[i].running_mean, b[i].running_mean);
+    EXPECT_EQ(a[i].running_var, b[i].running_var);
+    EXPECT_EQ(a[i].weight, b[i].weight);
+    EXPECT_EQ(a[i].bias, b[i].bias);
+    EXPECT_EQ(a[i].PooledMean(), b[i].PooledMean());
+    EXPECT_EQ(a[i].PooledVariance(), b[i].PooledVariance());
+    EXPECT_EQ(a[i].generation, b[i].generation);
+  }
+}
+
+// A model of `channels` channels holding random statistics, as ImportModel
+// would store it.
+BatchNormModel RandomModel(std::mt19937_64& rng, const std::string& name,
+                           int64_t channels) {
+  BatchNormModel model = MakeDefaultModel(name, channels);
+  EXPECT_TRUE(ApplyTrainingStep(model, RandomBatch(rng, channels)).ok());
+  model.num_batches_tracked += static_cast<int64_t>(rng() % 4);
+  model.generation = 1 + rng() % 5;
+  return model;
+}
+
+// Merges the current state of another model of the same channel count
+// (channel counts follow the name's digit) into `name`, if both exist.
+void MergeSibling(ModelStore& store, const std::string& name,
+                  const std::string& sibling) {
+  absl::StatusOr<BatchNormModel> source = store.Get(sibling);
+  if (source.ok()) (void)store.Merge(name, *source);  // NOT_FOUND is fine.
+}
+
+// Applies `steps` random changes (create, train, InstanceNorm train, reset,
+// delete, import, merge) to `store`.
+void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < steps; ++i) {
+    const std::string name = "m" + std::to_string(rng() % 6);
+    const int64_t channels = 1 + static_cast<int64_t>(name.back() - '0');
+    switch (rng() % 12) {
+      case 10:
+        (void)store.Put(RandomModel(rng, name, channels),
+                        /*create_only=*/(rng() & 1) != 0);
+        break;
+      case 11:
+        // "m1" and "n1" share a channel count.
+        MergeSibling(store, name, "n" + name.substr(1));
+        MergeSibling(store, "n" + name.substr(1), name);
+        if (!store.Get("n" + name.substr(1)).ok()) {
+          (void)store.Put(RandomModel(rng, "n" + name.substr(1), channels),
+                          /*create_only=*/true);
+        }
+        break;
+      case 0: {
+        ModelSpec spec;
+        spec.name = name;
+        spec.num_features = channels;
+        spec.momentum = 0.25;
+        spec.eps = 1e-3;
+        spec.weight.assign(channels, 2.0);
+        (void)store.Create(spec);  // ALREADY_EXISTS is fine.
+        break;
+      }
+      case 1:
+        (void)store.Reset(name);
+        break;
+      case 2:
+        (void)store.Delete(name);
+        break;
+      case 3: {
+        std::vector<double> targets(2 * channels);
+        for (double& t : targets) t = static_cast<double>(rng() % 1000) / 7;
+        ASSERT_TRUE(
+            store.TrainInstance(name, RandomBatch(rng, channels), targets)
+                .ok());
+        break;
+      }
+      default:
+        ASSERT_TRUE(store.Train(name, RandomBatch(rng, channels)).ok());
+    }
+  }
+}
+
+struct Opened {
+  std::unique_ptr<ModelStore> store = std::make_unique<ModelStore>();
+  std::unique_ptr<DurableState> state;
+  RecoveryReport report;
+};
+
+Opened Open(const std::string& dir, int64_t snapshot_log_bytes = 64 << 20) {
+  Opened o;
+  auto state =
+      DurableState::Open({dir, snapshot_log_bytes}, *o.store, &o.report);
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (state.ok()) o.state = std::move(*state);
+  return o;
+}
+
+absl::Status OpenStatus(const std::string& dir) {
+  ModelStore store;
+  RecoveryReport report;
+  return DurableState::Open({dir, 64 << 20}, store, &report).status();
+}
+
+std::vector<std::string> FilesIn(const std::string& dir, const char* prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) {
+      out.push_back(e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(DurableStateTest, RecoversExactlyWhatWasWrittenWithoutSnapshot) {
+  const std::string dir = FreshDir("replay");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 400, 1);
+    before = o.store->List(/*with_arrays=*/true);
+    ASSERT_GE(before.size(), 3u);
+    // Simulates a crash: no Close, so no final snapshot; the log has it all.
+  }
+  Opened o = Open(dir);
+  EXPECT_GT(o.report.records_replayed, 300);
+  ExpectSameModels(before, o.store->List(true));
+  // Recovery wrote a snapshot and started an empty log.
+  EXPECT_EQ(FilesIn(dir, "snapshot-").size(), 1u);
+  EXPECT_EQ(FilesIn(dir, "wal-").size(), 1u);
+}
+
+TEST(DurableStateTest, RotatesIntoSnapshotsAndDropsCoveredLog) {
+  const std::string dir = FreshDir("rotate");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir, /*snapshot_log_bytes=*/2048);
+    RandomChanges(*o.store, 600, 2);
+    ASSERT_TRUE(o.state->Snapshot().ok());
+    RandomChanges(*o.store, 50, 3);  // After the last snapshot: log only.
+    before = o.store->List(true);
+  }
+  EXPECT_EQ(FilesIn(dir, "snapshot-").size(), 1u);
+  EXPECT_LE(FilesIn(dir, "wal-").size(), 2u);
+  Opened o = Open(dir);
+  EXPECT_FALSE(o.report.snapshot_file.empty());
+  ExpectSameModels(before, o.store->List(true));
+}
+
+// Counts what a DurableState reports.
+struct CountingObserver : DurabilityObserver {
+  std::atomic<int64_t> syncs = 0, records = 0, snapshots = 0, failures = 0;
+  void OnSync(int64_t r, int64_t, double) override {
+    ++syncs;
+    records += r;
+  }
+  void OnSnapshot(int64_t, double) override { ++snapshots; }
+  void OnFailure(const absl::Status&) override { ++failures; }
+};
+
+TEST(DurableStateTest, ConcurrentWritersShareSyncsAndSnapshotsStayConsistent) {
+  const std::string dir = FreshDir("concurrent");
+  CountingObserver observer;
+  constexpr int kThreads = 16, kSteps = 300;
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir, /*snapshot_log_bytes=*/64 << 10);
+    o.state->SetObserver(&observer);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(100 + t);
+        for (int i = 0; i < kSteps; ++i) {
+          const std::string name = "model" + std::to_string(t % 4);
+          EXPECT_TRUE(o.store->Train(name, RandomBatch(rng, 8)).ok());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    before = o.store->List(true);
+    o.state->SetObserver(nullptr);
+  }
+  // Every step, plus the creation of the 4 models.
+  EXPECT_EQ(observer.records.load(), kThreads * kSteps + 4);
+  // Group commit: far fewer syncs than records.
+  EXPECT_LT(observer.syncs.load(), observer.records.load());
+  EXPECT_GT(observer.snapshots.load(), 0);
+  EXPECT_EQ(observer.failures.load(), 0);
+  int64_t batches = 0;
+  for (const auto& m : before) batches += m.generation - 1;
+  EXPECT_EQ(batches, kThreads * kSteps);
+  Opened o = Open(dir);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+// Train, Delete, Reset, Put and Merge racing on the same two names: the log
+// must hold them in the order each name saw them (a Delete can reach a model
+// that a concurrent Train has just created, before the step is applied).
+TEST(DurableStateTest, RacingChangesOfOneNameReplayInTheirOrder) {
+  const std::string dir = FreshDir("racing");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(200 + t);
+        for (int i = 0; i < 2000; ++i) {
+          const std::string name = (rng() & 1) ? "x" : "y";
+          switch (rng() % 6) {
+            case 0:
+              (void)o.store->Delete(name);
+              break;
+            case 1:
+              (void)o.store->Reset(name);
+              break;
+            case 2:
+              (void)o.store->Put(RandomModel(rng, name, 2),
+                                 /*create_only=*/false);
+              break;
+            case 3:
+              MergeSibling(*o.store, name, name == "x" ? "y" : "x");
+              break;
+            default:
+              EXPECT_TRUE(o.store->Train(name, RandomBatch(rng, 2)).ok());
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    before = o.store->List(true);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(DurableStateTest, TornLastRecordIsDroppedWithAWarning) {
+  const std::string dir = FreshDir("torn");
+  std::vector<BatchNormModel> before;
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 4);
+    before = o.store->List(true);
+    ASSERT_TRUE(
+        o.store->Train("m1", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
+  }
+  // Cut the last record (the Train above) in half.
+  const std::string segment = FilesIn(dir, "wal-").back();
+  fs::resize_file(segment, fs::file_size(segment) - 20);
+  Opened o = Open(dir);
+  ASSERT_EQ(o.report.warnings.size(), 1u);
+  EXPECT_NE(o.report.warnings[0].find("torn record"), std::string::npos);
+  EXPECT_NE(o.report.warnings[0].find(segment), std::string::npos);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(DurableStateTest, CorruptRecordInTheMiddleStopsRecovery) {
+  const std::string dir = FreshDir("corrupt_log");
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 5);
+  }
+  const std::string segment = FilesIn(dir, "wal-").back();
+  {
+    std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(segment), std::string::npos) << s;
+  // Nothing was changed: the same error again.
+  EXPECT_EQ(OpenStatus(dir).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(DurableStateTest, CorruptSnapshotStopsRecovery) {
+  const std::string dir = FreshDir("corrupt_snapshot");
+  {
+    Opened o = Open(dir);
+    RandomChanges(*o.store, 50, 6);
+    ASSERT_TRUE(o.state->Close().ok());
+  }
+  const std::string snapshot = FilesIn(dir, "snapshot-").back();
+  {
+    std::fstream f(snapshot, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x01');
+  }
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(snapshot), std::string::npos) << s;
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+}
+
+TEST(DurableStateTest, ADirectoryServesOneServerAtATime) {
+  const std::string dir = FreshDir("lock");
+  Opened first = Open(dir);
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("in use"), std::string::npos) << s;
+}
+
+// A full disk: the next log segment is /dev/full, so its writes fail with
+// ENOSPC. From then on every change is refused with UNAVAILABLE and leaves
+// the store as it was; what was acknowledged before is recovered.
+TEST(DurableStateTest, FullDiskRefusesChangesAndKeepsWhatWasAcknowledged) {
+  const std::string dir = FreshDir("full");
+  std::vector<BatchNormModel> acknowledged;
+  CountingObserver observer;
+  {
+    Opened o = Open(dir);
+    o.state->SetObserver(&observer);
+    ASSERT_TRUE(
+        o.store->Train("a", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
+    acknowledged = o.store->List(true);
+    // The next segment starts after the 2 records so far (create + step).
+    const std::string next = dir + "/" + SegmentFileName(3);
+    fs::create_symlink("/dev/full", next);
+    const absl::Status snapshot = o.state->Snapshot();
+    EXPECT_EQ(snapshot.code(), absl::StatusCode::kUnavailable) << snapshot;
+    const auto refused =
+        o.store->Train("a", std::vector<Moments>(2, {3, 5.0, 2.0}));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(refused.status().message().find("durable"), std::string::npos)
+        << refused.status();
+    EXPECT_EQ(o.store->Delete("a").code(), absl::StatusCode::kUnavailable);
+    ExpectSameModels(acknowledged, o.store->List(true));  // Unchanged.
+    EXPECT_EQ(observer.failures.load(), 1);               // Told once.
+    o.state->SetObserver(nullptr);
+    fs::remove(next);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(acknowledged, o.store->List(true));
+}
+
+// A rotation writes and syncs the records still queued before it starts the
+// next segment. If only the new segment fails, those records are durable and
+// their callers are acknowledged; the failure refuses what comes after.
+TEST(DurableStateTest, RecordsFlushedBeforeAFailedRotationAreAcknowledged) {
+  const std::string dir = FreshDir("rotation");
+  std::vector<BatchNormModel> acknowledged;
+  {
+    Opened o = Open(dir);
+    uint64_t sequence = 0;
+    {
+      DeferDurability defer;
+      ASSERT_TRUE(
+          o.store->Train("a", std::vector<Moments>(2, {3, 1.0, 2.0})).ok());
+      sequence = defer.sequence();
+    }
+    ASSERT_EQ(sequence, 2u);  // Create + step; the rotation cuts after 2.
+    acknowledged = o.store->List(true);
+    const std::string next = dir + "/" + SegmentFileName(3);
+    fs::create_symlink("/dev/full", next);
+    EXPECT_EQ(o.state->Snapshot().code(), absl::StatusCode::kUnavailable);
+    absl::Notification answered;
+    absl::Status outcome = absl::UnknownError("not answered");
+    o.store->OnDurable(sequence, [&](absl::Status s) {
+      outcome = s;
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    EXPECT_TRUE(outcome.ok()) << outcome;
+    EXPECT_EQ(o.state->Healthy().code(), absl::StatusCode::kUnavailable);
+    fs::remove(next);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(acknowledged, o.store->List(true));
+}
+
+TEST(DurableStateTest, ClosedStateRefusesChanges) {
+  const std::string dir = FreshDir("closed");
+  Opened o = Open(dir);
+  ASSERT_TRUE(o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0})).ok());
+  ASSERT_TRUE(o.state->Close().ok());
+  const auto after =
+      o.store->Train("a", std::vector<Moments>(1, {2, 0.0, 1.0}));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(o.store->Get("a")->num_batches_tracked, 1);  // Unchanged.
+}
+
+// The engine under concurrent mixed load with durable state, in process (so
+// that ThreadSanitizer sees every thread: `make test-tsan`): Fit, training and
+// eval Normalize on 4 models, Reset and Delete of others. Nothing acknowledged
+// is lost or doubled, generations are exactly 2..n+1, pooled statistics match
+// fp64 over every value, and reopening recovers the same models.
+TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
+  const std::string dir = FreshDir("engine");
+  constexpr int kThreads = 16, kOps = 300, kModels = 4;
+  constexpr int64_t kRows = 4, kChannels = 3;
+  std::mutex mu;
+  std::map<std::string, std::map<uint64_t, std::vector<double>>> applied;
+  std::atomic<int> failures = 0;
+  std::vector<BatchNormModel> before;
+  {
+    Engine engine;
+    RecoveryReport report;
+    auto state = DurableState::Open({dir, 16 << 10}, engine.store(), &report);
+    ASSERT_TRUE(state.ok()) << state.status();
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kOps; ++i) {
+          const std::string model = "m" + std::to_string((t + i) % kModels);
+          std::vector<double> batch = testing::RandomValues<double>(
+              kRows * kChannels, 1000 * t + i, 50.0 * t, 1.0 + i % 3);
+          InputTensor input{DType::kFloat64,
+                            {kRows, kChannels},
+                            batch.data(),
+                            kRows * kChannels,
+                            nullptr};
+          absl::StatusOr<BatchNormModel> after;
+          switch (i % 10) {
+            case 6: {  // Eval.
+              NormalizeSpec spec;
+              spec.mode = NormMode::kBatchNorm;
+              spec.model = model;
+              spec.input = input;
+              std::vector<double> out(batch.size());
+              auto r = engine.Normalize(spec, out.data());
+              if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+                ++failures;
+              }
+              continue;
+            }
+            case 7:
+              (void)engine.store().Reset("other");
+              continue;
+            case 8:
+              (void)engine.store().Delete("other");
+              continue;
+            case 9:
+              if (!engine.Fit({"other", input, std::nullopt}).ok()) ++failures;
+              continue;
+            case 4:
+            case 5: {  // Training.
+              NormalizeSpec spec;
+              spec.mode = NormMode::kBatchNorm;
+              spec.model = model;
+              spec.training = true;
+              spec.input = input;
+              std::vector<double> out(batch.size());
+              auto r = engine.Normalize(spec, out.data());
+              if (r.ok()) {
+                after = **r;
+              } else {
+                after = r.status();
+              }
+              break;
+            }
+            default:
+              after = engine.Fit({model, input, std::nullopt});
+          }
+          if (!after.ok()) {
+            ++failures;
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          if (!applied[model].emplace(after->generation, batch).second) {
+            ++failures;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failures, 0);
+    for (int k = 0; k < kModels; ++k) {
+      const std::string name = "m" + std::to_string(k);
+      const auto& by_generation = applied[name];
+      auto model = engine.store().Get(name);
+      ASSERT_TRUE(model.ok());
+      EXPECT_EQ(model->num_batches_tracked,
+                static_cast<int64_t>(by_generation.size()));
+      EXPECT_EQ(by_generation.begin()->first, 2u);
+      EXPECT_EQ(by_generation.rbegin()->first, by_generation.size() + 1);
+      std::vector<double> all;
+      for (const auto& [g, b] : by_generation) {
+        all.insert(all.end(), b.begin(), b.end());
+      }
+      const auto pooled = testing::ReferenceChannelStats(
+          all, static_cast<int64_t>(all.size()) / kChannels, kChannels, 1);
+      for (int c = 0; c < kChannels; ++c) {
+        EXPECT_LE(testing::RelErr(model->PooledMean()[c], pooled.mean[c]),
+                  1e-12);
+        EXPECT_LE(testing::RelErr(model->PooledVariance()[c], pooled.var[c]),
+                  1e-12);
+      }
+    }
+    before = engine.store().List(true);
+  }
+  Opened o = Open(dir);
+  ExpectSameModels(before, o.store->List(true));
+}
+
+TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
+  BatchNormModel model = MakeDefaultModel("x", 3);
+  std::string bytes;
+  ByteWriter writer(bytes);
+  Mutation create{.kind = Mutation::Kind::kCreate,
+                  .name = "x",
+                  .model = &model,
+                  .batch = {}};
+  EncodeMutation(create, writer);
+  MutationRecord record;
+  ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
+  EXPECT_EQ(record.model.num_features, 3);
+  // Every truncation fails cleanly.
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
+  }
+  // A huge declared array length is refused before allocating.
+  std::string huge;
+  ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kTrain));
+  ByteWriter(huge).PutString("x");
+  ByteWriter(huge).PutU64(uint64_t{1} << 60);
+  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+}
+
+// The layout is little-endian whatever the host, and a combined checksum is
+// the checksum of the concatenation (hand-worked bytes; zlib's crc32 of the
+// whole as the reference).
+TEST(CodecTest, BytesAreLittleEndianAndChecksumsCombine) {
+  std::string bytes;
+  ByteWriter writer(bytes);
+  writer.PutU32(0x01020304u);
+  writer.PutU64(0x1122334455667788ull);
+  EXPECT_EQ(bytes, std::string("\x04\x03\x02\x01\x88\x77\x66\x55\x44\x33"
+                               "\x22\x11",
+                               12));
+  EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);  // The standard check value.
+  const std::string a = "sequence", b(1500, 'p');
+  EXPECT_EQ(Crc32Combine(Crc32(a), Crc32(b), b.size()), Crc32(a + b));
+  EXPECT_EQ(Crc32Combine(Crc32(a), Crc32(""), 0), Crc32(a));
+}
+
+}  // namespace
+}  // namespace normd::state

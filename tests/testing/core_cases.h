@@ -1,0 +1,208 @@
+// Cases and checks shared by the core's tests (tests/core): request builders,
+// the layouts and GroupNorm cases, 16-bit patterns decoded from the formats'
+// definitions, and the GroupNorm/InstanceNorm reference check. Test-only.
+#ifndef NORMD_TESTS_TESTING_CORE_CASES_H_
+#define NORMD_TESTS_TESTING_CORE_CASES_H_
+
+#include <gtest/gtest.h>
+#include <tbb/global_control.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "server/core/engine.h"
+#include "server/core/moments.h"
+#include "tests/testing/input_view.h"
+#include "tests/testing/reference.h"
+
+namespace normd::testing {
+
+// A training BatchNorm request for model `model` on x.
+template <typename T>
+NormalizeSpec TrainingSpec(const std::string& model, const std::vector<T>& x,
+                           Shape shape, int32_t axis) {
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = model;
+  spec.training = true;
+  spec.channel_axis = axis;
+  spec.input = View(x, std::move(shape));
+  return spec;
+}
+
+// How close the statistics of T data must be to the fp64 reference: the
+// mean relative to its scale |mean| + std, the variance relative. fp32 data
+// goes through the fp32-SIMD fast paths (lanes flushed to fp64): errors of
+// about one fp32 ulp (6e-8) of the data on tensors too small to average them
+// out; fp64 data through the all-fp64 paths.
+template <typename T>
+constexpr double kMeanTolerance = std::is_same_v<T, float> ? 5e-8 : 1e-13;
+
+template <typename T>
+constexpr double kVarTolerance = std::is_same_v<T, float> ? 5e-7 : 1e-12;
+
+// Expects m to match the reference mean and biased variance within the
+// tolerances of T.
+template <typename T>
+void ExpectStatsNear(const Moments& m, double ref_mean, double ref_var) {
+  const double scale = std::abs(ref_mean) + std::sqrt(ref_var);
+  EXPECT_LE(std::abs(m.mean - ref_mean), kMeanTolerance<T> * scale);
+  if (m.count > 1) {
+    EXPECT_LE(RelErr(m.BiasedVariance(), ref_var), kVarTolerance<T>);
+  }
+}
+
+// A layout case: shape, channel axis, and [outer, C, inner] as expected.
+struct LayoutCase {
+  const char* name;
+  Shape shape;
+  int32_t axis;
+  int64_t outer, channels, inner;
+};
+
+// One case of each layout normd accepts.
+inline std::vector<LayoutCase> Layouts() {
+  return {
+      {"NC", {64, 5}, 1, 64, 5, 1},
+      {"NCL", {8, 3, 50}, 1, 8, 3, 50},
+      {"NCHW", {4, 3, 40, 40}, 1, 4, 3, 1600},
+      {"NHWC", {4, 20, 20, 6}, -1, 1600, 6, 1},
+      {"NCDHW", {2, 4, 6, 7, 8}, 1, 2, 4, 336},
+      {"NDHWC", {2, 5, 6, 7, 3}, -1, 420, 3, 1},
+      {"NLC_axis2", {6, 300, 7}, 2, 1800, 7, 1},
+      {"wide_C", {3, 5000}, 1, 3, 5000, 1},
+  };
+}
+
+// A 1-D affine parameter (weight or bias) holding `values`.
+inline AffineParam Param(std::vector<double> values) {
+  AffineParam p;
+  p.shape = {static_cast<int64_t>(values.size())};
+  p.values = std::move(values);
+  return p;
+}
+
+// The largest |y[i] - ref[i]|.
+template <typename T>
+double MaxAbsDiff(const std::vector<T>& y, const std::vector<double>& ref) {
+  double worst = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(y[i]) - ref[i]));
+  }
+  return worst;
+}
+
+// The value of a 16-bit floating-point pattern with `exponent_bits` and
+// `mantissa_bits`, computed from the format's fields with ldexp
+// (independent of the bit tricks in half.h).
+inline double PatternValue(uint16_t h, int exponent_bits, int mantissa_bits) {
+  const int max_exponent = (1 << exponent_bits) - 1;
+  const int bias = max_exponent / 2;
+  const int exponent = (h >> mantissa_bits) & max_exponent;
+  const int mantissa = h & ((1 << mantissa_bits) - 1);
+  const double sign = (h & 0x8000) ? -1.0 : 1.0;
+  if (exponent == max_exponent) {
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  }
+  if (exponent == 0) {
+    return sign * std::ldexp(mantissa, 1 - bias - mantissa_bits);
+  }
+  return sign * std::ldexp((1 << mantissa_bits) + mantissa,
+                           exponent - bias - mantissa_bits);
+}
+
+// bfloat16: 8 exponent bits, 7 mantissa bits; IEEE binary16: 5 and 10.
+inline double HalfValue(DType dtype, uint16_t h) {
+  return dtype == DType::kBFloat16 ? PatternValue(h, 8, 7)
+                                   : PatternValue(h, 5, 10);
+}
+
+// A GroupNorm case: shape, channel axis as sent, and the number of groups.
+struct GroupCase {
+  Shape shape;
+  int32_t axis;  // As sent; 1 = NCHW, -1 = channels-last.
+  int64_t groups;
+};
+
+// The channel axis of `c`, counted from the front.
+inline int ResolvedAxis(const GroupCase& c) {
+  return c.axis < 0 ? static_cast<int>(c.shape.size()) + c.axis : c.axis;
+}
+
+// The number of elements of a tensor of `shape`.
+inline int64_t NumElementsOf(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Every case twice: as the machine runs it, and on one thread, where the
+// batches of 4 or more samples of several rows (the last three cases) take
+// the one-sample-per-task path (FusedGroupSamples).
+template <typename T>
+void CheckGroupNorm(NormMode mode, double tolerance) {
+  const GroupCase cases[] = {
+      {{3, 6, 5, 7}, 1, 3},    {{2, 5, 6, 4}, -1, 2},    {{2, 3, 8, 5}, 2, 4},
+      {{4, 8, 3000}, 1, 2},    {{2, 64, 64, 32}, -1, 8}, {{5, 12}, 1, 3},
+      {{1, 4, 3, 3, 3}, 1, 4}, {{2, 6, 2}, 1, 1},        {{5, 9, 7, 6}, -1, 3},
+      {{4, 3, 6, 5}, 2, 2},    {{6, 40, 33, 16}, -1, 4},
+  };
+  Engine engine;
+  for (int threads : {0, 1}) {
+    std::optional<tbb::global_control> one_thread;
+    if (threads == 1) {
+      one_thread.emplace(tbb::global_control::max_allowed_parallelism, 1);
+    }
+    for (const GroupCase& c : cases) {
+      const int axis = ResolvedAxis(c);
+      const int64_t channels = c.shape[axis];
+      const int64_t groups = mode == NormMode::kGroupNorm ? c.groups : channels;
+      if (mode == NormMode::kInstanceNorm &&
+          NumElementsOf(c.shape) / (c.shape[0] * channels) == 1) {
+        continue;  // One spatial value: refused (OneValuePerGroup...).
+      }
+      SCOPED_TRACE(::testing::Message()
+                   << "shape dims " << c.shape.size() << " N " << c.shape[0]
+                   << " axis " << c.axis << " C " << channels << " G " << groups
+                   << " threads " << threads);
+      const auto x = RandomValues<T>(NumElementsOf(c.shape), 5, 3.0, 2.0);
+      std::vector<double> w(channels), b(channels);
+      for (int64_t ch = 0; ch < channels; ++ch) {
+        w[ch] = 0.5 + 0.25 * ch;
+        b[ch] = -1.0 + 0.5 * ch;
+      }
+      NormalizeSpec spec;
+      spec.mode = mode;
+      spec.input = View(x, c.shape);
+      spec.channel_axis = c.axis;
+      if (mode == NormMode::kGroupNorm) spec.num_groups = groups;
+      spec.weight = Param(w);
+      spec.bias = Param(b);
+      std::vector<T> y(x.size());
+      auto result = engine.Normalize(spec, y.data());
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_FALSE(result->has_value());  // Stateless.
+      const auto ref = ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5, w, b);
+      EXPECT_LE(MaxAbsDiff(y, ref), tolerance);
+      // Without affine parameters: plain normalized values.
+      spec.weight.reset();
+      spec.bias.reset();
+      ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+      EXPECT_LE(MaxAbsDiff(y, ReferenceGroupNorm(x, c.shape, axis, groups, 1e-5,
+                                                 {}, {})),
+                tolerance);
+    }
+  }
+}
+
+}  // namespace normd::testing
+
+#endif  // NORMD_TESTS_TESTING_CORE_CASES_H_

@@ -1,0 +1,206 @@
+// Straightforward fp64 (long double accumulation) reference implementations of
+// what normd computes, written independently of the core's blocked kernels.
+// Test-only; single-threaded.
+#ifndef NORMD_TESTS_TESTING_REFERENCE_H_
+#define NORMD_TESTS_TESTING_REFERENCE_H_
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace normd::testing {
+
+// Per-channel mean and biased variance, two passes in long double.
+struct RefStats {
+  std::vector<double> mean;
+  std::vector<double> var;  // Biased.
+};
+
+// x laid out as [outer, channels, inner].
+template <typename T>
+RefStats ReferenceChannelStats(const std::vector<T>& x, int64_t outer,
+                               int64_t channels, int64_t inner) {
+  std::vector<long double> sum(channels, 0.0L);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i)
+        sum[c] += x[(o * channels + c) * inner + i];
+  const long double m = static_cast<long double>(outer * inner);
+  std::vector<long double> mean(channels);
+  for (int64_t c = 0; c < channels; ++c) mean[c] = sum[c] / m;
+  std::vector<long double> sq(channels, 0.0L);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const long double d = x[(o * channels + c) * inner + i] - mean[c];
+        sq[c] += d * d;
+      }
+  RefStats out;
+  for (int64_t c = 0; c < channels; ++c) {
+    out.mean.push_back(static_cast<double>(mean[c]));
+    out.var.push_back(static_cast<double>(sq[c] / m));
+  }
+  return out;
+}
+
+// PyTorch's running statistics (from mean 0 / var 1) after one training step
+// per batch, in order; each batch is [rows, channels] row-major. Batches of a
+// single row do not update them (PyTorch needs an unbiased variance).
+struct RunningStats {
+  std::vector<double> mean;
+  std::vector<double> var;
+};
+inline RunningStats ReferenceRunningStats(
+    const std::vector<std::vector<double>>& batches, int64_t rows,
+    int64_t channels, double momentum) {
+  RunningStats out{std::vector<double>(channels, 0.0),
+                   std::vector<double>(channels, 1.0)};
+  if (rows < 2) return out;
+  for (const std::vector<double>& batch : batches) {
+    const RefStats s = ReferenceChannelStats(batch, rows, channels, 1);
+    for (int64_t c = 0; c < channels; ++c) {
+      const double unbiased = s.var[c] * rows / (rows - 1);
+      out.mean[c] = (1 - momentum) * out.mean[c] + momentum * s.mean[c];
+      out.var[c] = (1 - momentum) * out.var[c] + momentum * unbiased;
+    }
+  }
+  return out;
+}
+
+// y = (x - mean[c]) / sqrt(var[c] + eps) * w[c] + b[c], in long double.
+template <typename T>
+std::vector<double> ReferenceChannelNormalize(
+    const std::vector<T>& x, int64_t outer, int64_t channels, int64_t inner,
+    const std::vector<double>& mean, const std::vector<double>& var, double eps,
+    const std::vector<double>& w, const std::vector<double>& b) {
+  std::vector<double> y(x.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t k = (o * channels + c) * inner + i;
+        const long double v =
+            (static_cast<long double>(x[k]) - mean[c]) /
+                std::sqrt(static_cast<long double>(var[c]) + eps) * w[c] +
+            b[c];
+        y[k] = static_cast<double>(v);
+      }
+  return y;
+}
+
+// LayerNorm over rows of n: rows = x.size() / n. Empty w / b = none.
+template <typename T>
+std::vector<double> ReferenceLayerNorm(const std::vector<T>& x, int64_t n,
+                                       double eps, const std::vector<double>& w,
+                                       const std::vector<double>& b) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / n;
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const RefStats s = ReferenceChannelStats(
+        std::vector<T>(x.begin() + r * n, x.begin() + (r + 1) * n), 1, 1, n);
+    const long double rstd =
+        1.0L / std::sqrt(static_cast<long double>(s.var[0]) + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      long double v =
+          (static_cast<long double>(x[r * n + j]) - s.mean[0]) * rstd;
+      if (!w.empty()) v *= w[j];
+      if (!b.empty()) v += b[j];
+      y[r * n + j] = static_cast<double>(v);
+    }
+  }
+  return y;
+}
+
+// GroupNorm (InstanceNorm: groups = C) of x with shape `shape`, channel axis
+// `axis` (>= 1), straight from the definition: element k of sample n and
+// channel c belongs to set (n, c / (C / groups)); two passes in long double
+// per set. `mean` / `var` (biased) receive the per-set statistics. Empty w /
+// b = none.
+template <typename T>
+std::vector<double> ReferenceGroupNorm(const std::vector<T>& x,
+                                       const std::vector<int64_t>& shape,
+                                       int axis, int64_t groups, double eps,
+                                       const std::vector<double>& w,
+                                       const std::vector<double>& b,
+                                       std::vector<double>* mean = nullptr,
+                                       std::vector<double>* var = nullptr) {
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t channels = shape[axis];
+  const int64_t samples = shape[0];
+  const int64_t sample_size = static_cast<int64_t>(x.size()) / samples;
+  const int64_t per_group = channels / groups;
+  auto set_of = [&](int64_t k) {
+    const int64_t c = (k / inner) % channels;
+    return (k / sample_size) * groups + c / per_group;
+  };
+  std::vector<long double> sum(samples * groups, 0), m2(samples * groups, 0);
+  std::vector<int64_t> count(samples * groups, 0);
+  for (size_t k = 0; k < x.size(); ++k) {
+    sum[set_of(k)] += x[k];
+    count[set_of(k)] += 1;
+  }
+  std::vector<long double> mu(sum.size());
+  for (size_t g = 0; g < sum.size(); ++g) mu[g] = sum[g] / count[g];
+  for (size_t k = 0; k < x.size(); ++k) {
+    const long double d = x[k] - mu[set_of(k)];
+    m2[set_of(k)] += d * d;
+  }
+  if (mean != nullptr) mean->assign(mu.begin(), mu.end());
+  if (var != nullptr) {
+    var->resize(sum.size());
+    for (size_t g = 0; g < sum.size(); ++g) (*var)[g] = m2[g] / count[g];
+  }
+  std::vector<double> y(x.size());
+  for (size_t k = 0; k < x.size(); ++k) {
+    const int64_t g = set_of(k);
+    const int64_t c = (k / inner) % channels;
+    long double v = (x[k] - mu[g]) / std::sqrt(m2[g] / count[g] + eps);
+    if (!w.empty()) v *= w[c];
+    if (!b.empty()) v += b[c];
+    y[k] = static_cast<double>(v);
+  }
+  return y;
+}
+
+// RMSNorm over rows of n: y = x / sqrt(mean(x^2) + eps) * w + b, in long
+// double. Empty w / b = none.
+template <typename T>
+std::vector<double> ReferenceRmsNorm(const std::vector<T>& x, int64_t n,
+                                     double eps, const std::vector<double>& w,
+                                     const std::vector<double>& b) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / n; ++r) {
+    long double squares = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      squares += static_cast<long double>(x[r * n + j]) * x[r * n + j];
+    }
+    const long double rms = std::sqrt(squares / n + eps);
+    for (int64_t j = 0; j < n; ++j) {
+      long double v = x[r * n + j] / rms;
+      if (!w.empty()) v *= w[j];
+      if (!b.empty()) v += b[j];
+      y[r * n + j] = static_cast<double>(v);
+    }
+  }
+  return y;
+}
+
+template <typename T>
+std::vector<T> RandomValues(int64_t n, uint32_t seed, double offset = 0.0,
+                            double scale = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist(offset, scale);
+  std::vector<T> out(n);
+  for (auto& v : out) v = static_cast<T>(dist(gen));
+  return out;
+}
+
+// |a - b| / max(|b|, floor).
+inline double RelErr(double a, double b, double floor = 1e-30) {
+  return std::abs(a - b) / std::max(std::abs(b), floor);
+}
+
+}  // namespace normd::testing
+
+#endif  // NORMD_TESTS_TESTING_REFERENCE_H_
