@@ -115,8 +115,10 @@ test-container: build
 	  tests/deploy/container_test.py --normd $(BUILD_DIR)/normd \
 	  --stubs $(BUILD_DIR)/python --work $(CURDIR)/$(BUILD_DIR)/container
 
-# Starts normd in the foreground with in-memory state; Ctrl-C stops it.
-run: build
+# Builds only normd and normctl (not the tests, benchmarks or fuzzers), then
+# starts normd in the foreground with in-memory state; Ctrl-C stops it.
+run: deps $(BUILD_DIR)/Makefile
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target normd normctl
 	$(BUILD_DIR)/normd --port=$(PORT) --metrics_port=$(METRICS_PORT)
 
 format:

@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +36,10 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the server's bearer token (its --auth_token_file).");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "Largest message normctl sends or accepts, in bytes (at most "
+          "2147483647). Raise it with the server's --max_message_bytes to "
+          "send tensors of 64 MiB or more.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
           "How long to try to reach the server; past it normctl exits 3.");
 ABSL_FLAG(bool, json, false,
@@ -196,7 +202,7 @@ const Command* FindCommand(absl::string_view name) {
 }
 
 constexpr const char* kCommonFlags[] = {
-    "server", "timeout",  "connect_timeout", "json",
+    "server", "timeout",  "connect_timeout", "max_message_bytes", "json",
     "tls_ca", "tls_cert", "tls_key",         "token_file"};
 
 std::string Usage() {
@@ -323,6 +329,18 @@ absl::StatusOr<double> ParseDouble(const std::string& text,
   return (*v)[0];
 }
 
+// The number of elements of a tensor of `shape`, or nullopt when a
+// dimension is negative or the product overflows (the server names those).
+std::optional<int64_t> ElementCount(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(count, dim, &count)) {
+      return std::nullopt;
+    }
+  }
+  return count;
+}
+
 // The input tensor from --input (.npy), or --shape with --values or
 // --input_file.
 absl::StatusOr<v1::Tensor> InputTensor() {
@@ -359,6 +377,12 @@ absl::StatusOr<v1::Tensor> InputTensor() {
   absl::StatusOr<std::vector<double>> values =
       ParseValues(absl::GetFlag(FLAGS_values), "--values");
   if (!values.ok()) return values.status();
+  if (std::optional<int64_t> count = ElementCount(*shape);
+      count.has_value() && *count != static_cast<int64_t>(values->size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--values: ", values->size(), " values, but --shape=",
+                     absl::GetFlag(FLAGS_shape), " has ", *count, " elements"));
+  }
   return MakeTensor(*shape, *values, *dtype);
 }
 
@@ -827,14 +851,20 @@ int Main(int argc, char** argv) {
       help = true;
     } else if (!absl::StartsWith(arg, "-") && asked == nullptr) {
       asked = FindCommand(arg);
-      if (arg == "help" && i + 1 < argc) {
-        asked = FindCommand(argv[i + 1]);
-        help = asked != nullptr;
+      if (arg == "help") {
+        help = true;
+        if (i + 1 < argc) asked = FindCommand(argv[i + 1]);
       }
     }
   }
   if (help && asked != nullptr) {
     PrintCommandHelp(*asked);
+    return kExitOk;
+  }
+  // `normctl --help`, `-h` or `help`: the commands, not every flag.
+  if (help) {
+    std::cout << "normctl: " << Usage()
+              << "\n\nRun `normctl COMMAND --help` for a command's flags.\n";
     return kExitOk;
   }
   const std::string usage = Usage();
@@ -856,6 +886,15 @@ int Main(int argc, char** argv) {
   }
   ClientOptions options;
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  if (const int64_t max_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+      max_bytes < 1 || max_bytes > std::numeric_limits<int>::max()) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat(
+            "--max_message_bytes: ", max_bytes, " is outside [1, 2147483647]")),
+        kExitUsage);
+  } else {
+    options.max_message_bytes = static_cast<int>(max_bytes);
+  }
   if (absl::Status s = ApplySecurityFlags(options); !s.ok()) {
     return Fail(s, kExitUsage);
   }

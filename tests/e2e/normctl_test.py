@@ -234,6 +234,15 @@ def test_help_everywhere(ctl):
     for flag in ("--input", "--chunk_bytes", "--progress", "--model"):
         check(flag in fit, f"fit --help lacks {flag}")
     check("--num_features" not in fit, "fit --help lists create's flags")
+    # normctl's own --help, -h and help: the commands, not Abseil's dump of
+    # every flag.
+    for flag in ("--help", "-h", "help"):
+        run = ctl(flag)
+        check(run.returncode == 0 and
+              all(f"  {c} " in run.stdout for c in COMMANDS) and
+              "Exit status" in run.stdout and "--helpfull" not in run.stdout
+              and "Flags from" not in run.stdout,
+              f"normctl {flag}: {run.returncode} {run.stdout[-300:]!r}")
     # The server's own --help: every mode and 16-bit dtype, and its one
     # environment variable.
     server_help = subprocess.run([args.normd, "--help"], capture_output=True,
@@ -270,13 +279,50 @@ def test_exit_codes(ctl, tmp):
                                         "--values=1,2",
                                         "--normalized_ndim=4"), 1),
         ("unreachable", ctl("list", "--connect_timeout=1s", server=closed), 3),
+        ("usage: --values vs --shape", ctl("normalize", "--shape=2,3",
+                                            "--values=1,2,3,4,5"), 2),
+        ("usage: --max_message_bytes", ctl("list", "--max_message_bytes=0"),
+         2),
     ]
     for what, run, code in cases:
         check(run.returncode == code,
               f"{what}: exit {run.returncode}, want {code} ({run.stderr!r})")
-    check("cannot reach" in cases[-1][1].stderr, "unreachable message")
+    check("cannot reach" in cases[6][1].stderr, "unreachable message")
     check("INVALID_ARGUMENT" in cases[5][1].stderr and
           "normalized_ndim" in cases[5][1].stderr, "server error message")
+    check("--values: 5 values, but --shape=2,3 has 6 elements" in
+          cases[7][1].stderr, f"count message: {cases[7][1].stderr!r}")
+    check("--max_message_bytes" in cases[8][1].stderr,
+          f"--max_message_bytes message: {cases[8][1].stderr!r}")
+
+
+def test_large_message(tmp):
+    """A tensor over the 64 MiB default goes through with --max_message_bytes
+    raised on both sides, and is refused naming the limit without it."""
+    limit = 100_000_000
+    proc, port, _ = normd_process.start_normd(
+        args.normd, [f"--max_message_bytes={limit}"])
+    try:
+        ctl = Normctl(f"127.0.0.1:{port}")
+        rng = np.random.default_rng(5)
+        x = (rng.standard_normal((17, 1 << 20)) * 2 + 3).astype(np.float32)
+        src, dst = os.path.join(tmp, "big.npy"), os.path.join(tmp, "big_y.npy")
+        np.save(src, x)  # 68 MiB of float32.
+        run = ctl("normalize", f"--input={src}", f"--output={dst}",
+                  f"--max_message_bytes={limit}")
+        check(run.returncode == 0, f"68 MiB normalize: {run.stderr}")
+        if run.returncode == 0:
+            err = np.abs(np.load(dst)[::4] - layer_norm(x[::4])).max()
+            check(err < 2e-6, f"68 MiB LayerNorm error {err}")
+        run = ctl("normalize", f"--input={src}", f"--output={dst}")
+        check(run.returncode == 1 and "RESOURCE_EXHAUSTED" in run.stderr,
+              f"68 MiB without --max_message_bytes: {run.returncode} "
+              f"{run.stderr!r}")
+        os.remove(src)
+        os.remove(dst)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def test_bad_npy(ctl, tmp):
@@ -429,6 +475,7 @@ def main():
             test_help_everywhere(ctl)
             test_exit_codes(ctl, tmp)
             test_bad_npy(ctl, tmp)
+            test_large_message(tmp)
             test_readme_commands(ctl, tmp)
     finally:
         proc.terminate()
