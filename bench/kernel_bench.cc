@@ -111,8 +111,8 @@ void BM_CopyLoop(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyLoop)->UseRealTime();
 
-// 128 fp32 lanes (enough independent chains to be bandwidth-bound, measured
-// 3% faster than 32), built for the widest ISA like the core.
+// 128 fp32 lanes (enough independent chains to be bandwidth-bound), built
+// for the widest ISA like the core.
 NORMD_MULTIVERSION float SumLoop(const float* __restrict src, int64_t n) {
   constexpr int kLanes = 128;
   float lanes[kLanes] = {};
@@ -172,9 +172,8 @@ void TimePaired(benchmark::State& state, void (*baseline)(), const Run& run) {
 // path of every large kernel), and the floor of a two-pass kernel over 4 MiB
 // samples (GroupNorm / InstanceNorm NHWC): each sample read once for
 // statistics, then read again forwards and streamed out, one sample per
-// task. (A version writing each sample backwards in 64 KiB StreamCopy
-// calls, a fence each, read 4.3 ms in one run and 6.9-7.8 ms in two more:
-// not kept.)
+// task. (A variant that wrote each sample backwards was slower and noisier;
+// see bench/HISTORY.md.)
 void BM_StreamCopy(benchmark::State& state) {
   const float* src = Input().data();
   float* dst = Output().data();

@@ -3,9 +3,9 @@
 // the copy and then the kernel, and a shape's ratio (copy time / kernel
 // time, as kernel_bench's bandwidth ratios) is the median of its
 // repetitions' own ratios. Finds shapes where a kernel falls far below the
-// copy (session 16: long LayerNorm rows, 16-bit rows over 64 Ki values,
-// channels in runs of 16-255 values). A benchmark, not a test: it asserts
-// nothing.
+// copy (it found slow paths for long LayerNorm rows, 16-bit rows over 64 Ki
+// values and channels in runs of 16-255 values). A benchmark, not a test: it
+// asserts nothing.
 //
 // Usage: shape_survey [--reps=N] [--threads=N] [--filter=substring]
 #include <tbb/blocked_range.h>

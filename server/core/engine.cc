@@ -312,19 +312,15 @@ constexpr int64_t kFusedSamplesPerThread = 4;
 // or more (InterleavedSampleBytes) with 64 channels (ChannelMomentsStepWork),
 // where InterleavedChannelAffine can stream the output, each task takes a run
 // of samples and writes sample n's output while it reads sample n + 1's
-// moments, 16 rows of each in turn: on this machine a core's reads and streamed
-// writes overlap when they are interleaved, while a read-only pass and then a
-// write-only one cost about their sum (scratch benchmark, 4 MiB samples on 2
-// cores: 0.85-0.90x -> 0.98-1.04x copy). GroupNorm / InstanceNorm NHWC
-// [16,128,128,64] and bf16 GroupNorm [32,128,128,64] on 2 cores, each
-// iteration paired with the old path in one process (21-61 pairs per run):
-// 1.03-1.14x as fast. (Chunks of NCHW groups, 256 KiB, stepped from the block
-// loop the same way: fp32 GroupNorm 0.7x, bf16 1.03x; not kept.) Elsewhere one
-// sample per task, its output written backwards (see
+// moments, 16 rows of each in turn: a core's reads and streamed writes
+// overlap when they are interleaved, while a read-only pass and then a
+// write-only one cost about their sum (kernel_bench BM_GroupNorm NHWC
+// against BM_TwoPassFloor). Stepping chunks of NCHW groups the same way did
+// not pay. Elsewhere one sample per task, its output written backwards (see
 // Traversal::kBackwardsOnThisThread), so the part still in this core's
-// cache is read from there: ~15% faster than two passes over the whole
-// tensor. Needs kFusedSamplesPerThread samples per thread. The same
-// moments and per-element formula as the two-pass path: the same bits.
+// cache is read from there rather than from memory. Needs
+// kFusedSamplesPerThread samples per thread. The same moments and
+// per-element formula as the two-pass path: the same bits.
 template <typename T>
 void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
                        const GroupGeometry& g,

@@ -85,8 +85,7 @@ class Engine {
   // inputs are computed in fp32 and rounded once at the end. Large outputs
   // are written a cache line at a time with streaming stores: give a 64-byte
   // aligned `output` (the service's BufferPool does); one that starts mid-line
-  // gives the same bits, more slowly (LayerNorm [B,T,768] 16 bytes past a
-  // line: 1.3-1.4x the time, kernel_bench's BM_LayerNormUnaligned).
+  // gives the same bits, more slowly (kernel_bench BM_LayerNormUnaligned).
   absl::StatusOr<std::optional<BatchNormModel>> Normalize(
       const NormalizeSpec& spec, void* output);
 

@@ -225,8 +225,8 @@ void AffineRowHalfScalar(const float* x, float* y, int64_t n,
 
 // How far ahead of its loads a streaming kernel prefetches its input. With
 // a dozen operations a line between the loads, the hardware prefetchers
-// alone leave them waiting on DRAM: bfloat16 BatchNorm eval NCHW, 64 MiB on
-// 2 cores, took 3.2 ms without and 2.5 ms with (2 or 4 KiB: the same).
+// alone leave them waiting on DRAM (kernel_bench BM_HalfBatchNorm eval NCHW;
+// 2 and 4 KiB ahead measure the same).
 constexpr int64_t kStreamPrefetchBytes = 2048;
 
 // Prefetches the input lines of elements [j, j + count) of x `ahead_bytes`
@@ -247,12 +247,9 @@ NORMD_AVX512 inline void PrefetchStreamInput(
 // passes the next row's input instead, prefetched at j itself, so that the
 // next row comes from memory while this one's stores drain; otherwise each
 // core alternates between reading (statistics) and writing (outputs).
-// 64 MiB on 2 cores, paired with the copy (3 rounds): 16-bit LayerNorm /
-// RMSNorm [B,T,4096] 0.87-0.93x -> 1.00-1.03x copy bw, fp32 [B,T,4096]
-// 1.04-1.05x -> 1.13-1.14x, fp32 [B,T,768] 1.06-1.07x -> 1.08-1.09x (its
-// own prefetch 2 KiB ahead already reached into the next row). (Tried in
-// session 13 with the bench's unaligned outputs, whose partial lines hid
-// it.)
+// Shown by kernel_bench BM_LayerNorm, BM_RmsNorm and BM_HalfRows
+// [B,T,4096]; rows of 768 gain little, their own prefetch already reaches
+// into the next row.
 template <typename In>
 struct StreamPrefetch {
   // `current` (the row being written) must not be null: it is offset.
@@ -803,9 +800,8 @@ struct ShortRunCursor {
 // runs, x[0..n) into y[0..n): whole lines of y streamed whatever runs they
 // hold, instead of a streamed run per channel with masked stores at both of
 // its ends (runs of 49 values, 7x7 images: every run). The same operations
-// per element as ChannelAffineLanes, so the same bits. BatchNorm eval
-// [5349, 64, 7, 7], 64 MiB on 2 cores: 7.2-7.9 -> 2.7-3.6 ms (0.61-0.72x
-// -> 1.30-1.33x copy).
+// per element as ChannelAffineLanes, so the same bits. (Short runs are a
+// shape_survey row: BatchNorm eval of 7x7 images.)
 NORMD_AVX512 void StreamShortChannelRunsAvx512(const float* x, float* y,
                                                int64_t begin, int64_t n,
                                                const ChannelLayout& layout,
@@ -1348,8 +1344,8 @@ struct ShortRowAffines {
 // a time: their moments with the folds done across the rows, then each row
 // written whole lines at a time (y 64-byte aligned). The bits of the row
 // at a time loop below (ContiguousMoments, RowAffine, StreamAffineRun),
-// without its per-row folds, calls and line bookkeeping, which made rows of
-// 16-128 values cost 35-60 ns each.
+// without its per-row folds, calls and line bookkeeping, which dominate
+// rows of 16-128 values (shape_survey's short-row LayerNorm rows).
 NORMD_AVX512 void StreamShortRowsAvx512(const float* x, float* y, int64_t count,
                                         int64_t n, double eps,
                                         LayerNormStyle style,
@@ -1423,10 +1419,9 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
   const bool stream = StreamOutput(rows.rows * n, sizeof(T));
   // Long rows one at a time, each spread over every thread: two parallel
   // loops per row, and a row reduced on one core is written by another.
-  // With enough rows, whole rows per work item instead (64 MiB fp32 on 2
-  // cores, in one process: [512, 32768] 6.54 -> 3.83 ms with the copy at
-  // 3.94-3.97; [32, 524288] 5.44 -> 4.38, [8, 2097152] 5.64 -> 4.63 ms
-  // with the copy at 4.16-4.44).
+  // With enough rows, whole rows per work item instead, so that a row is
+  // reduced and written by the same core (shape_survey's long LayerNorm
+  // rows).
   const bool whole_long_rows =
       source.data != nullptr &&
       n * static_cast<int64_t>(sizeof(T)) <= kMaxWholeLongRowBytes &&
@@ -1535,8 +1530,8 @@ struct HalfRowsJob {
   int64_t rows_per_piece;
   // Widened, computed and narrowed in registers (AVX-512 BW), with streaming
   // stores when `stream` (large outputs, see StreamOutput), else ordinary
-  // ones (bf16 LayerNorm of 4 MiB on one thread: 1.5-1.8x as fast as
-  // widening a piece, the fp32 loop, then narrowing it).
+  // ones: faster than widening a piece, running the fp32 loop, then
+  // narrowing it (kernel_bench BM_HalfRequests).
   bool fused;
   bool stream;
   bool finite_affine;  // Every weight and bias (as float) is finite.
@@ -1568,8 +1563,8 @@ struct HalfRowsJob {
   // ShortRowMoments16, then each row narrowed and written (streamed if
   // `stream`) from its widened values while the next sixteen rows are read into
   // cache. The bits of a row at a time (the widened path below), without its
-  // per-row folds and calls: bf16 RMSNorm [524288, 64] took 20 ms against a 4
-  // ms copy.
+  // per-row folds and calls, which dominate short rows (shape_survey's
+  // 16-bit short rows).
   void RunShortRows(int64_t begin, int64_t end, float* widened) const {
 #ifdef NORMD_HALF_AVX512
     Moments moments[16];
@@ -1665,16 +1660,13 @@ struct HalfRowsJob {
 }  // namespace
 
 // True when the fused 16-bit rows x -> y (rows of n values) should be
-// computed from x itself (StreamHalfRow) rather than from a widened copy:
-// 64 MiB [B,T,4096] on 2 cores, both in one process (3 busy hours),
-// bfloat16 3.86-4.63 -> 3.51-4.18 ms, with weight and bias 5.20-6.28 ->
-// 4.24-5.13 ms; float16 4.37-4.52 -> 4.31-4.32 ms, with weight and bias
-// 5.86-6.12 -> 4.97-5.37 ms. Not for bfloat16 with weights or biases in
+// computed from x itself (StreamHalfRow) rather than from a widened copy,
+// which saves the copy's traffic (kernel_bench BM_HalfRows and
+// BM_HalfLayerNormAffine). Not for bfloat16 with weights or biases in
 // lines the rows do not fill (n not a multiple of 32 or y not 64-byte
 // aligned). Nor when y sits less than 512 bytes above x modulo 4 KiB: loads
 // of x then look like (4K-aliasing) overlaps of the streaming stores just
-// issued to y and wait for them (y above x by 16 to 240 bytes, [4096,4096]
-// bfloat16: 1.4 -> 1.6-2.9 ms; the widened copy is not affected).
+// issued to y and wait for them (the widened copy is not affected).
 bool ReadsHalfRowsDirectly(DType dtype, const uint16_t* x, const uint16_t* y,
                            int64_t n, const AffineParams<float>& affine) {
   const auto x_address = reinterpret_cast<uintptr_t>(x);
@@ -1694,10 +1686,8 @@ bool ReadsHalfRowsDirectly(DType dtype, const uint16_t* x, const uint16_t* y,
 // order (the same moments), then its outputs in parallel pieces, each
 // widened a staging buffer at a time and narrowed as written (in registers
 // when job.fused, streamed when job.stream); the same per-element operations
-// as HalfRowsJob. Until
-// session 16 rows over kMaxHalfKernelRow were widened whole into a fresh
-// fp32 tensor: [256, 131072] bfloat16 (64 MiB, 2 cores) took 55 ms against
-// a 4.5 ms copy.
+// as HalfRowsJob. (Widening such rows whole into a fresh fp32 tensor, as
+// before, cost many times a copy: shape_survey's 16-bit long rows.)
 void LongHalfRows(const HalfRowsJob& job, int64_t num_rows) {
   const int64_t n = job.n;
   const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
@@ -1816,10 +1806,9 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
 // (lcm(channels, 16) <= 64: 1-4, 6, 8, 12, 16, 24, 32, 48 or 64 channels),
 // the 64-byte-aligned middle of the range runs with them in registers, x
 // prefetched ahead if `prefetch_input`. `stream`: streaming stores (the
-// caller fences), else ordinary ones (outputs that stay in the cache: one
-// thread, GroupNorm NHWC of 4 MiB 0.23-0.24 -> 0.18-0.19 ns per value,
-// BatchNorm eval NHWC 0.18-0.19 -> 0.13, against the compiled loop's
-// per-element parameter loads).
+// caller fences), else ordinary ones (outputs that stay in the cache, where
+// parameters in registers beat the compiled loop's per-element parameter
+// loads: kernel_bench BM_GroupNorm and BM_BatchNorm NHWC, one thread).
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,
                             const ChannelParamsF32& p, bool prefetch_input,
@@ -1858,7 +1847,7 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
                 });
     return;
   }
-  // One fence at the end: a fence per piece costs ~2% here.
+  // One fence at the end: a fence per piece costs time for nothing.
   bool fence = false;
   for (int64_t b = (total - 1) / kApplyChunk * kApplyChunk; b >= 0;
        b -= kApplyChunk) {

@@ -137,9 +137,8 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
 // next n elements, Finish() what is left (and fences the streaming
 // stores). The same functions on the same elements as those kernels: the
 // same bits. Steps do not prefetch x ahead as those kernels do: beside the
-// reduction's own stream of loads, that prefetching cost ~6% of the
-// overlap (scratch benchmark, 4 MiB pieces). Owned and stepped by one
-// thread.
+// reduction's own stream of loads, that prefetching costs more than it
+// saves. Owned and stepped by one thread.
 class InterleavedChannelAffine : public InterleavedWork {
  public:
   // Whether Create gives a writer for `dtype` in an output of
@@ -159,11 +158,11 @@ class InterleavedChannelAffine : public InterleavedWork {
 
 // Samples (GroupNorm / InstanceNorm, channels-last) from which the engine
 // writes one sample while it reduces the next (see FusedGroupSamples):
-// twice this machine's 1 MiB L2, since smaller samples are mostly still in
-// L2 when written backwards after their reduction; interleaved,
-// [256,32,32,64] (256 KiB samples) ran 0.70-0.90x as fast, [64,64,64,64]
-// (1 MiB) 0.99-1.14x. Process-wide and thread-safe; tests lower it to reach
-// that path with small tensors (the bits are the same either way).
+// twice a 1 MiB L2, since smaller samples are mostly still in L2 when
+// written backwards after their reduction, and interleaving them is slower
+// (kernel_bench BM_GroupNorm NHWC). Process-wide and thread-safe; tests
+// lower it to reach that path with small tensors (the bits are the same
+// either way).
 inline constexpr int64_t kDefaultInterleavedSampleBytes = 2 << 20;
 int64_t InterleavedSampleBytes();
 void SetInterleavedSampleBytes(int64_t bytes);

@@ -34,27 +34,23 @@ constexpr int kLanes = 8;
 // and one more rounding (about the error of a 17-value sum, where 32 values
 // in a row cost twice a 16-value sum's: see
 // AccuracyTest.OffsetTenThousandChannelsLastTiles), for half the widening
-// work: bf16 blocks (twice the values per byte, bound by arithmetic) 12%
-// faster in L1 (one thread, scratch benchmark).
+// work, which matters for bf16 blocks (twice the values per byte, bound by
+// arithmetic).
 constexpr int kFloatLanes = 64;
 constexpr int kWideLanes = kFloatLanes / 2;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
-// How far ahead of its loads the 16-bit block loop prefetches. Only there: on
-// Zen 4, reading 64 MiB from DRAM, the hardware prefetcher keeps up alone with
-// every fp32 loop and with the channels-last tiles, and software prefetches
-// cost time (paired, in one process: fp32 blocks 0.94 -> 1.06-1.14x a read-only
-// sum, channels-last fp32 Fit 0.92-0.95 -> 1.00x, GroupNorm NHWC +2-4%); the
-// 16-bit blocks do twice the arithmetic per byte and need them (bf16 Fit NCHW
-// 0.91-0.95 -> 1.02-1.09x sum, bf16 LayerNorm 0.73 -> 0.81x copy). (On the Xeon
-// of sessions 1-12, with the 64 MiB in its L3, prefetching the fp32 blocks took
-// 38 -> 50 GB/s.)
+// How far ahead of its loads the 16-bit block loop prefetches. Only there:
+// reading from DRAM, the hardware prefetcher keeps up alone with every fp32
+// loop and with the channels-last tiles, where software prefetches cost time
+// (kernel_bench BM_Fit); the 16-bit blocks do twice the arithmetic per byte
+// and need them (BM_HalfFit NCHW, BM_HalfRows).
 constexpr int64_t kHalfPrefetchBytes = 8192;
 // Values the fp32 fast path averages for its shift (see ShiftCenter).
 constexpr int64_t kShiftSample = 32;
 // Blocks of at most this many values (short rows: attention heads, small
 // hidden sizes) take ShortBlockMomentsF32: one vector of kShortLanes fp32
 // lanes, at most 8 values in each. (At 256 values, 16 additions in a row per
-// lane, the 64-lane loop was faster: [65536, 256] 3.3 against 4.5-5.4 ms.)
+// lane, the 64-lane loop is faster: shape_survey's short rows.)
 constexpr int64_t kShortBlock = 128;
 constexpr int kShortLanes = 16;
 // The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
@@ -341,8 +337,8 @@ template <bool kPairs>
 // the lanes are put back in that order at the end.
 // In = float: BlockMomentsF32 itself, x read in place (out unused), its 32
 // fp64 lanes folded in registers (FoldWideLanes) where the compiled loop
-// stores and reloads them: 8% less time for rows of 768 values, 3% for
-// whole blocks (one thread, data in cache).
+// stores and reloads them, which shows most on short rows (kernel_bench
+// BM_LayerNorm [B,T,768]).
 template <typename In, bool kBFloat16, bool kStore>
 [[gnu::target("avx512f,avx512bw")]] Moments BlockMomentsAvx512(const In* x,
                                                                float* out,
@@ -377,8 +373,8 @@ template <typename In, bool kBFloat16, bool kStore>
     __m512 dev[4], sq[4];
     for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
     for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      // 16-bit only (see kHalfPrefetchBytes): into L1 (bf16 Fit NCHW 1.77
-      // -> 1.66 ms against 16 KiB into L2).
+      // 16-bit only (see kHalfPrefetchBytes): into L1, which beats a longer
+      // distance into L2 (kernel_bench BM_HalfFit NCHW).
       if constexpr (!kFloat) {
         const char* ahead =
             reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
@@ -766,9 +762,9 @@ struct RowScratch {
 
 // What a channels-last tile does as it loads its rows: nothing, or steps
 // an InterleavedWork every kInterleaveRows rows (of kTile values): 4 KiB of
-// fp32 (2 KiB of 16-bit) values. GroupNorm NHWC (16 x 4 MiB, 2 cores),
-// paired runs: 8 or 16 rows alike; 4 or fewer lost to the calls (each also
-// spills the tile's registers), 32 or more lost the overlap.
+// fp32 (2 KiB of 16-bit) values. In kernel_bench BM_GroupNorm NHWC, 8 or 16
+// rows measure alike; 4 or fewer lose to the calls (each also spills the
+// tile's registers), 32 or more lose the overlap.
 struct NoInterleave {
   void Row() {}
 };
@@ -855,18 +851,17 @@ NORMD_INLINE_INTO_CLONES void ChannelsLastTile(
 
 // Rows-first passes over channels-last blocks that would take two tiles or
 // more (register tiles and NarrowChannelsLastTiles of 32, 16, .., 1
-// channels). Tile after tile, each reading a few lines of every row, ran
-// several times slower than one stream of the same bytes (Fit NHWC of 64
-// MiB on 2 cores: 1.8 ms with 64 channels, 3.6-5.2 ms with 128-1024, and
-// 1.7-2.6x the 64-channel time with 48, 96, 144 or 240; a scratch sum of
-// 256 lines per 1 KiB row tile by tile: 9 against 25 GB/s); reading each
-// row whole, with the tiles' lanes in arrays, reads memory in order.
+// channels). Tile after tile, each reading a few lines of every row, runs
+// several times slower than one stream of the same bytes (shape_survey's
+// channels-last BatchNorm training with 256 channels); reading each row
+// whole, with
+// the tiles' lanes in arrays, reads memory in order.
 constexpr int kRowsFirstPasses = 2;
 // The widest such block: ChannelMomentsShortRuns' channels-last ranges.
 constexpr int64_t kMaxRowWidth = 1024;
 // How far ahead of the row being summed a rows-first pass prefetches into L2:
-// the hardware's own prefetch fell behind at 1 KiB rows (Fit NHWC [65536,
-// 256], 2 cores, paired: 3.5 -> 2.3 ms with 64 KiB).
+// the hardware's own prefetch falls behind at 1 KiB rows (shape_survey's
+// channels-last BatchNorm training with 256 channels).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
 
 // Prefetches `bytes` of the row `rows_ahead` rows past `row` (row number
@@ -1081,8 +1076,9 @@ NORMD_INLINE_INTO_CLONES void NarrowTileRows(
 // kShiftSample rows) in all of its lanes, flushed into fp64 every
 // kTileFlush steps (as many values per lane as the tile's), and a
 // channel's lanes added in order at the end. The generic fp64 loops these
-// replace read the block twice at a few values per cycle: GroupNorm NHWC
-// [64,128,128,16] ran at 0.27x copy bandwidth.
+// replace read the block twice at a few values per cycle, a fraction of
+// copy bandwidth (shape_survey's channels-last GroupNorm with 16
+// channels).
 template <typename E, int kWidth>
 NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
     const typename E::Storage* __restrict x, int64_t row_stride, int64_t c,
@@ -1120,7 +1116,7 @@ NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTile(
 // least kWidth of the `count` remain, then the narrower widths. Plain
 // inlined calls, not a lambda: a lambda's body is compiled for the default
 // target, outside the caller's clone (baseline x86-64: a libm call per
-// fused multiply-add, 10x slower).
+// fused multiply-add).
 template <typename E, int kWidth>
 NORMD_INLINE_INTO_CLONES void NarrowChannelsLastTilesFrom(
     const typename E::Storage* x, int64_t row_stride, int64_t c, int64_t count,
@@ -1353,9 +1349,9 @@ template <bool kBFloat16>
 // as exact as those of the loops this replaces (the 16-bit tests bound
 // pooled statistics of such shapes at 1e-12; fp32 lanes gave 1e-8), whose
 // one sum per channel made every addition wait on the previous one
-// (BatchNorm training [4096, 64, 8, 8], 64 MiB on 2 cores: 32 ms against a
-// 4.3 ms copy). Writes the shifts, S1 and S2 of channels [0, width)
-// (RowBlockMoments checks them with NeedsExactPath).
+// (shape_survey's BatchNorm training of 8x8 images). Writes the shifts, S1
+// and S2 of channels [0, width) (RowBlockMoments checks them with
+// NeedsExactPath).
 constexpr int kRunLanes = 16;
 
 // ShortRunSums' shift for a channel: the mean of the first kRunLanes values
@@ -1413,8 +1409,8 @@ NORMD_INLINE_INTO_CLONES void ShortRunSums(const typename E::Storage* x,
 #ifdef NORMD_HALF_AVX512
 // ShortRunSums in AVX-512 registers: lanes 0-7 and 8-15 in two vectors, the
 // same additions (no fused multiply-adds) and the same folds, so the same
-// bits. The compiled loop split its 16 lanes into vectors of 8, 4 and 2 and
-// two scalars (GCC 12): Fit [4096, 64, 8, 8] on 2 cores 3.1 -> 2.2 ms.
+// bits. The compiled loop splits its 16 lanes into vectors of 8, 4 and 2 and
+// two scalars (GCC 12; shape_survey's BatchNorm training of 8x8 images).
 template <typename E>
 [[gnu::target("avx512f,avx512bw")]] void ShortRunSumsAvx512(
     const typename E::Storage* x, const ChannelLayout& layout,
@@ -1706,16 +1702,14 @@ std::vector<Moments> ChannelMomentsShortRuns(const typename E::Storage* x,
                                              InterleavedWork* work = nullptr) {
   // Elements of one row per block: channels-last, kMaxRowWidth channels
   // (kTile register tiles, rows first); runs of one channel (inner > 1),
-  // 16 Ki elements. Runs read as strips of 1 Ki elements left the hardware
-  // prefetcher starting afresh on every 4 KiB page (Fit [4096, 64, 8, 8],
-  // 2 cores: 5.1 ms against 1.9 ms for [1024, 64, 16, 16], whose runs are
-  // long).
+  // 16 Ki elements. Runs read as strips of 1 Ki elements leave the hardware
+  // prefetcher starting afresh on every 4 KiB page (shape_survey's
+  // BatchNorm training of 8x8 images).
   const int64_t row_width = layout.inner == 1 ? kMaxRowWidth : 16384;
   // Elements per row block: larger than kMomentsBlock because the tiles keep
   // their sums in registers, and each block's shift sample, finish and
-  // merges leave the loads idle (fp32 Fit NHWC, 64 MiB: 1.58 ms at 64 Ki
-  // elements, 1.38 ms at 256 Ki); still L2-sized (1 MiB of fp32) so that an
-  // exact-path redo reads from cache.
+  // merges leave the loads idle (kernel_bench BM_Fit NHWC); still L2-sized
+  // (1 MiB of fp32) so that an exact-path redo reads from cache.
   constexpr int64_t kShortRunBlock = 8 * kMomentsBlock;
   constexpr int64_t kMinPerGroup = 1024;
   constexpr int64_t kMaxGroups = 256;

@@ -52,8 +52,8 @@ void MergeMoments(Moments& into, const Moments& other);
 // Elements per block of the contiguous reductions (128 KiB of fp32: fits L2;
 // channels-last reductions use larger blocks, see moments.cc). Each block
 // costs a few hundred cycles to set up, finish and merge, during which no
-// loads are in flight: 32 Ki rather than 8 Ki took bf16 Fit NCHW 1.83 ->
-// 1.68 ms and bf16 GroupNorm NCHW 3.86 -> 3.59 ms (64 MiB, 2 cores).
+// loads are in flight, so blocks are as large as L2 allows (kernel_bench
+// BM_HalfFit and BM_HalfGroupNorm NCHW).
 inline constexpr int64_t kMomentsBlock = 32768;
 
 // Moments of x[0..n), blocked by kMomentsBlock and merged in order; parallel
@@ -123,8 +123,9 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
 // (see there) through its values as they come from memory: channels-last
 // (inner == 1) with 64 channels, one register tile that reads each row
 // once. With more tiles (or channels beside them) every row block is read
-// again per tile, from the cache that the interleaved work evicts:
-// InstanceNorm NHWC [16,64,64,256] ran 0.87x as fast stepped.
+// again per tile, from the cache that the interleaved work evicts, and
+// stepping would be slower (shape_survey's GroupNorm NHWC with 256
+// channels).
 bool ChannelMomentsStepWork(const ChannelLayout& layout);
 
 // ChannelMoments of a 16-bit tensor (`dtype` bfloat16 or float16): the
