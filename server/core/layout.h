@@ -18,7 +18,7 @@ struct ChannelLayout {
   int64_t channels = 0;
   int64_t inner = 0;
 
-  // Values per channel (m in numerics.md).
+  // Values per channel (m in docs/api.md).
   int64_t PerChannel() const { return outer * inner; }
   int64_t NumElements() const { return outer * channels * inner; }
 };

@@ -48,7 +48,7 @@ TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
   }
 }
 
-// numerics.md accuracy bar: 1e4 + N(0,1), 1e7 values per channel / row,
+// The accuracy bar of docs/api.md: 1e4 + N(0,1), 1e7 values per channel / row,
 // relative variance error <= 1e-7 in every layout.
 TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
   constexpr int64_t kPerChannel = 10'000'000;
@@ -92,7 +92,7 @@ TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
   }
 }
 
-// numerics.md: channels-last GroupNorm at a mean offset of 1e4 is where
+// docs/api.md: channels-last GroupNorm at a mean offset of 1e4 is where
 // torch 1.13 is wrong by ~1e3; normd keeps the accuracy bar (1e7 values per
 // group). The output error allowed is fp32 rounding of |y| <= ~6 plus 1e-7
 // of relative variance error.

@@ -94,7 +94,7 @@ TEST(BatchNormTest, EveryLayoutMatchesReferenceFloat64) {
   CheckBatchNormLayouts<double>(1e-12);
 }
 
-// numerics.md: BatchNorm1d(2) in train mode on x = [[1,2],[3,6],[5,10],[7,14]].
+// docs/api.md: BatchNorm1d(2) in train mode on x = [[1,2],[3,6],[5,10],[7,14]].
 TEST(BatchNormTest, WorkedPyTorchExample) {
   const std::vector<double> x = {1, 2, 3, 6, 5, 10, 7, 14};
   Engine engine;
@@ -123,7 +123,7 @@ TEST(BatchNormTest, WorkedPyTorchExample) {
   EXPECT_NEAR((*model)->PooledVariance()[1], 20.0, 1e-15);
 }
 
-// numerics.md: momentum=None over batches x, 2x+1, [[0,0],[1,1]].
+// PyTorch 1.13: momentum=None over batches x, 2x+1, [[0,0],[1,1]].
 TEST(BatchNormTest, WorkedCumulativeAverageSequence) {
   Engine engine;
   ModelSpec create;

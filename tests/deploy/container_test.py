@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Builds the Dockerfile with podman and smoke-runs the image as its user.
 
-There is no Docker engine and no registry here (../shared/notes/containers.md):
+There is no Docker engine and no registry on the CI machines (podman instead):
 the debian:bookworm base is made once with debootstrap and imported, the image
 is built with chroot isolation, and the smoke run chroots into a container's
 root file system as the image's non-root user, with the image's entrypoint.

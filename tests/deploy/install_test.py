@@ -27,21 +27,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def check_readme_snippets(failures):
-    """The README's C++ client snippets are lines of install_consumer."""
-    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "README.md")) as f:
-        readme = f.read()
-    section = readme[readme.index("### C++"):readme.index("### normctl")]
+    """The C++ snippets of docs/clients.md are lines of install_consumer."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs",
+                           "clients.md")) as f:
+        page = f.read()
+    section = page[page.index("## C++"):page.index("## normctl")]
     for language, source in (("cmake", "CMakeLists.txt"), ("cpp", "main.cc")):
         with open(os.path.join(HERE, "install_consumer", source)) as f:
             lines = {line.strip() for line in f}
         block = re.search(rf"```{language}\n(.*?)```", section, re.S)
         if block is None:
-            failures.append(f"README: no {language} block under ### C++")
+            failures.append(f"docs/clients.md: no {language} block under ## C++")
             continue
         for line in block.group(1).splitlines():
             code = re.sub(r"\s*//.*$", "", line).strip()
             if code and code not in lines:
-                failures.append(f"README {language} line not in "
+                failures.append(f"docs/clients.md {language} line not in "
                                 f"install_consumer/{source}: {line!r}")
 
 

@@ -174,6 +174,12 @@ def main():
                   f"p99 latency {p99} s is not plausible")
             ok, up = api.query('up{job="normd"}')
             check(ok and up == [1.0], f"up = {up}")
+            # normd's own metrics are stored; prometheus-cpp's exposer_*
+            # are dropped at scrape time (docs/flags-and-metrics.md).
+            ok, ours = api.query('count({job="normd",__name__=~"normd_.*"})')
+            check(ok and ours and ours[0] > 5, f"normd_* series: {ours}")
+            ok, exposer = api.query('count({__name__=~"exposer_.*"})')
+            check(ok and exposer == [], f"exposer_* series kept: {exposer}")
 
             # Every alert rule loaded and evaluated without error.
             rules = api.get("rules")["data"]["groups"]

@@ -1,5 +1,5 @@
 // End-to-end tests against a real normd process on loopback: every RPC,
-// every malformed case of api.md with its exact gRPC code (and no state
+// every malformed case of docs/api.md with its exact gRPC code (and no state
 // change), streams, health, metrics and graceful shutdown.
 #include <gtest/gtest.h>
 
@@ -434,6 +434,12 @@ TEST_F(EndToEndTest, MetricsCountCallsCodesElementsAndModels) {
   EXPECT_EQ(MetricValue(after, "normd_inflight_requests", {}), 0);
   // No label carries a model name.
   EXPECT_EQ(after.find("e2e-metrics"), std::string::npos);
+  // In memory (no --state_dir) the state metrics are absent, as
+  // docs/flags-and-metrics.md says.
+  for (const char* state_metric :
+       {"normd_state_writable", "normd_snapshots_total", "normd_wal_"}) {
+    EXPECT_EQ(after.find(state_metric), std::string::npos) << state_metric;
+  }
 }
 
 TEST_F(EndToEndTest, EveryModeCountsItsElementsUnderItsOwnLabel) {

@@ -409,12 +409,15 @@ def test_readme_commands(ctl, tmp):
     y = np.load(os.path.join(work, "y.npy"))
     check(y.dtype == np.float64 and y.shape == (3, 5),
           f"README's y.npy is {y.dtype} {y.shape}")
-    # The Clients section's commands for the other modes, on an NCHW x.npy.
-    section = readme[readme.index("### normctl"):]
+    # docs/clients.md's commands for the other modes, on an NCHW x.npy.
+    with open(os.path.join(os.path.dirname(readme_path), "docs",
+                           "clients.md")) as f:
+        page = f.read()
+    section = page[page.index("## normctl"):]
     block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
     commands = [shlex.split(line) for line in block.splitlines()
                 if line.startswith("normctl ")]
-    check(len(commands) == 4, f"README modes block: {block!r}")
+    check(len(commands) == 4, f"docs/clients.md modes block: {block!r}")
     modes = os.path.join(tmp, "readme-modes")
     os.makedirs(modes)
     x = rng.standard_normal((2, 8, 3, 3))
@@ -428,7 +431,7 @@ def test_readme_commands(ctl, tmp):
     # The last one written to y.npy is RMSNorm over the last dim.
     y = np.load(os.path.join(modes, "y.npy"))
     want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
-    check(np.abs(y - want).max() < 1e-12, "README rms_norm y.npy")
+    check(np.abs(y - want).max() < 1e-12, "docs/clients.md rms_norm y.npy")
     # Its export/import/merge block, with A = this server, B = a second one.
     rest = section[section.index("```\n", 6) + 4:]
     block = rest[rest.index("```sh\n") + 6:rest.index("```\n", 6)]

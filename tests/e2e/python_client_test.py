@@ -18,6 +18,7 @@ Usage: python_client_test.py --normd BUILD/normd --stubs BUILD/python
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -201,7 +202,7 @@ def test_fit_and_models(client):
     check(state.num_batches_tracked == 3 and state.sample_count == 15,
           f"fit counts: {state.num_batches_tracked} {state.sample_count}")
     close(state.mean, every.mean(0), 1e-12, "pooled mean vs fp64")
-    # fp32 data: variances within numerics.md's bar (1e-7 relative), the
+    # fp32 data: variances within docs/api.md's bar (1e-7 relative), the
     # fp32 lanes of the channels-last statistics.
     check(np.allclose(state.var, every.var(0), rtol=1e-7, atol=0),
           f"pooled var {state.var} vs {every.var(0)}")
@@ -372,22 +373,66 @@ def test_wheel(port):
               "installed wheel's layer_norm vs fp64")
 
 
-def test_readme_snippet(port):
-    """The Python block of the README's Clients section, run as written
-    (pointed at this server), prints what the README says."""
+def clients_page_section(name, end):
+    """The text of docs/clients.md from `## name` to `## end`."""
+    with open(os.path.join(SOURCE, "docs", "clients.md")) as f:
+        page = f.read()
+    return page[page.index(f"## {name}"):page.index(f"## {end}")]
+
+
+def test_docs_snippet(port):
+    """The Python block of docs/clients.md, run as written (pointed at this
+    server) twice in a row: it prints what the page says both times."""
     import re
-    with open(os.path.join(SOURCE, "README.md")) as f:
-        readme = f.read()
-    section = readme[readme.index("### Python"):readme.index("### C++")]
+    section = clients_page_section("Python", "Node")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = code.replace("localhost:50051", f"127.0.0.1:{port}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.join(SOURCE, "client", "python"), args.stubs]))
-    ran = subprocess.run([sys.executable, "-c", code], env=env,
-                         capture_output=True, text=True)
-    check(ran.returncode == 0 and
-          ran.stdout == "float32 (4, 8) 1\nNOT_FOUND\n",
-          f"README snippet: {ran.stdout!r} {ran.stderr[-1500:]!r}")
+    for run in ("first", "second"):
+        ran = subprocess.run([sys.executable, "-c", code], env=env,
+                             capture_output=True, text=True)
+        check(ran.returncode == 0 and
+              ran.stdout == "float32 (4, 8) 1\nNOT_FOUND\n",
+              f"docs/clients.md snippet, {run} run: {ran.stdout!r} "
+              f"{ran.stderr[-1500:]!r}")
+
+
+def test_venv_recipe():
+    """docs/clients.md's install recipe for Debian 12, run as written from a
+    copy of the repository's client/python and proto, apart from apt-get
+    (the packages it names must be installed) and the package index (pip
+    gets --no-index: everything must come from Debian's packages)."""
+    import re
+    section = clients_page_section("Python", "Node")
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    lines = [line for line in block.splitlines() if line.strip()]
+    check(len(lines) == 4 and lines[0].startswith("sudo apt-get install"),
+          f"docs/clients.md recipe: {block!r}")
+    for package in lines[0].split()[4:]:
+        installed = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", package],
+            capture_output=True, text=True).stdout
+        check(installed.startswith("install ok installed"),
+              f"recipe package {package} is not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(SOURCE, "client", "python"),
+                        os.path.join(tmp, "client", "python"),
+                        ignore=shutil.ignore_patterns("build", "*.egg-info"))
+        shutil.copytree(os.path.join(SOURCE, "proto"),
+                        os.path.join(tmp, "proto"))
+        for line in lines[1:]:
+            argv = shlex.split(line)
+            if argv[0].endswith("pip"):
+                argv.append("--no-index")
+            argv[0] = {"python3": "/usr/bin/python3"}.get(argv[0], argv[0])
+            ran = subprocess.run(argv, cwd=tmp, capture_output=True, text=True)
+            check(ran.returncode == 0,
+                  f"recipe: {line}: {ran.stdout[-800:]} {ran.stderr[-1500:]}")
+            if ran.returncode != 0:
+                return
+        check(ran.stdout == "normd client 1.0.0\n",
+              f"recipe's last line printed {ran.stdout!r}")
 
 
 def main():
@@ -400,10 +445,11 @@ def main():
             test_fit_and_models(client)
             test_errors(client)
         test_wheel(port)
-        test_readme_snippet(port)
+        test_docs_snippet(port)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    test_venv_recipe()
     test_model_header()
     test_token()
     return normd_process.report(failures, "python client")

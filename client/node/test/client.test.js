@@ -224,12 +224,12 @@ test("x-normd-model goes with every call that names a model", async (t) => {
     ["ImportModel", "m4"], ["ImportModel", "m5"], ["MergeModel", "m6"]]);
 });
 
-test("the README's Node block runs as written", async () => {
+test("the Node block of docs/clients.md runs as written", async () => {
   const fs = require("node:fs");
   const path = require("node:path");
   const { execFile } = require("node:child_process");
-  const readme = fs.readFileSync(path.join(__dirname, "..", "..", "..", "README.md"), "utf8");
-  const section = readme.slice(readme.indexOf("### Node"), readme.indexOf("### C++"));
+  const page = fs.readFileSync(path.join(__dirname, "..", "..", "..", "docs", "clients.md"), "utf8");
+  const section = page.slice(page.indexOf("## Node"), page.indexOf("## C++"));
   const code = /```js\n([\s\S]*?)```/.exec(section)[1];
   const { proc, target } = await startNormd();
   try {

@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""The documentation holds together: every relative link in README.md and
+docs/ resolves (the file exists, and a #fragment names a heading of it),
+README.md links every page of docs/, nothing points outside the
+repository, and the front door and the performance page keep their size
+(README.md at most 400 lines, docs/performance.md at most 150).
+
+Usage: links_test.py --source DIR
+"""
+
+import argparse
+import os
+import re
+import sys
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def slug(heading):
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path):
+    with open(path, encoding="utf-8") as f:
+        text = FENCE.sub("", f.read())
+    return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", required=True)
+    source = os.path.abspath(parser.parse_args().source)
+    docs = os.path.join(source, "docs")
+    pages = [os.path.join(source, "README.md")] + sorted(
+        os.path.join(docs, name) for name in os.listdir(docs)
+        if name.endswith(".md"))
+    failures = []
+    links = 0
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        name = os.path.relpath(page, source)
+        if "../shared" in text or "numerics.md" in text:
+            failures.append(f"{name} points outside the repository "
+                            f"(../shared, numerics.md)")
+        for target in LINK.findall(FENCE.sub("", text)):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto: ...
+            links += 1
+            path, _, fragment = target.partition("#")
+            resolved = (os.path.normpath(os.path.join(os.path.dirname(page),
+                                                      path))
+                        if path else page)
+            if not resolved.startswith(source + os.sep):
+                failures.append(f"{name}: {target} leaves the repository")
+            elif not os.path.exists(resolved):
+                failures.append(f"{name}: {target} does not exist")
+            elif fragment and resolved.endswith(".md") and \
+                    fragment not in anchors(resolved):
+                failures.append(f"{name}: {target}: no heading "
+                                f"#{fragment} in {os.path.relpath(resolved, source)}")
+    with open(pages[0], encoding="utf-8") as f:
+        readme = f.read()
+    for page in pages[1:]:
+        if f"(docs/{os.path.basename(page)})" not in readme:
+            failures.append(f"README.md does not link docs/{os.path.basename(page)}")
+    for page, limit in ((pages[0], 400),
+                        (os.path.join(docs, "performance.md"), 150)):
+        with open(page, encoding="utf-8") as f:
+            count = len(f.read().splitlines())
+        if count > limit:
+            failures.append(f"{os.path.relpath(page, source)} has {count} "
+                            f"lines (at most {limit})")
+    for failure in failures:
+        print("FAIL", failure)
+    print(f"{len(pages)} pages, {links} relative links, "
+          f"{len(failures)} failures")
+    return 1 if failures or links == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
