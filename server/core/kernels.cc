@@ -1808,7 +1808,7 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
 // prefetched ahead if `prefetch_input`. `stream`: streaming stores (the
 // caller fences), else ordinary ones (outputs that stay in the cache, where
 // parameters in registers beat the compiled loop's per-element parameter
-// loads: kernel_bench BM_GroupNorm and BM_BatchNorm NHWC, one thread).
+// loads: kernel_bench BM_GroupNorm and BM_BatchNorm NHWC).
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,
                             const ChannelParamsF32& p, bool prefetch_input,
