@@ -1,66 +1,58 @@
+// StreamCopy on Highway: one implementation compiled for every SIMD target
+// (foreach_target.h) and chosen at run time by HWY_DYNAMIC_DISPATCH.
 #include "server/core/stream_copy.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define NORMD_HAVE_X86_STREAMING 1
-#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "server/core/stream_copy.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// foreach_target.h first: it re-includes this file once per target.
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
 
+HWY_BEFORE_NAMESPACE();
+namespace normd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Copies `bytes` from `src` to `dst`: the bytes before dst's first 64-byte
+// line boundary and after its last one with memcpy, the whole lines between
+// with streaming stores of at most 64 bytes each (so that every store is
+// aligned to its own size, whatever the target's vector length), then a
+// fence.
+void StreamCopyBytes(char* HWY_RESTRICT dst, const char* HWY_RESTRICT src,
+                     size_t bytes) {
+  const hn::CappedTag<uint8_t, 64> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t misalignment = reinterpret_cast<uintptr_t>(dst) & 63;
+  size_t head = misalignment == 0 ? 0 : 64 - misalignment;
+  if (head > bytes) head = bytes;
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    for (size_t j = 0; j < 64; j += lanes) {
+      hn::Stream(hn::LoadU(d, reinterpret_cast<const uint8_t*>(src + i + j)), d,
+                 reinterpret_cast<uint8_t*>(dst + i + j));
+    }
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  hwy::FlushStream();
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace normd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace normd {
 namespace {
 
 std::atomic<int64_t> streaming_output_bytes{kDefaultStreamingOutputBytes};
 
-#if NORMD_HAVE_X86_STREAMING
-// Bytes until `p` is 64-byte aligned (at most `limit`).
-size_t HeadBytes(const void* p, size_t limit) {
-  const size_t misalignment = reinterpret_cast<uintptr_t>(p) & 63;
-  const size_t head = misalignment == 0 ? 0 : 64 - misalignment;
-  return head < limit ? head : limit;
-}
-
-__attribute__((target("avx512f"))) void StreamCopyAvx512(char* dst,
-                                                         const char* src,
-                                                         size_t bytes) {
-  const size_t head = HeadBytes(dst, bytes);
-  std::memcpy(dst, src, head);
-  size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
-                        _mm512_loadu_si512(src + i));
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
-}
-
-__attribute__((target("avx2"))) void StreamCopyAvx2(char* dst, const char* src,
-                                                    size_t bytes) {
-  const size_t head = HeadBytes(dst, bytes);
-  std::memcpy(dst, src, head);
-  size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m256i* s = reinterpret_cast<const __m256i*>(src + i);
-    __m256i* d = reinterpret_cast<__m256i*>(dst + i);
-    _mm256_stream_si256(d, _mm256_loadu_si256(s));
-    _mm256_stream_si256(d + 1, _mm256_loadu_si256(s + 1));
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
-}
-
-using CopyFn = void (*)(char*, const char*, size_t);
-
-CopyFn SelectCopy() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return StreamCopyAvx512;
-  if (__builtin_cpu_supports("avx2")) return StreamCopyAvx2;
-  return [](char* dst, const char* src, size_t bytes) {
-    std::memcpy(dst, src, bytes);
-  };
-}
-#endif
+HWY_EXPORT(StreamCopyBytes);
 
 }  // namespace
 
@@ -73,12 +65,9 @@ void SetStreamingOutputBytes(int64_t bytes) {
 }
 
 void StreamCopy(void* dst, const void* src, size_t bytes) {
-#if NORMD_HAVE_X86_STREAMING
-  static const CopyFn copy = SelectCopy();
-  copy(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
+  HWY_DYNAMIC_DISPATCH(StreamCopyBytes)
+  (static_cast<char*>(dst), static_cast<const char*>(src), bytes);
 }
 
 }  // namespace normd
+#endif  // HWY_ONCE
