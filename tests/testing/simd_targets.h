@@ -16,11 +16,17 @@
 
 namespace normd::testing {
 
-// The targets ForEachSimdTarget visits, best first.
+// Pins Highway's dispatch to the targets in `mask` (0: the CPU's own
+// choice again) and makes the next dispatched call see it.
+inline void PinSimdTargets(int64_t mask) {
+  hwy::SetSupportedTargetsForTest(mask);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+// The targets ForEachSimdTarget visits, best first. Unpins dispatch.
 inline std::vector<int64_t> SimdTargets() {
-  hwy::SetSupportedTargetsForTest(0);
-  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  return targets;
+  PinSimdTargets(0);
+  return hwy::SupportedAndGeneratedTargets();
 }
 
 // Calls body(target name) with dispatch pinned to each target in turn, then
@@ -28,13 +34,11 @@ inline std::vector<int64_t> SimdTargets() {
 template <typename Body>
 void ForEachSimdTarget(const Body& body) {
   for (int64_t target : SimdTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    PinSimdTargets(target);
     SCOPED_TRACE(std::string("SIMD target ") + hwy::TargetName(target));
     body(std::string(hwy::TargetName(target)));
   }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  PinSimdTargets(0);
 }
 
 }  // namespace normd::testing
