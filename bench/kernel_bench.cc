@@ -13,6 +13,7 @@
 #include <tbb/parallel_reduce.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -22,7 +23,8 @@
 #include "server/core/engine.h"
 #include "server/core/half.h"
 #include "server/core/simd.h"
-#include "server/core/stream_copy.h"
+#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/target.h"
 
 namespace normd {
 namespace {
@@ -475,6 +477,10 @@ BENCHMARK(BM_HalfFit)
 }  // namespace normd
 
 int main(int argc, char** argv) {
+  if (absl::Status s = normd::RestrictSimdTargetFromEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   int threads = 2;
   if (const char* env = std::getenv("NORMD_BENCH_THREADS")) {
     threads = std::atoi(env);

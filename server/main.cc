@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/core/simd.h"
+#include "server/core/simd/target.h"
 #include "server/rpc/logging.h"
 #include "server/rpc/server.h"
 
@@ -106,9 +107,12 @@ const char kUsage[] =
     "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
     "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
     "drain (--shutdown_grace),\na final snapshot is written, exit 0.\n"
-    "Environment: NORMD_NO_AVX512_BF16 (any value) rounds bfloat16 results "
-    "without the\nAVX512-BF16 instruction (the same bits; the start-up line "
-    "names the kernels used).";
+    "Environment: NORMD_SIMD_TARGET=avx3|avx2|sse4|neon|sve|scalar runs the "
+    "kernels on\nthat SIMD target (default: the best this CPU has; every "
+    "target gives the same\nbits; one the CPU lacks is a start-up error). "
+    "NORMD_NO_AVX512_BF16 (any value)\nrounds bfloat16 results without the "
+    "AVX512-BF16 instruction (the same bits).\nThe start-up line names the "
+    "target and the kernels used.";
 
 // Show only normd's own flags in --help.
 bool IsNormdFlagFile(absl::string_view file) {
@@ -124,6 +128,11 @@ int main(int argc, char** argv) {
   usage_config.contains_helpshort_flags = IsNormdFlagFile;
   absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = normd::RestrictSimdTargetFromEnvironment(); !s.ok()) {
+    normd::Log(normd::LogSeverity::kError,
+               absl::StrCat("cannot start: ", s.message()));
+    return 1;
+  }
   // Before any thread exists: arenas are made per thread on contention.
   if (absl::Status s =
           normd::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
@@ -191,7 +200,8 @@ int main(int argc, char** argv) {
               ? "; TLS"
               : "; TLS, client certificates required",
           options.auth_token_file.empty() ? "" : ", bearer token required",
-          "; kernels: ", normd::KernelInstructionSet()));
+          "; SIMD target ", normd::ActiveSimdTarget(),
+          " (hand-written kernels: ", normd::KernelInstructionSet(), ")"));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

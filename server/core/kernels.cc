@@ -19,7 +19,7 @@
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
-#include "server/core/stream_copy.h"
+#include "server/core/simd/stream_copy.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own

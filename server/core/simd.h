@@ -59,8 +59,22 @@ inline const CpuAvx512Features& DetectedAvx512Features() {
   }();
   return features;
 }
-inline bool CpuHasAvx512F() { return DetectedAvx512Features().f; }
-inline bool CpuHasAvx512Bw() { return DetectedAvx512Features().bw; }
+namespace simd_internal {
+// False once RestrictSimdTarget (simd/target.h) picked a target other than
+// AVX3: the hand-written AVX-512 kernels stand aside as well.
+inline std::atomic<bool>& HandWrittenAvx512Allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+}  // namespace simd_internal
+inline bool CpuHasAvx512F() {
+  return DetectedAvx512Features().f &&
+         simd_internal::HandWrittenAvx512Allowed().load(
+             std::memory_order_relaxed);
+}
+inline bool CpuHasAvx512Bw() {
+  return DetectedAvx512Features().bw && CpuHasAvx512F();
+}
 
 // Whether the CPU has AVX512-BF16 (and F and BW), and whether the
 // environment variable NORMD_NO_AVX512_BF16 was set (read once).
@@ -88,7 +102,7 @@ inline void AllowAvx512Bf16ForTesting(bool allowed) {
 // half_avx512.h): the CPU has it, NORMD_NO_AVX512_BF16 is not set and no
 // test turned it off. Thread-safe.
 inline bool CpuHasAvx512Bf16() {
-  return CpuSupportsAvx512Bf16() && !Avx512Bf16TurnedOff() &&
+  return CpuSupportsAvx512Bf16() && CpuHasAvx512F() && !Avx512Bf16TurnedOff() &&
          simd_internal::Avx512Bf16Allowed().load(std::memory_order_relaxed);
 }
 
@@ -97,6 +111,9 @@ inline bool CpuHasAvx512Bf16() {
 // the CPU has it), "AVX-512F", or "compiled loops (no AVX-512)": their AVX2
 // or baseline clones.
 inline std::string KernelInstructionSet() {
+  if (DetectedAvx512Features().f && !CpuHasAvx512F()) {
+    return "compiled loops (AVX-512 off: NORMD_SIMD_TARGET)";
+  }
   if (!CpuHasAvx512F()) return "compiled loops (no AVX-512)";
   if (!CpuHasAvx512Bw()) return "AVX-512F";
   if (CpuHasAvx512Bf16()) return "AVX-512 (F, BW, BF16)";

@@ -17,7 +17,7 @@
 #include "server/core/engine.h"
 #include "server/core/half_avx512.h"
 #include "server/core/simd.h"
-#include "server/core/stream_copy.h"
+#include "server/core/simd/stream_copy.h"
 #include "tests/testing/core_cases.h"
 
 namespace normd {

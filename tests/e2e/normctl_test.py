@@ -248,19 +248,46 @@ def test_help_everywhere(ctl):
     server_help = subprocess.run([args.normd, "--help"], capture_output=True,
                                  text=True, timeout=60).stdout
     for word in ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm",
-                 "InstanceNorm", "bfloat16", "float16", "NORMD_NO_AVX512_BF16"):
+                 "InstanceNorm", "bfloat16", "float16", "NORMD_NO_AVX512_BF16",
+                 "NORMD_SIMD_TARGET"):
         check(word in server_help, f"normd --help lacks {word}")
-    # The start-up line names the kernels' instruction set.
-    server = subprocess.Popen(
-        [args.normd, "--bind_address=127.0.0.1", "--port=0",
-         "--metrics_port=-1"], stderr=subprocess.PIPE, text=True)
-    try:
-        first = server.stderr.readline()
-        check(re.search(r"serving gRPC on .*; kernels: (AVX-512|compiled)",
-                        first), f"start line without kernels: {first!r}")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    # The start-up line names the SIMD target and the kernels' instruction
+    # set; NORMD_SIMD_TARGET picks the target (sse4 and scalar run on every
+    # x86-64 CPU), and a target this build or CPU cannot run stops normd
+    # with a message naming the variable.
+    def start_line(simd_target):
+        env = dict(os.environ)
+        env.pop("NORMD_SIMD_TARGET", None)
+        if simd_target is not None:
+            env["NORMD_SIMD_TARGET"] = simd_target
+        server = subprocess.Popen(
+            [args.normd, "--bind_address=127.0.0.1", "--port=0",
+             "--metrics_port=-1"], stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            line = server.stderr.readline()
+            # Running after its first line: serving (its code is not ours).
+            try:
+                return line, server.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                return line, None
+        finally:
+            if server.poll() is None:
+                server.terminate()
+                server.wait(timeout=60)
+
+    first, _ = start_line(None)
+    check(re.search(r"serving gRPC on .*; SIMD target (avx3|avx2|sse4|neon|"
+                    r"sve|scalar) \(hand-written kernels: (AVX-512|compiled)",
+                    first), f"start line without the target: {first!r}")
+    for target in ("sse4", "scalar"):
+        line, _ = start_line(target)
+        check(f"; SIMD target {target} (" in line,
+              f"NORMD_SIMD_TARGET={target}: {line!r}")
+    for bad, why in (("avx9", "unknown SIMD target"),
+                     ("neon", "not compiled into this build")):
+        line, code = start_line(bad)
+        check(code == 1 and f"NORMD_SIMD_TARGET={bad}: {why}" in line,
+              f"NORMD_SIMD_TARGET={bad}: exit {code}, {line!r}")
 
 
 def test_exit_codes(ctl, tmp):

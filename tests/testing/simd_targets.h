@@ -1,7 +1,8 @@
 // Runs a test body once per SIMD target that is both compiled into normd's
-// core (Highway's HWY_TARGETS) and supported by this CPU, with Highway's
-// dispatch pinned to that target. Test-only; not thread-safe (it changes
-// the process-wide dispatch).
+// core (Highway's HWY_TARGETS) and run by this CPU, with Highway's dispatch
+// pinned to that target; only the one NORMD_SIMD_TARGET names when it is
+// set (test_main.cc applies it). Test-only; not thread-safe (it changes the
+// process-wide dispatch).
 #ifndef NORMD_TESTS_TESTING_SIMD_TARGETS_H_
 #define NORMD_TESTS_TESTING_SIMD_TARGETS_H_
 
@@ -13,6 +14,7 @@
 
 #include "hwy/highway.h"
 #include "hwy/targets.h"
+#include "server/core/simd/target.h"
 
 namespace normd::testing {
 
@@ -29,14 +31,21 @@ inline std::vector<int64_t> SimdTargets() {
   return hwy::SupportedAndGeneratedTargets();
 }
 
-// Calls body(target name) with dispatch pinned to each target in turn, then
-// restores the CPU's own choice.
+// Calls body(normd's name of the target) with dispatch pinned to each
+// target in turn, then restores the CPU's own choice. Fails the test if
+// pinning did not change what runs.
 template <typename Body>
 void ForEachSimdTarget(const Body& body) {
+  std::vector<std::string> visited;
   for (int64_t target : SimdTargets()) {
     PinSimdTargets(target);
-    SCOPED_TRACE(std::string("SIMD target ") + hwy::TargetName(target));
-    body(std::string(hwy::TargetName(target)));
+    const std::string name = ActiveSimdTarget();
+    SCOPED_TRACE("SIMD target " + name);
+    for (const std::string& seen : visited) {
+      EXPECT_NE(seen, name) << "dispatch did not switch";
+    }
+    visited.push_back(name);
+    body(name);
   }
   PinSimdTargets(0);
 }

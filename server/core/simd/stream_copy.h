@@ -3,8 +3,8 @@
 // bandwidth of large outputs on x86 well above memcpy's (kernel_bench
 // BM_StreamCopy against BM_Copy). Kernels compute an output piece into a
 // small cache-resident buffer and stream it out. Stateless; thread-safe.
-#ifndef NORMD_SERVER_CORE_STREAM_COPY_H_
-#define NORMD_SERVER_CORE_STREAM_COPY_H_
+#ifndef NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_
+#define NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -33,4 +33,4 @@ void StreamCopy(void* dst, const void* src, size_t bytes);
 
 }  // namespace normd
 
-#endif  // NORMD_SERVER_CORE_STREAM_COPY_H_
+#endif  // NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_

@@ -1,13 +1,13 @@
 // StreamCopy on Highway: one implementation compiled for every SIMD target
 // (foreach_target.h) and chosen at run time by HWY_DYNAMIC_DISPATCH.
-#include "server/core/stream_copy.h"
+#include "server/core/simd/stream_copy.h"
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "server/core/stream_copy.cc"
+#define HWY_TARGET_INCLUDE "server/core/simd/stream_copy.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/cache_control.h"
