@@ -1,0 +1,246 @@
+// Every kernel of the numeric core on one thread, on data that stays in the
+// cache (64 K values, 128-256 KiB: L2): ns per value of the arithmetic
+// alone, which memory speed does not move. Rows name the kernel, dtype and
+// shape; bench/old_vs_new.py runs two builds of this program in turns and
+// reports each row's median new/old ratio. Uses only the core's kernel API
+// (kernels.h, moments.h, half.h), so that a baseline commit builds it too.
+#include <benchmark/benchmark.h>
+#include <tbb/global_control.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/core/half.h"
+#include "server/core/kernels.h"
+#include "server/core/moments.h"
+#if __has_include("server/core/simd/target.h")
+#include "server/core/simd/target.h"
+#define NORMD_HAS_SIMD_TARGET 1
+#endif
+
+namespace normd {
+namespace {
+
+constexpr int64_t kValues = 64 * 1024;
+
+// kValues fp32 values near 1e4 (the accuracy bar's offset).
+const std::vector<float>& Floats() {
+  static const auto* values = [] {
+    auto* v = new std::vector<float>(kValues);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(1e4f, 3.0f);
+    for (float& x : *v) x = normal(rng);
+    return v;
+  }();
+  return *values;
+}
+
+std::vector<double> Doubles() {
+  return std::vector<double>(Floats().begin(), Floats().end());
+}
+
+// kValues 16-bit values around 2 with unit spread: a 16-bit format cannot
+// hold 1e4 +- 3 apart from a handful of values (bfloat16 steps by 64 there),
+// which would send every block down the exact path.
+std::vector<uint16_t> Halves(DType dtype) {
+  std::vector<uint16_t> h(kValues);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(2.0f, 1.0f);
+  for (uint16_t& v : h) v = FloatToHalf(dtype, normal(rng));
+  return h;
+}
+
+void Report(benchmark::State& state) {
+  state.counters["ns_per_value"] =
+      benchmark::Counter(static_cast<double>(kValues),
+                         benchmark::Counter::kIsIterationInvariantRate |
+                             benchmark::Counter::kInvert);
+}
+
+constexpr DType kHalfTypes[] = {DType::kBFloat16, DType::kFloat16};
+const char* Name(DType dtype) {
+  return dtype == DType::kBFloat16 ? "bf16" : "f16";
+}
+
+// Layouts: NCHW-like runs (inner 1024 and 49) and channels-last (inner 1).
+ChannelLayout Layout(const std::string& name) {
+  if (name == "nchw") return {8, 8, 1024};
+  if (name == "nchw49") return {8, 168, 49};  // 65856 > kValues: trimmed.
+  return {1024, 64, 1};                       // nhwc
+}
+ChannelLayout Fitted(ChannelLayout layout) {
+  while (layout.NumElements() > kValues) --layout.outer;
+  return layout;
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("ContiguousMoments/f32", [](auto& state) {
+    for (auto _ : state) {
+      benchmark::DoNotOptimize(ContiguousMoments(Floats().data(), kValues));
+    }
+    Report(state);
+  });
+  benchmark::RegisterBenchmark("ContiguousMoments/f64", [](auto& state) {
+    const std::vector<double> x = Doubles();
+    for (auto _ : state) {
+      benchmark::DoNotOptimize(ContiguousMoments(x.data(), kValues));
+    }
+    Report(state);
+  });
+  for (DType dtype : kHalfTypes) {
+    benchmark::RegisterBenchmark(
+        (std::string("HalfMoments/") + Name(dtype)).c_str(),
+        [dtype](auto& state) {
+          const std::vector<uint16_t> x = Halves(dtype);
+          std::vector<float> scratch(kMomentsBlock);
+          for (auto _ : state) {
+            benchmark::DoNotOptimize(
+                HalfMoments(dtype, x.data(), scratch.data(), kValues));
+          }
+          Report(state);
+        });
+    benchmark::RegisterBenchmark(
+        (std::string("WidenWithMoments/") + Name(dtype)).c_str(),
+        [dtype](auto& state) {
+          const std::vector<uint16_t> x = Halves(dtype);
+          std::vector<float> out(kValues);
+          for (auto _ : state) {
+            benchmark::DoNotOptimize(
+                WidenWithMoments(dtype, x.data(), out.data(), kValues));
+          }
+          Report(state);
+        });
+    benchmark::RegisterBenchmark(
+        (std::string("WidenHalf/") + Name(dtype)).c_str(),
+        [dtype](auto& state) {
+          const std::vector<uint16_t> x = Halves(dtype);
+          std::vector<float> out(kValues);
+          for (auto _ : state) {
+            WidenHalf(dtype, x.data(), out.data(), kValues);
+            benchmark::ClobberMemory();
+          }
+          Report(state);
+        });
+    benchmark::RegisterBenchmark(
+        (std::string("NarrowToHalf/") + Name(dtype)).c_str(),
+        [dtype](auto& state) {
+          std::vector<uint16_t> out(kValues);
+          for (auto _ : state) {
+            NarrowToHalf(dtype, Floats().data(), out.data(), kValues);
+            benchmark::ClobberMemory();
+          }
+          Report(state);
+        });
+  }
+  for (const char* layout_name : {"nchw", "nchw49", "nhwc"}) {
+    const ChannelLayout layout = Fitted(Layout(layout_name));
+    benchmark::RegisterBenchmark(
+        (std::string("ChannelMoments/f32/") + layout_name).c_str(),
+        [layout](auto& state) {
+          for (auto _ : state) {
+            benchmark::DoNotOptimize(ChannelMoments(Floats().data(), layout));
+          }
+          Report(state);
+        });
+    for (DType dtype : kHalfTypes) {
+      benchmark::RegisterBenchmark(
+          (std::string("HalfChannelMoments/") + Name(dtype) + "/" + layout_name)
+              .c_str(),
+          [layout, dtype](auto& state) {
+            const std::vector<uint16_t> x = Halves(dtype);
+            for (auto _ : state) {
+              benchmark::DoNotOptimize(
+                  HalfChannelMoments(dtype, x.data(), layout));
+            }
+            Report(state);
+          });
+    }
+    const std::vector<double> mean(layout.channels, 1e4);
+    const std::vector<double> scale(layout.channels, 0.3);
+    const std::vector<double> shift(layout.channels, 0.1);
+    benchmark::RegisterBenchmark(
+        (std::string("ChannelAffine/f32/") + layout_name).c_str(),
+        [=](auto& state) {
+          std::vector<float> y(kValues);
+          for (auto _ : state) {
+            ChannelAffineKernel(Floats().data(), y.data(), layout, mean.data(),
+                                scale.data(), shift.data());
+            benchmark::ClobberMemory();
+          }
+          Report(state);
+        });
+    for (DType dtype : kHalfTypes) {
+      benchmark::RegisterBenchmark(
+          (std::string("ChannelAffineHalf/") + Name(dtype) + "/" + layout_name)
+              .c_str(),
+          [=](auto& state) {
+            const std::vector<uint16_t> x = Halves(dtype);
+            std::vector<uint16_t> y(kValues);
+            for (auto _ : state) {
+              ChannelAffineHalfKernel(dtype, x.data(), y.data(), layout,
+                                      mean.data(), scale.data(), shift.data());
+              benchmark::ClobberMemory();
+            }
+            Report(state);
+          });
+    }
+  }
+  for (int64_t row : {64, 768, 4096}) {
+    const RowLayout rows{kValues / row, row};
+    const std::vector<double> weight(row, 1.5), bias(row, 0.25);
+    for (auto [style, style_name] :
+         {std::pair{LayerNormStyle::kPyTorch, "layer"},
+          std::pair{LayerNormStyle::kRms, "rms"}}) {
+      benchmark::RegisterBenchmark(
+          (std::string("RowNorm/f32/") + style_name + "/" + std::to_string(row))
+              .c_str(),
+          [=](auto& state) {
+            std::vector<float> y(kValues);
+            for (auto _ : state) {
+              LayerNormKernel(Floats().data(), y.data(), rows, 1e-5, style,
+                              weight.data(), bias.data());
+              benchmark::ClobberMemory();
+            }
+            Report(state);
+          });
+      for (DType dtype : kHalfTypes) {
+        benchmark::RegisterBenchmark(
+            (std::string("RowNormHalf/") + Name(dtype) + "/" + style_name +
+             "/" + std::to_string(row))
+                .c_str(),
+            [=](auto& state) {
+              const std::vector<uint16_t> x = Halves(dtype);
+              std::vector<uint16_t> y(kValues);
+              for (auto _ : state) {
+                LayerNormHalfKernel(dtype, x.data(), y.data(), rows, 1e-5,
+                                    style, weight.data(), bias.data());
+                benchmark::ClobberMemory();
+              }
+              Report(state);
+            });
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace normd
+
+int main(int argc, char** argv) {
+#ifdef NORMD_HAS_SIMD_TARGET  // Baselines from before it lack it.
+  if (absl::Status s = normd::RestrictSimdTargetFromEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+#endif
+  tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism,
+                                 1);
+  normd::RegisterAll();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
