@@ -39,7 +39,9 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-// float16 -> fp32 (exact, subnormals included). Branch-free so that loops
+// float16 -> fp32 (exact, subnormals included; a NaN comes out quiet, as
+// from the CPUs' conversion instructions: the multiplication by 2^-112
+// quiets it). Branch-free so that loops
 // over it vectorize (after Maratyszcza's FP16 library).
 inline float Float16ToFloat(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
@@ -94,15 +96,18 @@ inline uint16_t FloatToHalf(DType dtype, float f) {
 // decides the second rounding.
 uint16_t DoubleToHalf(DType dtype, double value);
 
+// The bulk conversions below run on Highway (simd/convert.cc), on the
+// SIMD target dispatch picks, with the bits of the scalar ones above.
+
 // n elements of `dtype` (16-bit) at src widened to fp32 at dst.
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n);
 
 // n fp32 values narrowed to `dtype` (16-bit), round to nearest even.
 void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n);
 
-// The same with streaming stores where the CPU has them (the lines of dst
-// are written without being read into the cache; for large outputs), then a
-// store fence. Bitwise the same result.
+// The same with streaming stores (whole 64-byte lines of dst are written
+// without being read into the cache; for large outputs), then a store
+// fence. Bitwise the same result.
 void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
                            int64_t n);
 

@@ -1,6 +1,6 @@
 // AVX-512 (F, BW and BF16) conversions of 16 lanes between fp32 and the 16-bit
-// storage formats, shared by the bulk conversions (half.cc) and the kernels
-// that narrow their results as they write them (kernels.cc). Internal to the
+// storage formats, for the hand-written kernels that widen and narrow as they
+// load and store (kernels.cc, moments.cc). Internal to the
 // core; call only where CpuHasAvx512Bw() (simd.h), the ones named Avx512Bf16
 // only where CpuHasAvx512Bf16(), from functions compiled for it. Pure
 // functions.
@@ -17,10 +17,6 @@
 #define NORMD_HALF_AVX512 1
 
 namespace normd {
-
-// 16-bit elements ahead of the loads that the bulk widening loops (half.cc)
-// prefetch: 16 KB of input.
-inline constexpr int64_t kWidenPrefetchAhead = 8192;
 
 // float16 uses the CPU's conversion instructions, bfloat16 integer ops; both
 // round to nearest even like the scalar FloatToFloat16 / FloatToBFloat16.

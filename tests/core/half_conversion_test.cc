@@ -16,10 +16,12 @@
 #include "server/core/half_avx512.h"
 #include "server/core/simd.h"
 #include "tests/testing/core_cases.h"
+#include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
 
+using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::HalfValue;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelStats;
@@ -63,32 +65,52 @@ class NearestHalf {
   std::vector<double> values_;
 };
 
-TEST(HalfTest, WideningIsExactForEveryPattern) {
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    std::vector<uint16_t> all(65536);
-    for (int h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
-    std::vector<float> wide(all.size());
-    WidenHalf(dtype, all.data(), wide.data(), 65536);
-    for (int h = 0; h < 65536; ++h) {
-      const double expected = HalfValue(dtype, static_cast<uint16_t>(h));
-      // The bulk form (CPU instructions where there are some) and the
-      // portable scalar one.
-      const float scalar = HalfToFloat(dtype, static_cast<uint16_t>(h));
-      if (std::isnan(expected)) {
-        ASSERT_TRUE(std::isnan(wide[h])) << DTypeName(dtype) << " " << h;
-        ASSERT_TRUE(std::isnan(scalar)) << DTypeName(dtype) << " " << h;
-        continue;
-      }
-      ASSERT_EQ(static_cast<double>(wide[h]), expected)
-          << DTypeName(dtype) << " " << h;
-      ASSERT_EQ(std::signbit(wide[h]), std::signbit(expected));
-      ASSERT_EQ(std::bit_cast<uint32_t>(scalar),
-                std::bit_cast<uint32_t>(wide[h]));
-    }
-  }
+// The fp32 pattern a 16-bit NaN widens to: its sign, payload and quiet bit
+// moved up, and for float16 the quiet bit set (as conversion instructions
+// do; bfloat16 widening is a shift, which keeps a signalling NaN).
+uint32_t WidenedNaN(DType dtype, uint16_t h) {
+  if (dtype == DType::kBFloat16) return static_cast<uint32_t>(h) << 16;
+  return (static_cast<uint32_t>(h & 0x8000) << 16) | 0x7fc00000u |
+         (static_cast<uint32_t>(h & 0x3ff) << 13);
 }
 
-TEST(HalfTest, NarrowingRoundsToNearestEven) {
+TEST(HalfTest, WideningIsExactForEveryPatternOnEveryTarget) {
+  std::vector<uint16_t> all(65536 + 7);
+  for (size_t h = 0; h < all.size(); ++h) all[h] = static_cast<uint16_t>(h);
+  ForEachSimdTarget([&](const std::string&) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      // Offset 7: vector bodies at every alignment, and a scalar tail.
+      std::vector<float> wide(all.size());
+      WidenHalf(dtype, all.data() + 7, wide.data(), 65536);
+      for (int i = 0; i < 65536; ++i) {
+        const uint16_t h = static_cast<uint16_t>(i + 7);
+        const double expected = HalfValue(dtype, h);
+        // The bulk form and the portable scalar one.
+        const float scalar = HalfToFloat(dtype, h);
+        if (std::isnan(expected)) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]), WidenedNaN(dtype, h))
+              << DTypeName(dtype) << " " << h;
+          ASSERT_EQ(std::bit_cast<uint32_t>(scalar), WidenedNaN(dtype, h))
+              << DTypeName(dtype) << " " << h;
+          continue;
+        }
+        ASSERT_EQ(static_cast<double>(wide[i]), expected)
+            << DTypeName(dtype) << " " << h;
+        ASSERT_EQ(std::signbit(wide[i]), std::signbit(expected));
+        ASSERT_EQ(std::bit_cast<uint32_t>(scalar),
+                  std::bit_cast<uint32_t>(wide[i]));
+      }
+    }
+  });
+}
+
+void CheckNarrowing();
+
+TEST(HalfTest, NarrowingRoundsToNearestEvenOnEveryTarget) {
+  ForEachSimdTarget([](const std::string&) { CheckNarrowing(); });
+}
+
+void CheckNarrowing() {
   std::mt19937 gen(7);
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(DTypeName(dtype));
@@ -251,20 +273,30 @@ TEST(HalfTest, Avx512Bf16RoundingEqualsIntegerRoundingForEveryExponent) {
 }
 #endif  // NORMD_HALF_AVX512
 
-TEST(HalfTest, StreamingNarrowingWritesTheSameBits) {
-  // Every head alignment and length around the 32-element lines.
+TEST(HalfTest, StreamingNarrowingWritesTheSameBitsOnEveryTarget) {
+  // Every head alignment and length around the 32-element lines; nothing
+  // written outside [offset, offset + n).
   const auto x = RandomValues<float>(300, 13, 0.0, 1e3);
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    for (int64_t offset = 0; offset < 40; ++offset) {
-      for (int64_t n : {0, 1, 31, 32, 33, 64, 95, 200}) {
-        std::vector<uint16_t> plain(300, 7), streamed(300, 7);
-        NarrowToHalf(dtype, x.data(), plain.data() + offset, n);
-        NarrowToHalfStreaming(dtype, x.data(), streamed.data() + offset, n);
-        ASSERT_EQ(plain, streamed)
-            << DTypeName(dtype) << " offset " << offset << " n " << n;
+  ForEachSimdTarget([&](const std::string&) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      for (int64_t offset = 0; offset < 40; ++offset) {
+        for (int64_t n : {0, 1, 31, 32, 33, 64, 95, 200}) {
+          std::vector<uint16_t> plain(300, 7), streamed(300, 7);
+          NarrowToHalf(dtype, x.data(), plain.data() + offset, n);
+          NarrowToHalfStreaming(dtype, x.data(), streamed.data() + offset, n);
+          ASSERT_EQ(plain, streamed)
+              << DTypeName(dtype) << " offset " << offset << " n " << n;
+          for (int64_t i = 0; i < 300; ++i) {
+            if (i < offset || i >= offset + n) {
+              ASSERT_EQ(streamed[i], 7) << "written outside at " << i;
+            } else {
+              ASSERT_EQ(streamed[i], FloatToHalf(dtype, x[i - offset]));
+            }
+          }
+        }
       }
     }
-  }
+  });
 }
 
 TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {

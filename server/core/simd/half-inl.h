@@ -1,0 +1,193 @@
+// Vector conversions between fp32 and the 16-bit storage formats, for the
+// Highway kernels of every target: include inside a file compiled per
+// target (foreach_target.h), after hwy/highway.h. They give the bits of
+// half.h's scalar conversions on every target: widening is exact (float16
+// NaNs come out quiet, as the CPUs' own instructions make them), narrowing
+// rounds to nearest even, and every NaN narrows to the canonical NaN.
+// Where a target's instructions do this (F16C on AVX2 and AVX3, NEON and
+// SVE) float16 uses them; elsewhere, and for bfloat16 everywhere (Highway
+// 1.0.3's DemoteTo truncates), the same integer and fp32 steps as half.h.
+// Pure functions.
+
+// Per-target include guard: toggled for each pass of foreach_target.h.
+#if defined(NORMD_SERVER_CORE_SIMD_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef NORMD_SERVER_CORE_SIMD_HALF_INL_H_
+#undef NORMD_SERVER_CORE_SIMD_HALF_INL_H_
+#else
+#define NORMD_SERVER_CORE_SIMD_HALF_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "server/core/half.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace normd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Whether this target converts float16 with instructions that round to
+// nearest even and handle subnormals, infinities and NaNs exactly.
+#undef NORMD_HWY_EXACT_F16
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || \
+    (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+#define NORMD_HWY_EXACT_F16 1
+#else
+#define NORMD_HWY_EXACT_F16 0
+#endif
+
+// The lanes of f that are not NaN. f == f rather than IsNaN: on AVX-512
+// the compare reads f from a register, where GCC 12 loads f from memory a
+// second time for IsNaN's class test.
+template <class V>
+HWY_INLINE auto IsOrdered(V f) {
+  return hn::Eq(f, f);
+}
+
+// The 16-bit patterns of a vector of fp32 lanes: the same lane count.
+template <class DF>
+using HalfBitsTag = hn::Rebind<uint16_t, DF>;
+
+// bfloat16 patterns to fp32: the patterns become the top 16 bits.
+template <class DF>
+HWY_INLINE hn::Vec<DF> WidenBFloat16(DF df, hn::Vec<HalfBitsTag<DF>> h) {
+  const hn::RebindToUnsigned<DF> du32;
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, h)));
+}
+
+// float16 patterns to fp32, exactly. NaNs come out quiet, as from the
+// instructions: the portable form's multiplication quiets them.
+template <class DF>
+HWY_INLINE hn::Vec<DF> WidenFloat16(DF df, hn::Vec<HalfBitsTag<DF>> h) {
+#if NORMD_HWY_EXACT_F16
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  return hn::PromoteTo(df, hn::BitCast(df16, h));
+#else
+  // Float16ToFloat (half.h), lane by lane.
+  const hn::RebindToUnsigned<DF> du32;
+  const auto w = hn::ShiftLeft<16>(hn::PromoteTo(du32, h));
+  const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
+  const auto two_w = hn::Add(w, w);
+  const auto normalized = hn::Mul(
+      hn::BitCast(
+          df, hn::Add(hn::ShiftRight<4>(two_w), hn::Set(du32, 0xe0u << 23))),
+      hn::Set(df, 0x1.0p-112f));
+  const auto denormalized = hn::Sub(
+      hn::BitCast(df,
+                  hn::Or(hn::ShiftRight<17>(two_w), hn::Set(du32, 126u << 23))),
+      hn::Set(df, 0.5f));
+  const auto magnitude = hn::IfThenElse(hn::Lt(two_w, hn::Set(du32, 1u << 27)),
+                                        hn::BitCast(du32, denormalized),
+                                        hn::BitCast(du32, normalized));
+  return hn::BitCast(df, hn::Or(sign, magnitude));
+#endif
+}
+
+// The two above by dtype (bfloat16 or float16), chosen at compile time.
+template <DType kType, class DF>
+HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
+  if constexpr (kType == DType::kBFloat16) return WidenBFloat16(df, h);
+  return WidenFloat16(df, h);
+}
+
+// fp32 to bfloat16, round to nearest even, in the high 16 bits of each
+// 32-bit lane (the low bits are garbage): adds 0x7fff plus the lowest kept
+// bit. kCanonicalNaN = false skips the NaN fix-up, for values known not to
+// be NaN.
+template <bool kCanonicalNaN, class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
+    DF df, hn::Vec<DF> f) {
+  const hn::RebindToUnsigned<DF> du32;
+  const auto bits = hn::BitCast(du32, f);
+  const auto odd = hn::TestBit(bits, hn::Set(du32, 0x10000u));
+  const auto rounded = hn::Add(bits, hn::IfThenElse(odd, hn::Set(du32, 0x8000u),
+                                                    hn::Set(du32, 0x7fffu)));
+  if constexpr (!kCanonicalNaN) return rounded;
+  return hn::IfThenElse(hn::RebindMask(du32, IsOrdered(f)), rounded,
+                        hn::Set(du32, uint32_t{kCanonicalBFloat16NaN} << 16));
+}
+
+// fp32 to bfloat16 patterns, round to nearest even (canonical NaN unless
+// kCanonicalNaN is false).
+template <bool kCanonicalNaN = true, class DF>
+HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToBFloat16(DF df, hn::Vec<DF> f) {
+  return hn::TruncateTo(
+      HalfBitsTag<DF>(),
+      hn::ShiftRight<16>(BFloat16InHighHalves<kCanonicalNaN>(df, f)));
+}
+
+// fp32 to float16 patterns, round to nearest even; overflow gives
+// infinity. kCanonicalNaN as for NarrowToBFloat16.
+template <bool kCanonicalNaN = true, class DF>
+HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToFloat16(DF df, hn::Vec<DF> f) {
+  const hn::RebindToUnsigned<DF> du32;
+#if NORMD_HWY_EXACT_F16
+  if constexpr (kCanonicalNaN) {
+    // The instruction keeps a NaN's payload: make it the one NaN whose
+    // narrowing is the canonical pattern.
+    f = hn::IfThenElse(
+        IsOrdered(f), f,
+        hn::BitCast(df, hn::Set(du32, kFloatNaNOfCanonicalFloat16)));
+  }
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  return hn::BitCast(HalfBitsTag<DF>(), hn::DemoteTo(df16, f));
+#else
+  // FloatToFloat16 (half.h), lane by lane.
+  const auto w = hn::BitCast(du32, f);
+  auto base = hn::Mul(hn::Mul(hn::Abs(f), hn::Set(df, 0x1.0p+112f)),
+                      hn::Set(df, 0x1.0p-110f));
+  const auto shl1_w = hn::Add(w, w);
+  const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
+  const auto bias = hn::Max(hn::And(shl1_w, hn::Set(du32, 0xff000000u)),
+                            hn::Set(du32, 0x71000000u));
+  base = hn::Add(hn::BitCast(df, hn::Add(hn::ShiftRight<1>(bias),
+                                         hn::Set(du32, 0x07800000u))),
+                 base);
+  const auto bits = hn::BitCast(du32, base);
+  const auto exp_bits =
+      hn::And(hn::ShiftRight<13>(bits), hn::Set(du32, 0x00007c00u));
+  const auto mantissa_bits = hn::And(bits, hn::Set(du32, 0x00000fffu));
+  auto result =
+      hn::Or(hn::ShiftRight<16>(sign), hn::Add(exp_bits, mantissa_bits));
+  if constexpr (kCanonicalNaN) {
+    result = hn::IfThenElse(hn::Gt(shl1_w, hn::Set(du32, 0xff000000u)),
+                            hn::Set(du32, kCanonicalFloat16NaN), result);
+  }
+  return hn::TruncateTo(HalfBitsTag<DF>(), result);
+#endif
+}
+
+// The two above by dtype, chosen at compile time.
+template <DType kType, bool kCanonicalNaN = true, class DF>
+HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
+  if constexpr (kType == DType::kBFloat16) {
+    return NarrowToBFloat16<kCanonicalNaN>(df, f);
+  }
+  return NarrowToFloat16<kCanonicalNaN>(df, f);
+}
+
+// The 16-bit patterns of two vectors of fp32, `lo` first, in one vector of
+// twice the lanes: bfloat16 picks the rounded high halves with one
+// two-table permute (no shifts), float16 joins the two narrowings. Not on
+// the scalar target (one lane).
+#if HWY_TARGET != HWY_SCALAR
+template <DType kType, bool kCanonicalNaN = true, class DF>
+HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
+    DF df, hn::Vec<DF> lo, hn::Vec<DF> hi) {
+  const hn::Repartition<uint16_t, DF> dpair;
+  if constexpr (kType == DType::kBFloat16) {
+    return hn::ConcatOdd(
+        dpair, hn::BitCast(dpair, BFloat16InHighHalves<kCanonicalNaN>(df, hi)),
+        hn::BitCast(dpair, BFloat16InHighHalves<kCanonicalNaN>(df, lo)));
+  }
+  return hn::Combine(dpair, NarrowToFloat16<kCanonicalNaN>(df, hi),
+                     NarrowToFloat16<kCanonicalNaN>(df, lo));
+}
+#endif
+
+}  // namespace HWY_NAMESPACE
+}  // namespace normd
+HWY_AFTER_NAMESPACE();
+
+#endif  // NORMD_SERVER_CORE_SIMD_HALF_INL_H_
