@@ -16,7 +16,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libclang-rt-14-dev prometheus haproxy valgrind python3-venv libhwy-dev
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
-  format bench test-container
+  format bench test-container test-arm64
 
 all: build
 
@@ -54,7 +54,7 @@ build: deps $(BUILD_DIR)/Makefile
 # cross-check, the concurrency proof, durability, overload, security), then
 # the suite again under ASan+UBSan, the concurrency tests under TSan, and
 # each fuzz target for FUZZ_SECONDS.
-test: test-main test-asan test-tsan fuzz
+test: test-main test-asan test-tsan fuzz test-arm64
 
 test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
@@ -103,6 +103,32 @@ fuzz: deps
 	    $(FUZZ_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
 	done
 
+# ARM64: the core, its unit tests and normd cross-built with Debian's
+# g++-aarch64-linux-gnu against the :arm64 dev packages (multiarch), then
+# run under qemu-user-static: the core's tests once as a NEON CPU
+# (cortex-a72) and once as `-cpu max` (SVE), leaving out the slowest
+# (ARM64_SKIP_TESTS, tests/core/CMakeLists.txt); then
+# tests/deploy/arm64_smoke.py checks the ARM64 normd's bytes against this
+# machine's normd.
+ARM64_BUILD_DIR ?= build-arm64
+ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 \
+  libabsl-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libgrpc++-dev:arm64 \
+  libprotobuf-dev:arm64 libprometheus-cpp-pull1.0:arm64 zlib1g-dev:arm64
+test-arm64: build
+	@dpkg --print-foreign-architectures | grep -qx arm64 || \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64
+	$(call install_missing,$(ARM64_PACKAGES))
+	cmake -S . -B $(ARM64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/.ci/aarch64-linux-gnu.cmake \
+	  -DNORMD_BUILD_BENCH=OFF
+	cmake --build $(ARM64_BUILD_DIR) -j $(JOBS)
+	cd $(ARM64_BUILD_DIR) && QEMU_CPU=cortex-a72 \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L core
+	cd $(ARM64_BUILD_DIR) && QEMU_CPU=max \
+	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L core
+	/usr/bin/python3 tests/deploy/arm64_smoke.py --normd $(BUILD_DIR)/normd \
+	  --normctl $(BUILD_DIR)/normctl --normd_arm64 $(ARM64_BUILD_DIR)/normd
+
 # The Dockerfile, built with podman (no Docker engine needed) and smoke-run
 # as the image's non-root user; needs root (podman storage, chroot). The
 # debian:bookworm base is made once with debootstrap. See
@@ -125,7 +151,8 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(FUZZ_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(FUZZ_BUILD_DIR) \
+	  $(ARM64_BUILD_DIR)
 
 # One run, two tables: kernels vs copy / read-only-sum baselines and PyTorch;
 # the service (loopback) vs a raw gRPC echo and the Python peer. Medians of

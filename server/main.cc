@@ -107,7 +107,7 @@ const char kUsage[] =
     "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
     "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
     "drain (--shutdown_grace),\na final snapshot is written, exit 0.\n"
-    "Environment: NORMD_SIMD_TARGET=avx3|avx2|sse4|neon|sve|scalar runs the "
+    "Environment: NORMD_SIMD_TARGET=avx3|avx2|sse4|sve|neon|scalar runs the "
     "kernels on\nthat SIMD target (default: the best this CPU has; every "
     "target gives the same\nbits; one the CPU lacks is a start-up error). "
     "NORMD_NO_AVX512_BF16 (any value)\nrounds bfloat16 results without the "

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/core/engine.h"
+#include "server/core/half.h"
 #include "server/core/half_avx512.h"
 #include "server/core/simd.h"
 #include "tests/testing/core_cases.h"

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/core/engine.h"
+#include "server/core/half.h"
 #include "server/core/half_avx512.h"
 #include "server/core/simd.h"
 #include "server/core/simd/stream_copy.h"

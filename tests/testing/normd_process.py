@@ -23,8 +23,9 @@ def start_normd(binary, flags=(), port=0):
 
     `binary` is a path, or a whole command (e.g. a chroot into a container
     image and its entrypoint) that the loopback and free-port flags follow.
-    Reads its log until the "serving" line, then keeps draining it so that
-    the server can never block on a full pipe.
+    Reads its log until the "serving" line (kept as process.serving_line),
+    then keeps draining it so that the server can never block on a full
+    pipe.
     """
     command = [binary] if isinstance(binary, str) else list(binary)
     proc = subprocess.Popen(
@@ -37,6 +38,7 @@ def start_normd(binary, flags=(), port=0):
         match = re.search(
             r"serving gRPC on [^ ]*:(\d+), metrics on [^ ]*:(\d+)", line)
         if match:
+            proc.serving_line = line
             threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, int(match.group(1)), int(match.group(2))
     proc.kill()

@@ -31,7 +31,7 @@ namespace {
 
 HWY_EXPORT(CompiledTarget);
 
-// Each name and the Highway targets it stands for.
+// Each name and the Highway targets it stands for, best first.
 struct NamedTarget {
   const char* name;
   int64_t targets;
@@ -40,8 +40,8 @@ constexpr NamedTarget kNamedTargets[] = {
     {"avx3", HWY_AVX3 | HWY_AVX3_DL},
     {"avx2", HWY_AVX2},
     {"sse4", HWY_SSE4},
-    {"neon", HWY_NEON},
     {"sve", HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128},
+    {"neon", HWY_NEON},
     {"scalar", HWY_SCALAR | HWY_EMU128},
 };
 

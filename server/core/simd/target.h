@@ -18,7 +18,9 @@ namespace normd {
 inline constexpr char kSimdTargetVariable[] = "NORMD_SIMD_TARGET";
 
 // normd's names of the targets, best first: "avx3" (AVX-512), "avx2",
-// "sse4", "neon", "sve", "scalar".
+// "sse4", "sve", "neon", "scalar". x86-64 builds have the first three and
+// scalar; ARM64 builds sve and neon (every ARM64 CPU has NEON, so there is
+// no scalar fallback there).
 const std::vector<std::string>& SimdTargetNames();
 
 // The names of the targets compiled into this build that this CPU runs,
