@@ -12,6 +12,8 @@
 #include "server/core/half_avx512.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
+#include "server/core/simd/block_moments.h"
+#include "server/core/simd/fold.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
@@ -23,114 +25,17 @@
 namespace normd {
 namespace {
 
-// Independent accumulators per reduction, so that the compiler can keep them
-// in SIMD registers; the lane sums are combined in a fixed order.
-constexpr int kLanes = 8;
-// fp32 lanes of the fast path (four AVX-512 registers per sum: enough
-// independent chains to keep up with the cache), and how many values each
-// fp32 lane sums before it is flushed into fp64 (keeps every fp32 partial sum
-// short). A flush adds lane j + 32 onto lane j in fp32 and widens the 32
-// sums into as many fp64 lanes: each fp64 addend is two 16-value fp32 sums
-// and one more rounding (about the error of a 17-value sum, where 32 values
-// in a row cost twice a 16-value sum's: see
-// AccuracyTest.OffsetTenThousandChannelsLastTiles), for half the widening
-// work, which matters for bf16 blocks (twice the values per byte, bound by
-// arithmetic).
-constexpr int kFloatLanes = 64;
-constexpr int kWideLanes = kFloatLanes / 2;
-constexpr int64_t kFloatFlush = 16 * kFloatLanes;
-// How far ahead of its loads the 16-bit block loop prefetches. Only there:
-// reading from DRAM, the hardware prefetcher keeps up alone with every fp32
-// loop and with the channels-last tiles, where software prefetches cost time
-// (kernel_bench BM_Fit); the 16-bit blocks do twice the arithmetic per byte
-// and need them (BM_HalfFit NCHW, BM_HalfRows).
-constexpr int64_t kHalfPrefetchBytes = 8192;
-// Values the fp32 fast path averages for its shift (see ShiftCenter).
+// Rows the channels-last passes average for their shifts.
 constexpr int64_t kShiftSample = 32;
-// Blocks of at most this many values (short rows: attention heads, small
-// hidden sizes) take ShortBlockMomentsF32: one vector of kShortLanes fp32
-// lanes, at most 8 values in each. (At 256 values, 16 additions in a row per
-// lane, the 64-lane loop is faster: shape_survey's short rows.)
+// Short rows (attention heads, small hidden sizes): ShortRowMoments16 takes
+// rows of up to kShortBlock values, a multiple of kShortLanes.
 constexpr int64_t kShortBlock = 128;
 constexpr int kShortLanes = 16;
-// The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
-// the shift is off the mean by more than ~2.6 standard deviations, S2 exceeds
-// M2 by more than this factor, and so would the fp32 rounding of S2:
-// such blocks are redone with the exact two-pass path.
-constexpr double kMaxCancellation = 8.0;
 
-// Adds the upper half of t[0..N) onto the lower half, recursively: a
-// pairwise sum in a fixed order, written as fixed-size loops that vectorize.
-template <int N, typename T>
-NORMD_INLINE_INTO_CLONES void FoldHalves(T* t) {
-  if constexpr (N > 1) {
-    for (int j = 0; j < N / 2; ++j) t[j] += t[j + N / 2];
-    FoldHalves<N / 2, T>(t);
-  }
-}
-
-template <int N>
-NORMD_INLINE_INTO_CLONES double SumLanes(const double (&lanes)[N]) {
-  static_assert((N & (N - 1)) == 0, "pairwise folding needs a power of two");
-  double tmp[N];
-  std::copy(lanes, lanes + N, tmp);
-  FoldHalves<N>(tmp);
-  return tmp[0];
-}
-
-// Moments from a first-pass mean `mean0` and the second-pass sums of
-// d = x - mean0 (`residual`) and d^2 (`squares`) over n values.
-NORMD_INLINE_INTO_CLONES Moments Corrected(int64_t n, double mean0,
-                                           double residual, double squares) {
-  const double count = static_cast<double>(n);
-  Moments result;
-  result.count = n;
-  result.mean = mean0 + residual / count;
-  result.m2 = std::max(0.0, squares - residual * residual / count);
-  if (!std::isfinite(mean0) || !std::isfinite(squares)) {
-    // Keep the non-finite marker visible in both fields.
-    result.mean = result.m2 = std::numeric_limits<double>::quiet_NaN();
-  }
-  return result;
-}
-
-// Corrected two-pass moments of one block x[0..n), n >= 1, entirely in fp64:
-// a first pass for the mean, a second for the deviations d = x - mean0 and
-// their squares; the residual sum of d corrects both the mean and M2 for
-// rounding in mean0.
-template <typename T>
-NORMD_INLINE_INTO_CLONES Moments BlockMomentsExactImpl(const T* x, int64_t n) {
-  double sum[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) sum[j] += static_cast<double>(x[i + j]);
-  }
-  for (int j = 0; i < n; ++i, ++j) sum[j] += static_cast<double>(x[i]);
-  const double mean0 = SumLanes(sum) / static_cast<double>(n);
-  double dev[kLanes] = {};
-  double sq[kLanes] = {};
-  i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const double d = static_cast<double>(x[i + j]) - mean0;
-      dev[j] += d;
-      sq[j] += d * d;
-    }
-  }
-  for (int j = 0; i < n; ++i, ++j) {
-    const double d = static_cast<double>(x[i]) - mean0;
-    dev[j] += d;
-    sq[j] += d * d;
-  }
-  return Corrected(n, mean0, SumLanes(dev), SumLanes(sq));
-}
-
-NORMD_MULTIVERSION Moments BlockMomentsExactF32(const float* x, int64_t n) {
-  return BlockMomentsExactImpl(x, n);
-}
-NORMD_MULTIVERSION Moments BlockMomentsF64(const double* x, int64_t n) {
-  return BlockMomentsExactImpl(x, n);
-}
+using fold::Corrected;
+using fold::FoldHalves;
+using fold::NeedsExactPath;
+using fold::SumLanes;
 
 // How the channel reductions read their elements: fp32 / fp64 as stored,
 // 16-bit bits widened to fp32 (exactly) as they are loaded, so that the
@@ -149,136 +54,6 @@ struct Widening {
 };
 using BFloat16Values = Widening<BFloat16ToFloat>;
 using Float16Values = Widening<Float16ToFloat>;
-
-// True when an fp32 fast-path result may have lost accuracy: non-finite
-// (overflow or NaN/Inf input), a variance so small that fp32 squares of the
-// deviations were denormal, or a shift so far from the mean that S2 - S1^2/n
-// cancelled more than kMaxCancellation allows (`squares` is S2).
-bool NeedsExactPath(const Moments& m, double squares) {
-  return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count) ||
-         m.m2 * kMaxCancellation < squares;
-}
-
-// The shift of the fp32 fast path: the mean of the first few values, in
-// fp32 (it need only be near the mean; an overflow gives a non-finite shift,
-// which NeedsExactPath catches). A float, so that x - shift is exact near the
-// mean (Sterbenz) and the sums of d = x - shift stay small. Depends only on
-// the data, never on threads.
-NORMD_INLINE_INTO_CLONES float ShiftCenter(const float* x, int64_t n) {
-  if (n < kShiftSample) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += x[i];
-    return sum / static_cast<float>(n);
-  }
-  float lanes[kShiftSample];
-  std::copy(x, x + kShiftSample, lanes);
-  FoldHalves<kShiftSample>(lanes);
-  return lanes[0] / static_cast<float>(kShiftSample);
-}
-
-// The end of a fast-path block x[0..n) whose first i values are summed in
-// the fp64 lanes: the tail x[i..n) in fp64, the lanes summed in their fixed
-// order, and the exact path if fp32 lost accuracy (see NeedsExactPath):
-// exact(), by default BlockMomentsExactF32(x, n) (only the tail of x need
-// be there before that).
-// `lanes_dev` / `lanes_sq` are the lane sums, SumLanes of the fp64 lanes.
-template <typename Exact>
-NORMD_INLINE_INTO_CLONES Moments FinishFastBlock(const float* x, int64_t i,
-                                                 int64_t n, float center,
-                                                 double lanes_dev,
-                                                 double lanes_sq,
-                                                 const Exact& exact) {
-  double tail_dev = 0.0;
-  double tail_sq = 0.0;
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(x[i]) - center;
-    tail_dev += d;
-    tail_sq += d * d;
-  }
-  const double squares = lanes_sq + tail_sq;
-  Moments result = Corrected(n, center, lanes_dev + tail_dev, squares);
-  if (NeedsExactPath(result, squares)) return exact();
-  return result;
-}
-NORMD_INLINE_INTO_CLONES Moments FinishFastBlock(
-    const float* x, int64_t i, int64_t n, float center,
-    const double (&wide_dev)[kWideLanes], const double (&wide_sq)[kWideLanes]) {
-  return FinishFastBlock(x, i, n, center, SumLanes(wide_dev), SumLanes(wide_sq),
-                         [&] { return BlockMomentsExactF32(x, n); });
-}
-
-// The fp32 fast path: one pass over the block accumulating d = x - shift and
-// d^2 in fp32 SIMD lanes that are flushed into fp64 every kFloatFlush
-// elements (lanes j and j + kWideLanes added first, see kFloatLanes);
-// Corrected() turns the shifted sums into (mean, M2) exactly as it corrects
-// the two-pass sums. Falls back to the fp64 two-pass path if fp32 over- or
-// underflowed or the shift was too far from the mean.
-NORMD_MULTIVERSION Moments BlockMomentsF32(const float* x, int64_t n) {
-  const float center = ShiftCenter(x, n);
-  // Set by the first flush (rows of a few hundred values have only one).
-  double wide_dev[kWideLanes];
-  double wide_sq[kWideLanes];
-  int64_t i = 0;
-  while (i + kFloatLanes <= n) {
-    const int64_t len =
-        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
-    float dev[kFloatLanes] = {};
-    float sq[kFloatLanes] = {};
-    for (int64_t k = 0; k < len; k += kFloatLanes) {
-      for (int j = 0; j < kFloatLanes; ++j) {
-        const float d = x[i + k + j] - center;
-        dev[j] += d;
-        sq[j] = std::fma(d, d, sq[j]);
-      }
-    }
-    for (int j = 0; j < kWideLanes; ++j) {
-      const float dev_pair = dev[j] + dev[j + kWideLanes];
-      const float sq_pair = sq[j] + sq[j + kWideLanes];
-      wide_dev[j] = i == 0 ? dev_pair : wide_dev[j] + dev_pair;
-      wide_sq[j] = i == 0 ? sq_pair : wide_sq[j] + sq_pair;
-    }
-    i += len;
-  }
-  if (i == 0) {
-    std::fill(wide_dev, wide_dev + kWideLanes, 0.0);
-    std::fill(wide_sq, wide_sq + kWideLanes, 0.0);
-  }
-  return FinishFastBlock(x, i, n, center, wide_dev, wide_sq);
-}
-
-// The fast path for a block of n <= kShortBlock values, with the per-block
-// work of BlockMomentsF32 (a shift sample, 64 lanes to fold, a scalar tail)
-// cut to fit rows of up to 128 values: value i goes to lane i % 16 of one
-// fp32 vector. The shift is the block's own mean, summed in those lanes and
-// folded in fp32; then d = x - shift and d^2 (fused) in the lanes, which are
-// folded in fp64 and corrected as in BlockMomentsF32 (exact path and all).
-NORMD_MULTIVERSION Moments ShortBlockMomentsF32(const float* x, int64_t n) {
-  float sum[kShortLanes] = {};
-  for (int64_t i = 0; i < n; i += kShortLanes) {
-    const int lanes = static_cast<int>(std::min<int64_t>(kShortLanes, n - i));
-    for (int j = 0; j < lanes; ++j) sum[j] += x[i + j];
-  }
-  FoldHalves<kShortLanes>(sum);
-  const float center = sum[0] / static_cast<float>(n);
-  float dev[kShortLanes] = {};
-  float sq[kShortLanes] = {};
-  for (int64_t i = 0; i < n; i += kShortLanes) {
-    const int lanes = static_cast<int>(std::min<int64_t>(kShortLanes, n - i));
-    for (int j = 0; j < lanes; ++j) {
-      const float d = x[i + j] - center;
-      dev[j] += d;
-      sq[j] = std::fma(d, d, sq[j]);
-    }
-  }
-  double wide_dev[kShortLanes];
-  double wide_sq[kShortLanes];
-  for (int j = 0; j < kShortLanes; ++j) {
-    wide_dev[j] = static_cast<double>(dev[j]);
-    wide_sq[j] = static_cast<double>(sq[j]);
-  }
-  return FinishFastBlock(x, n, n, center, SumLanes(wide_dev), SumLanes(wide_sq),
-                         [&] { return BlockMomentsExactF32(x, n); });
-}
 
 #ifdef NORMD_HALF_AVX512
 // x - shift for vector number v of a step: a subtraction for even v, a fused
@@ -303,189 +78,6 @@ NORMD_MULTIVERSION Moments ShortBlockMomentsF32(const float* x, int64_t n) {
   const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(quarter),
                                   _mm256_extractf128_pd(quarter, 1));
   return _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
-}
-
-// SumLanes of the kWideLanes (32) fp64 lanes held in w[0..4) as
-// BlockMomentsAvx512 keeps them, in registers: the same additions in the
-// same tree as FoldHalves<32> on the lanes in their natural order, so the
-// same bits, without storing and reordering them (a few percent of a 16
-// Ki-value block). Lane k of w[j] is natural lane 8 j + k; with kPairs it is
-// lane 16 (j % 2) + 2 k + j / 2 (w[0..2) the even lanes, w[2..4) the odd).
-// FoldHalves halves the natural index from the top bit down: natural, w[0..2)
-// += w[2..4) then w[0] += w[1]; pairs, the even and odd lanes each folded
-// alike, and the lowest bit last.
-template <bool kPairs>
-[[gnu::target("avx512f")]] inline double FoldWideLanes(const __m512d (&w)[4]) {
-  if constexpr (kPairs) {
-    return FoldLanes(_mm512_add_pd(w[0], w[1])) +
-           FoldLanes(_mm512_add_pd(w[2], w[3]));
-  } else {
-    return FoldLanes(
-        _mm512_add_pd(_mm512_add_pd(w[0], w[2]), _mm512_add_pd(w[1], w[3])));
-  }
-}
-
-// BlockMomentsF32 of the 16-bit block x[0..n) widened to fp32, in one pass:
-// the same shift, the same fp32 lanes (lane j of a 64-value step in register
-// j / 16, element j % 16), the same flushes, tail and fallback, hence the
-// same bits. kStore: out[0..n) is left holding the widened block; else out
-// is scratch that gets only what the scalar code reads (the shift sample,
-// the tail, and on the exact path the whole block), and bfloat16 is loaded
-// as BFloat16Pairs: register 0 then sums values 0, 2, .., 30 of each step,
-// 1 values 1, 3, .., 31, 2 and 3 the same for 32..63, so lane e of register
-// v sums exactly what lane 32 (v / 2) + 2 e + v % 2 does, in the same order;
-// the lanes are put back in that order at the end.
-// In = float: BlockMomentsF32 itself, x read in place (out unused), its 32
-// fp64 lanes folded in registers (FoldWideLanes) where the compiled loop
-// stores and reloads them, which shows most on short rows (kernel_bench
-// BM_LayerNorm [B,T,768]).
-template <typename In, bool kBFloat16, bool kStore>
-[[gnu::target("avx512f,avx512bw")]] Moments BlockMomentsAvx512(const In* x,
-                                                               float* out,
-                                                               int64_t n) {
-  constexpr bool kFloat = std::is_same_v<In, float>;
-  constexpr bool kPairs = !kFloat && kBFloat16 && !kStore;
-  auto scalar = [](In v) {
-    if constexpr (kFloat) {
-      return v;
-    } else {
-      return kBFloat16 ? BFloat16ToFloat(v) : Float16ToFloat(v);
-    }
-  };
-  // What the scalar code reads: x itself, or its widening in out.
-  const float* values = out;
-  if constexpr (kFloat) {
-    values = x;
-  } else {
-    for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
-      out[i] = scalar(x[i]);
-    }
-  }
-  const float center = ShiftCenter(values, n);
-  const __m512 shift = _mm512_set1_ps(center);
-  static_assert(kFloatLanes == 64 && kWideLanes == 32);
-  __m512d wide_dev[4];  // Set by the first flush.
-  __m512d wide_sq[4];
-  int64_t i = 0;
-  while (i + kFloatLanes <= n) {
-    const int64_t len =
-        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
-    __m512 dev[4], sq[4];
-    for (int v = 0; v < 4; ++v) dev[v] = sq[v] = _mm512_setzero_ps();
-    for (int64_t k = i; k < i + len; k += kFloatLanes) {
-      // 16-bit only (see kHalfPrefetchBytes): into L1, which beats a longer
-      // distance into L2 (kernel_bench BM_HalfFit NCHW).
-      if constexpr (!kFloat) {
-        const char* ahead =
-            reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
-        for (int line = 0; line < kFloatLanes * int{sizeof(In)}; line += 64) {
-          _mm_prefetch(ahead + line, _MM_HINT_T0);
-        }
-      }
-      __m512 f[4];
-      if constexpr (kFloat) {
-        for (int v = 0; v < 4; ++v) f[v] = _mm512_loadu_ps(x + k + 16 * v);
-      } else if constexpr (kPairs) {
-        for (int h = 0; h < 2; ++h) {
-          const BFloat16Pair p =
-              WidenBFloat16Pair(_mm512_loadu_si512(x + k + 32 * h));
-          f[2 * h] = p.even;
-          f[2 * h + 1] = p.odd;
-        }
-      } else {
-        for (int v = 0; v < 4; ++v) {
-          const __m256i h =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k) + v);
-          f[v] = kBFloat16 ? FloatsOfBFloat16x16(h) : FloatsOfFloat16x16(h);
-          if constexpr (kStore) _mm512_storeu_ps(out + k + 16 * v, f[v]);
-        }
-      }
-      for (int v = 0; v < 4; ++v) {
-        const __m512 d = ShiftedLanes(f[v], shift, v);
-        dev[v] = _mm512_add_ps(dev[v], d);
-        sq[v] = _mm512_fmadd_ps(d, d, sq[v]);
-      }
-    }
-    // Lane j + 32 onto lane j (registers v + 2 onto v, in either lane
-    // order), then widened: natural lanes 16 v + k, or with kPairs, lanes
-    // 2 k + v.
-    for (int v = 0; v < 2; ++v) {
-      const __m512 dev_pair = _mm512_add_ps(dev[v], dev[v + 2]);
-      const __m512 sq_pair = _mm512_add_ps(sq[v], sq[v + 2]);
-      const __m512d widened[4] = {
-          _mm512_cvtps_pd(_mm512_castps512_ps256(dev_pair)),
-          _mm512_cvtps_pd(_mm256_castpd_ps(
-              _mm512_extractf64x4_pd(_mm512_castps_pd(dev_pair), 1))),
-          _mm512_cvtps_pd(_mm512_castps512_ps256(sq_pair)),
-          _mm512_cvtps_pd(_mm256_castpd_ps(
-              _mm512_extractf64x4_pd(_mm512_castps_pd(sq_pair), 1)))};
-      for (int h = 0; h < 2; ++h) {
-        __m512d& into_dev = wide_dev[2 * v + h];
-        __m512d& into_sq = wide_sq[2 * v + h];
-        into_dev = i == 0 ? widened[h] : _mm512_add_pd(into_dev, widened[h]);
-        into_sq =
-            i == 0 ? widened[2 + h] : _mm512_add_pd(into_sq, widened[2 + h]);
-      }
-    }
-    i += len;
-  }
-  const double lanes_dev = i > 0 ? FoldWideLanes<kPairs>(wide_dev) : 0.0;
-  const double lanes_sq = i > 0 ? FoldWideLanes<kPairs>(wide_sq) : 0.0;
-  if constexpr (!kFloat) {
-    for (int64_t k = i; k < n; ++k) out[k] = scalar(x[k]);
-  }
-  return FinishFastBlock(values, i, n, center, lanes_dev, lanes_sq, [&] {
-    if constexpr (!kFloat && !kStore) {
-      for (int64_t k = 0; k < i; ++k) out[k] = scalar(x[k]);
-    }
-    return BlockMomentsExactF32(values, n);
-  });
-}
-
-// SumLanes of the 16 fp32 lanes of v widened to fp64: lanes 0-7 += 8-15,
-// then FoldHalves<8>.
-[[gnu::target("avx512f")]] inline double SumWidenedLanes(__m512 v) {
-  return FoldLanes(_mm512_add_pd(
-      _mm512_cvtps_pd(_mm512_castps512_ps256(v)),
-      _mm512_cvtps_pd(
-          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))));
-}
-
-// ShortBlockMomentsF32 in one register per sum, the lanes past n masked
-// off: the same operations per lane and the same folds, so the same bits.
-[[gnu::target("avx512f")]] Moments ShortBlockMomentsAvx512(const float* x,
-                                                           int64_t n) {
-  static_assert(kShortLanes == 16);
-  auto mask = [n](int64_t i) {
-    const int64_t lanes = std::min<int64_t>(kShortLanes, n - i);
-    return static_cast<__mmask16>((1u << lanes) - 1);
-  };
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += kShortLanes) {
-    const __mmask16 m = mask(i);
-    sum = _mm512_mask_add_ps(sum, m, sum, _mm512_maskz_loadu_ps(m, x + i));
-  }
-  // FoldHalves<16>: lanes 0-7 += 8-15, 0-3 += 4-7, 0-1 += 2-3, 0 += 1.
-  const __m256 eighth = _mm256_add_ps(
-      _mm512_castps512_ps256(sum),
-      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1)));
-  const __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(eighth),
-                                    _mm256_extractf128_ps(eighth, 1));
-  const __m128 half = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
-  const float total = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
-  const float center = total / static_cast<float>(n);
-  const __m512 shift = _mm512_set1_ps(center);
-  __m512 dev = _mm512_setzero_ps();
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += kShortLanes) {
-    const __mmask16 m = mask(i);
-    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift);
-    dev = _mm512_mask_add_ps(dev, m, dev, d);
-    sq = _mm512_mask3_fmadd_ps(d, d, sq, m);
-  }
-  return FinishFastBlock(x, n, n, center, SumWidenedLanes(dev),
-                         SumWidenedLanes(sq),
-                         [&] { return BlockMomentsExactF32(x, n); });
 }
 
 // One level of a fold across vectors: out[i] = the 128-bit quarters of
@@ -632,15 +224,16 @@ template <int kLow, int kHigh, typename V, int N>
         ~(finite(mean) & finite(m2)) |
         _mm512_cmp_pd_mask(m2, _mm512_mul_pd(_mm512_set1_pd(1e-30), count_n),
                            _CMP_LT_OQ) |
-        _mm512_cmp_pd_mask(_mm512_mul_pd(m2, _mm512_set1_pd(kMaxCancellation)),
-                           squares, _CMP_LT_OQ);
+        _mm512_cmp_pd_mask(
+            _mm512_mul_pd(m2, _mm512_set1_pd(fold::kMaxCancellation)), squares,
+            _CMP_LT_OQ);
     exact |= static_cast<unsigned>(needs) << (8 * h);
     _mm512_store_pd(means + 8 * h, mean);
     _mm512_store_pd(m2s + 8 * h, m2);
   }
   for (int k = 0; k < count; ++k) {
     if ((exact >> k) & 1) {
-      out[k] = BlockMomentsExactF32(rows[k], n);
+      out[k] = ExactFloatBlockMoments(rows[k], n);
     } else {
       out[k] = Moments{n, means[k], m2s[k]};
     }
@@ -649,40 +242,12 @@ template <int kLow, int kHigh, typename V, int N>
 
 #endif  // NORMD_HALF_AVX512
 
-// BlockMomentsF32 of the 16-bit block x[0..n) (n <= kMomentsBlock) widened
-// into out[0..n): in one pass with AVX-512, else widened first. kStore
-// false: out is scratch, not necessarily left holding the widened block.
-template <bool kStore>
-Moments WidenedLongBlockMoments(DType dtype, const uint16_t* x, float* out,
-                                int64_t n) {
-#ifdef NORMD_HALF_AVX512
-  if (CpuHasAvx512Bw()) {
-    return dtype == DType::kBFloat16
-               ? BlockMomentsAvx512<uint16_t, true, kStore>(x, out, n)
-               : BlockMomentsAvx512<uint16_t, false, kStore>(x, out, n);
-  }
-#endif
-  WidenHalf(dtype, x, out, n);
-  return BlockMomentsF32(out, n);
-}
-
-// The moments of a 16-bit block as FloatBlockMoments of its widening: short
-// blocks widened into out first, longer ones by WidenedLongBlockMoments.
-template <bool kStore>
-Moments WidenedBlockMoments(DType dtype, const uint16_t* x, float* out,
-                            int64_t n) {
-  if (n <= kShortBlock) {
-    WidenHalf(dtype, x, out, n);
-    return FloatBlockMoments(out, n, /*hand_written=*/true);
-  }
-  return WidenedLongBlockMoments<kStore>(dtype, x, out, n);
-}
-
+// ContiguousMoments' block of x[0..n), n <= kMomentsBlock.
 Moments BlockMoments(const float* x, int64_t n) {
-  return FloatBlockMoments(x, n, /*hand_written=*/true);
+  return FloatBlockMoments(x, n);
 }
 Moments BlockMoments(const double* x, int64_t n) {
-  return BlockMomentsF64(x, n);
+  return DoubleBlockMoments(x, n);
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -731,9 +296,10 @@ std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
         thread_local std::vector<float> buffer(kMomentsBlock);
         for (int64_t i = range.begin(); i < range.end(); ++i) {
           const int64_t begin = (i % per_run) * kMomentsBlock;
-          per_block[i] = WidenedBlockMoments</*kStore=*/false>(
+          per_block[i] = HalfBlockMoments(
               dtype, x + (i / per_run) * layout.inner + begin, buffer.data(),
-              std::min(kMomentsBlock, layout.inner - begin));
+              std::min(kMomentsBlock, layout.inner - begin),
+              /*store_widened=*/false);
         }
       });
   std::vector<Moments> result(layout.channels);
@@ -791,9 +357,9 @@ struct StepInterleave {
 constexpr int kTile = 64;
 static_assert(StepInterleave::kTileValues == kTile);
 // 16 rows per flush, as many values per lane as the contiguous blocks'
-// (kFloatFlush): with 32, the spec's accuracy data (1e4 + N(0,1)) came out
-// with a relative variance error of 2.1e-7 at any count per channel (the
-// bar is 1e-7; 4e-8 with 16).
+// (simd/block_moments.h: 1024 values over 64 lanes): with 32, the spec's
+// accuracy data (1e4 + N(0,1)) came out with a relative variance error
+// of 2.1e-7 at any count per channel (the bar is 1e-7; 4e-8 with 16).
 constexpr int64_t kTileFlush = 16;
 
 // The shifts of `channels` channels-last channels starting at `c` over rows
@@ -1913,17 +1479,6 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
   }
 }
 
-Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written) {
-  const bool short_block = n <= kShortBlock;
-#ifdef NORMD_HALF_AVX512
-  if (hand_written && CpuHasAvx512Bw()) {
-    return short_block ? ShortBlockMomentsAvx512(x, n)
-                       : BlockMomentsAvx512<float, false, false>(x, nullptr, n);
-  }
-#endif
-  return short_block ? ShortBlockMomentsF32(x, n) : BlockMomentsF32(x, n);
-}
-
 bool HasShortRowMoments16(int64_t n) {
 #ifdef NORMD_HALF_AVX512
   return n > 0 && n % kShortLanes == 0 && n <= kShortBlock && CpuHasAvx512F();
@@ -1940,7 +1495,7 @@ void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out) {
   }
 #endif
   for (int k = 0; k < count; ++k) {
-    out[k] = FloatBlockMoments(x + k * n, n, /*hand_written=*/true);
+    out[k] = FloatBlockMoments(x + k * n, n);
   }
 }
 
@@ -1952,9 +1507,9 @@ template <bool kStore>
 Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
   Moments total;
   for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total, WidenedBlockMoments<kStore>(
-                            dtype, x + begin, kStore ? out + begin : out,
-                            std::min(kMomentsBlock, n - begin)));
+    MergeMoments(total,
+                 HalfBlockMoments(dtype, x + begin, kStore ? out + begin : out,
+                                  std::min(kMomentsBlock, n - begin), kStore));
   }
   return total;
 }

@@ -61,13 +61,6 @@ inline constexpr int64_t kMomentsBlock = 32768;
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
 
-// The moments of one block x[0..n) (n <= kMomentsBlock) as
-// ContiguousMoments reduces each block: `hand_written` with the AVX-512
-// kernel that the 16-bit reductions share, where the CPU has it; else (and
-// on other CPUs) the compiler-vectorized loop. The same bits either way
-// (exposed so that tests can check that).
-Moments FloatBlockMoments(const float* x, int64_t n, bool hand_written);
-
 // FloatBlockMoments(x + k n, n) of `count` <= 16 consecutive rows of n
 // values into out[0..count), bit for bit: where HasShortRowMoments16(n)
 // (n a multiple of 16, at most 128, and AVX-512), with the rows' folds done

@@ -6,15 +6,19 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/core/engine.h"
+#include "server/core/simd/block_moments.h"
 #include "tests/testing/core_cases.h"
+#include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
 
 using ::normd::testing::ExpectStatsNear;
+using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelStats;
 using ::normd::testing::RelErr;
@@ -115,13 +119,11 @@ TEST(MomentsTest, NonFiniteInputIsFlagged) {
   EXPECT_FALSE(ContiguousMoments(x.data(), 20000).IsFinite());
 }
 
-// Blocks are reduced by a hand-written AVX-512 kernel where the CPU has one
-// and by a compiler-vectorized loop elsewhere; both must give the same bits:
-// at every tail and flush boundary, and on the blocks that fall back to the
-// exact path (a shift far from the mean, a constant block, tiny values whose
-// squares underflow) or are non-finite. (On a CPU without AVX-512 both
-// sides run the same loop.)
-TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
+// Every SIMD target reduces a block to the same bits: at every tail and
+// flush boundary, and on the blocks that fall back to the exact path (a
+// shift far from the mean, a constant block, tiny values whose squares
+// underflow) or are non-finite; and the moments are the fp64 ones.
+TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
   std::vector<std::pair<std::string, std::vector<float>>> blocks;
   for (int64_t n : std::vector<int64_t>{1,
                                         5,
@@ -169,20 +171,23 @@ TEST(MomentsTest, HandWrittenBlockKernelMatchesTheVectorizedLoopBitwise) {
   blocks.emplace_back("nan", nan);
   for (const auto& [name, x] : blocks) {
     const int64_t n = static_cast<int64_t>(x.size());
-    const Moments hand = FloatBlockMoments(x.data(), n, true);
-    const Moments loop = FloatBlockMoments(x.data(), n, false);
-    EXPECT_EQ(hand.count, n) << name;
-    EXPECT_EQ(loop.count, n) << name;
-    EXPECT_EQ(std::bit_cast<uint64_t>(hand.mean),
-              std::bit_cast<uint64_t>(loop.mean))
-        << name << ": " << hand.mean << " vs " << loop.mean;
-    EXPECT_EQ(std::bit_cast<uint64_t>(hand.m2),
-              std::bit_cast<uint64_t>(loop.m2))
-        << name << ": " << hand.m2 << " vs " << loop.m2;
+    std::vector<std::pair<std::string, Moments>> by_target;
+    ForEachSimdTarget([&](const std::string& target) {
+      by_target.emplace_back(target, FloatBlockMoments(x.data(), n));
+    });
+    const Moments& first = by_target.front().second;
+    EXPECT_EQ(first.count, n) << name;
+    for (const auto& [target, m] : by_target) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(m.mean),
+                std::bit_cast<uint64_t>(first.mean))
+          << name << " on " << target << ": " << m.mean << " vs " << first.mean;
+      EXPECT_EQ(std::bit_cast<uint64_t>(m.m2),
+                std::bit_cast<uint64_t>(first.m2))
+          << name << " on " << target << ": " << m.m2 << " vs " << first.m2;
+    }
     if (name.rfind("normal", 0) == 0 || name.rfind("offset", 0) == 0) {
-      // And both are the fp64 moments.
       const auto ref = ReferenceChannelStats(x, 1, 1, n);
-      ExpectStatsNear<float>(hand, ref.mean[0], ref.var[0]);
+      ExpectStatsNear<float>(first, ref.mean[0], ref.var[0]);
     }
   }
 }
@@ -209,17 +214,14 @@ TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
       ShortRowMoments16(x.data() + r0 * n, n, count, batch);
       for (int k = 0; k < count; ++k) {
         const float* row = x.data() + (r0 + k) * n;
-        for (bool hand_written : {true, false}) {
-          const Moments one = FloatBlockMoments(row, n, hand_written);
-          EXPECT_EQ(batch[k].count, n);
-          EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].mean),
-                    std::bit_cast<uint64_t>(one.mean))
-              << "row " << r0 + k << ": " << batch[k].mean << " vs "
-              << one.mean;
-          EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].m2),
-                    std::bit_cast<uint64_t>(one.m2))
-              << "row " << r0 + k << ": " << batch[k].m2 << " vs " << one.m2;
-        }
+        const Moments one = FloatBlockMoments(row, n);
+        EXPECT_EQ(batch[k].count, n);
+        EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].mean),
+                  std::bit_cast<uint64_t>(one.mean))
+            << "row " << r0 + k << ": " << batch[k].mean << " vs " << one.mean;
+        EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].m2),
+                  std::bit_cast<uint64_t>(one.m2))
+            << "row " << r0 + k << ": " << batch[k].m2 << " vs " << one.m2;
         const std::vector<float> values(row, row + n);
         if (std::isfinite(batch[k].mean)) {
           const auto ref = ReferenceChannelStats(values, 1, 1, n);

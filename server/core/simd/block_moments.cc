@@ -1,0 +1,418 @@
+// The moments of one block (see block_moments.h), compiled for every SIMD
+// target (foreach_target.h) and dispatched per call.
+#include "server/core/simd/block_moments.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "server/core/half.h"
+#include "server/core/simd/fold.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "server/core/simd/block_moments.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// foreach_target.h first: it re-includes this file once per target.
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "server/core/simd/fma-inl.h"
+#include "server/core/simd/half-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace normd {
+namespace HWY_NAMESPACE {
+namespace {
+
+// The logical lanes (see block_moments.h): fixed, whatever the vector width.
+constexpr int kFloatLanes = 64;
+constexpr int kWideLanes = kFloatLanes / 2;
+constexpr int64_t kFloatFlush = 16 * kFloatLanes;
+constexpr int64_t kShiftSample = 32;
+constexpr int64_t kShortBlock = 128;
+constexpr int kShortLanes = 16;
+constexpr int kExactLanes = 8;
+// How far ahead of its loads the 16-bit block loop prefetches; the fp32
+// loop leaves it to the hardware prefetcher, which keeps up alone there
+// (kernel_bench BM_Fit, BM_HalfFit NCHW).
+constexpr int64_t kHalfPrefetchBytes = 8192;
+
+// The fp32 vectors every loop below reads: at most 16 lanes, so that 64
+// lanes are at most 4 vectors.
+using FloatTag = hn::CappedTag<float, 16>;
+
+// Exact two-pass moments of x[0..n), n >= 1, in fp64: a first pass for the
+// mean, a second for d = x - mean0 and d^2 (not fused); the residual sum
+// of d corrects both for rounding in mean0. Lane j of 8 sums values j, j +
+// 8, ..; the values after the last whole 8 go to lanes 0, 1, ...
+template <typename T>
+Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
+  const hn::CappedTag<double, kExactLanes> dd;
+  const hn::Rebind<T, decltype(dd)> dt;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  // Vectors per panel of lanes: up to 4 accumulators live at once.
+  const int64_t vectors = std::min<int64_t>(4, kExactLanes / lanes);
+  auto load = [&](int64_t i) {
+    if constexpr (std::is_same_v<T, double>) {
+      return hn::LoadU(dd, x + i);
+    } else {
+      return hn::PromoteTo(dd, hn::LoadU(dt, x + i));
+    }
+  };
+  const int64_t whole = n / kExactLanes * kExactLanes;
+  double sum[kExactLanes];
+  for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
+    auto s0 = hn::Zero(dd), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = p; i < whole; i += kExactLanes) {
+      s0 = hn::Add(s0, load(i));
+      if (vectors > 1) s1 = hn::Add(s1, load(i + lanes));
+      if (vectors > 2) {
+        s2 = hn::Add(s2, load(i + 2 * lanes));
+        s3 = hn::Add(s3, load(i + 3 * lanes));
+      }
+    }
+    hn::StoreU(s0, dd, sum + p);
+    if (vectors > 1) hn::StoreU(s1, dd, sum + p + lanes);
+    if (vectors > 2) {
+      hn::StoreU(s2, dd, sum + p + 2 * lanes);
+      hn::StoreU(s3, dd, sum + p + 3 * lanes);
+    }
+  }
+  for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
+    sum[j] += static_cast<double>(x[i]);
+  }
+  const double mean0 = fold::SumLanes(sum) / static_cast<double>(n);
+  const auto center = hn::Set(dd, mean0);
+  double dev[kExactLanes];
+  double sq[kExactLanes];
+  for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
+    auto d0 = hn::Zero(dd), d1 = d0, d2 = d0, d3 = d0;
+    auto q0 = d0, q1 = d0, q2 = d0, q3 = d0;
+    for (int64_t i = p; i < whole; i += kExactLanes) {
+      const auto e0 = hn::Sub(load(i), center);
+      d0 = hn::Add(d0, e0);
+      q0 = hn::Add(q0, hn::Mul(e0, e0));
+      if (vectors > 1) {
+        const auto e1 = hn::Sub(load(i + lanes), center);
+        d1 = hn::Add(d1, e1);
+        q1 = hn::Add(q1, hn::Mul(e1, e1));
+      }
+      if (vectors > 2) {
+        const auto e2 = hn::Sub(load(i + 2 * lanes), center);
+        d2 = hn::Add(d2, e2);
+        q2 = hn::Add(q2, hn::Mul(e2, e2));
+        const auto e3 = hn::Sub(load(i + 3 * lanes), center);
+        d3 = hn::Add(d3, e3);
+        q3 = hn::Add(q3, hn::Mul(e3, e3));
+      }
+    }
+    hn::StoreU(d0, dd, dev + p);
+    hn::StoreU(q0, dd, sq + p);
+    if (vectors > 1) {
+      hn::StoreU(d1, dd, dev + p + lanes);
+      hn::StoreU(q1, dd, sq + p + lanes);
+    }
+    if (vectors > 2) {
+      hn::StoreU(d2, dd, dev + p + 2 * lanes);
+      hn::StoreU(q2, dd, sq + p + 2 * lanes);
+      hn::StoreU(d3, dd, dev + p + 3 * lanes);
+      hn::StoreU(q3, dd, sq + p + 3 * lanes);
+    }
+  }
+  for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
+    const double d = static_cast<double>(x[i]) - mean0;
+    dev[j] += d;
+    sq[j] += d * d;
+  }
+  return fold::Corrected(n, mean0, fold::SumLanes(dev), fold::SumLanes(sq));
+}
+
+// The shift of the fp32 fast path: the fp32 mean of the first 32 values
+// (all of them when fewer), folded pairwise. It need only be near the
+// mean; a float, so that x - shift is exact near the mean (Sterbenz).
+float ShiftCenter(const float* x, int64_t n) {
+  if (n < kShiftSample) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += x[i];
+    return sum / static_cast<float>(n);
+  }
+  float lanes[kShiftSample];
+  std::copy(x, x + kShiftSample, lanes);
+  fold::FoldHalves<kShiftSample>(lanes);
+  return lanes[0] / static_cast<float>(kShiftSample);
+}
+
+// The end of a fast-path block x[0..n) whose first i values are summed in
+// lanes (lanes_dev, lanes_sq: their folded sums): the rest in fp64, the
+// correction, and exact() if fp32 lost accuracy.
+template <typename Exact>
+Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
+                   double lanes_dev, double lanes_sq, const Exact& exact) {
+  double tail_dev = 0.0;
+  double tail_sq = 0.0;
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - center;
+    tail_dev += d;
+    tail_sq += d * d;
+  }
+  const double squares = lanes_sq + tail_sq;
+  const Moments result =
+      fold::Corrected(n, center, lanes_dev + tail_dev, squares);
+  if (fold::NeedsExactPath(result, squares)) return exact();
+  return result;
+}
+
+// The fast path of a block of n <= 128 values: value i in lane i % 16. The
+// shift is the block's own mean (the lanes folded in fp32), then d and d^2
+// (fused) in the lanes, widened and folded in fp64. The last, partial step
+// adds only to the lanes it has values for.
+Moments ShortMoments(const float* HWY_RESTRICT x, int64_t n) {
+  const hn::CappedTag<float, kShortLanes> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t whole = n / kShortLanes * kShortLanes;
+  const int64_t rest = n - whole;
+  HWY_ALIGN float padded[kShortLanes] = {};
+  std::copy(x + whole, x + n, padded);
+  float sum[kShortLanes];
+  for (int64_t v = 0; v < kShortLanes; v += lanes) {
+    auto acc = hn::Zero(d);
+    for (int64_t i = v; i < whole; i += kShortLanes) {
+      acc = hn::Add(acc, hn::LoadU(d, x + i));
+    }
+    if (rest > v) {
+      acc = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(rest - v)),
+                           hn::Add(acc, hn::Load(d, padded + v)), acc);
+    }
+    hn::StoreU(acc, d, sum + v);
+  }
+  fold::FoldHalves<kShortLanes>(sum);
+  const float center = sum[0] / static_cast<float>(n);
+  const auto shift = hn::Set(d, center);
+  float dev[kShortLanes];
+  float sq[kShortLanes];
+  for (int64_t v = 0; v < kShortLanes; v += lanes) {
+    auto dev_acc = hn::Zero(d);
+    auto sq_acc = dev_acc;
+    for (int64_t i = v; i < whole; i += kShortLanes) {
+      const auto e = hn::Sub(hn::LoadU(d, x + i), shift);
+      dev_acc = hn::Add(dev_acc, e);
+      sq_acc = ExactMulAdd(d, e, e, sq_acc);
+    }
+    if (rest > v) {
+      const auto in = hn::FirstN(d, static_cast<size_t>(rest - v));
+      const auto e = hn::Sub(hn::Load(d, padded + v), shift);
+      dev_acc = hn::IfThenElse(in, hn::Add(dev_acc, e), dev_acc);
+      sq_acc = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq_acc), sq_acc);
+    }
+    hn::StoreU(dev_acc, d, dev + v);
+    hn::StoreU(sq_acc, d, sq + v);
+  }
+  double wide_dev[kShortLanes];
+  double wide_sq[kShortLanes];
+  for (int j = 0; j < kShortLanes; ++j) {
+    wide_dev[j] = static_cast<double>(dev[j]);
+    wide_sq[j] = static_cast<double>(sq[j]);
+  }
+  return FinishFast(x, n, n, center, fold::SumLanes(wide_dev),
+                    fold::SumLanes(wide_sq),
+                    [&] { return ExactMoments(x, n); });
+}
+
+// Reads fp32 values as stored (kType kFloat32) or 16-bit patterns widened.
+template <DType kType>
+struct Source {
+  using Stored = std::conditional_t<kType == DType::kFloat32, float, uint16_t>;
+  const Stored* x;
+
+  hn::Vec<FloatTag> Load(FloatTag d, int64_t i) const {
+    if constexpr (kType == DType::kFloat32) {
+      return hn::LoadU(d, x + i);
+    } else {
+      return WidenHalfBits<kType>(d, hn::LoadU(HalfBitsTag<FloatTag>(), x + i));
+    }
+  }
+  float Scalar(int64_t i) const {
+    if constexpr (kType == DType::kFloat32) {
+      return x[i];
+    } else {
+      return HalfToFloat(kType, x[i]);
+    }
+  }
+};
+
+// The fast path of a block of n > 128 values (see block_moments.h). The 64
+// lanes are kept in panels of 4 vectors (64, 32, 16 or 4 lanes by target),
+// each summed over the whole flush interval in turn (from L1 after the
+// first), then stored for the flush. 16-bit data: `out` gets the widened
+// values with kStore, else only what the scalar parts read (the shift
+// sample, the tail, and all of them on the exact path).
+template <DType kType, bool kStore>
+Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
+  constexpr bool kFloat = kType == DType::kFloat32;
+  const FloatTag d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t panel = 4 * lanes;
+  const float* values = out;  // What the scalar parts read.
+  if constexpr (kFloat) {
+    values = src.x;
+  } else {
+    for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
+      out[i] = src.Scalar(i);
+    }
+  }
+  const float center = ShiftCenter(values, n);
+  const auto shift = hn::Set(d, center);
+  HWY_ALIGN float dev[kFloatLanes];
+  HWY_ALIGN float sq[kFloatLanes];
+  double wide_dev[kWideLanes];
+  double wide_sq[kWideLanes];
+  const hn::CappedTag<double, kWideLanes> dd;
+  const hn::Rebind<float, decltype(dd)> dh;
+  int64_t i = 0;
+  while (i + kFloatLanes <= n) {
+    const int64_t len =
+        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
+    for (int64_t p = 0; p < kFloatLanes; p += panel) {
+      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
+      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
+      for (int64_t k = i + p; k < i + p + len; k += kFloatLanes) {
+        if constexpr (!kFloat) {
+          if (p == 0) {
+            const char* ahead =
+                reinterpret_cast<const char*>(src.x + k) + kHalfPrefetchBytes;
+            hwy::Prefetch(ahead);
+            hwy::Prefetch(ahead + 64);
+          }
+        }
+        const auto f0 = src.Load(d, k);
+        const auto f1 = src.Load(d, k + lanes);
+        const auto f2 = src.Load(d, k + 2 * lanes);
+        const auto f3 = src.Load(d, k + 3 * lanes);
+        if constexpr (!kFloat && kStore) {
+          hn::StoreU(f0, d, out + k);
+          hn::StoreU(f1, d, out + k + lanes);
+          hn::StoreU(f2, d, out + k + 2 * lanes);
+          hn::StoreU(f3, d, out + k + 3 * lanes);
+        }
+        const auto e0 = hn::Sub(f0, shift);
+        const auto e1 = hn::Sub(f1, shift);
+        const auto e2 = hn::Sub(f2, shift);
+        const auto e3 = hn::Sub(f3, shift);
+        dev0 = hn::Add(dev0, e0);
+        dev1 = hn::Add(dev1, e1);
+        dev2 = hn::Add(dev2, e2);
+        dev3 = hn::Add(dev3, e3);
+        sq0 = ExactMulAdd(d, e0, e0, sq0);
+        sq1 = ExactMulAdd(d, e1, e1, sq1);
+        sq2 = ExactMulAdd(d, e2, e2, sq2);
+        sq3 = ExactMulAdd(d, e3, e3, sq3);
+      }
+      hn::Store(dev0, d, dev + p);
+      hn::Store(dev1, d, dev + p + lanes);
+      hn::Store(dev2, d, dev + p + 2 * lanes);
+      hn::Store(dev3, d, dev + p + 3 * lanes);
+      hn::Store(sq0, d, sq + p);
+      hn::Store(sq1, d, sq + p + lanes);
+      hn::Store(sq2, d, sq + p + 2 * lanes);
+      hn::Store(sq3, d, sq + p + 3 * lanes);
+    }
+    // The flush: lane j + 32 onto lane j in fp32, then into fp64.
+    for (int64_t j = 0; j < kWideLanes; j += hn::Lanes(dd)) {
+      const auto dev_pair = hn::PromoteTo(
+          dd,
+          hn::Add(hn::Load(dh, dev + j), hn::Load(dh, dev + j + kWideLanes)));
+      const auto sq_pair = hn::PromoteTo(
+          dd, hn::Add(hn::Load(dh, sq + j), hn::Load(dh, sq + j + kWideLanes)));
+      if (i == 0) {
+        hn::StoreU(dev_pair, dd, wide_dev + j);
+        hn::StoreU(sq_pair, dd, wide_sq + j);
+      } else {
+        hn::StoreU(hn::Add(hn::LoadU(dd, wide_dev + j), dev_pair), dd,
+                   wide_dev + j);
+        hn::StoreU(hn::Add(hn::LoadU(dd, wide_sq + j), sq_pair), dd,
+                   wide_sq + j);
+      }
+    }
+    i += len;
+  }
+  const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
+  const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
+  if constexpr (!kFloat) {
+    for (int64_t k = i; k < n; ++k) out[k] = src.Scalar(k);
+  }
+  return FinishFast(values, i, n, center, lanes_dev, lanes_sq, [&] {
+    if constexpr (!kFloat && !kStore) {
+      for (int64_t k = 0; k < i; ++k) out[k] = src.Scalar(k);
+    }
+    return ExactMoments(values, n);
+  });
+}
+
+template <DType kType>
+Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
+                    int64_t n, bool store_widened) {
+  if (n <= kShortBlock) {
+    const FloatTag d;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+      hn::StoreU(Source<kType>{x}.Load(d, i), d, out + i);
+    }
+    for (; i < n; ++i) out[i] = HalfToFloat(kType, x[i]);
+    return ShortMoments(out, n);
+  }
+  return store_widened ? LongMoments<kType, true>({x}, out, n)
+                       : LongMoments<kType, false>({x}, out, n);
+}
+
+}  // namespace
+
+Moments FloatBlock(const float* x, int64_t n) {
+  if (n <= kShortBlock) return ShortMoments(x, n);
+  return LongMoments<DType::kFloat32, false>({x}, nullptr, n);
+}
+
+Moments DoubleBlock(const double* x, int64_t n) { return ExactMoments(x, n); }
+
+Moments ExactFloatBlock(const float* x, int64_t n) {
+  return ExactMoments(x, n);
+}
+
+Moments HalfBlock(DType dtype, const uint16_t* x, float* out, int64_t n,
+                  bool store_widened) {
+  if (dtype == DType::kBFloat16) {
+    return HalfMoments<DType::kBFloat16>(x, out, n, store_widened);
+  }
+  return HalfMoments<DType::kFloat16>(x, out, n, store_widened);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace normd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace normd {
+
+HWY_EXPORT(FloatBlock);
+HWY_EXPORT(DoubleBlock);
+HWY_EXPORT(ExactFloatBlock);
+HWY_EXPORT(HalfBlock);
+
+Moments FloatBlockMoments(const float* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(FloatBlock)(x, n);
+}
+
+Moments DoubleBlockMoments(const double* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DoubleBlock)(x, n);
+}
+
+Moments ExactFloatBlockMoments(const float* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(ExactFloatBlock)(x, n);
+}
+
+Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
+                         bool store_widened) {
+  return HWY_DYNAMIC_DISPATCH(HalfBlock)(dtype, x, out, n, store_widened);
+}
+
+}  // namespace normd
+#endif  // HWY_ONCE

@@ -1,0 +1,73 @@
+// The scalar steps every moments reduction of the core shares, whichever
+// SIMD target computed its lane sums: the fixed pairwise fold of lane sums,
+// the correction that turns shifted sums into (mean, M2), and the test that
+// sends a block to the exact path. Plain inline functions (no Highway), so
+// that every target and the multiversioned loops run the same operations in
+// the same order: the same bits. Pure functions.
+#ifndef NORMD_SERVER_CORE_SIMD_FOLD_H_
+#define NORMD_SERVER_CORE_SIMD_FOLD_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "server/core/moments.h"
+
+namespace normd::fold {
+
+// The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
+// the shift is off the mean by more than ~2.6 standard deviations, S2 exceeds
+// M2 by more than this factor, and so would the fp32 rounding of S2: such
+// blocks are redone with the exact two-pass path.
+inline constexpr double kMaxCancellation = 8.0;
+
+// Adds the upper half of t[0..N) onto the lower half, recursively: a
+// pairwise sum in a fixed order, written as fixed-size loops that vectorize.
+template <int N, typename T>
+[[gnu::always_inline]] inline void FoldHalves(T* t) {
+  if constexpr (N > 1) {
+    for (int j = 0; j < N / 2; ++j) t[j] += t[j + N / 2];
+    FoldHalves<N / 2, T>(t);
+  }
+}
+
+// FoldHalves of a copy of lanes[0..N): their sum in that fixed order.
+template <int N>
+[[gnu::always_inline]] inline double SumLanes(const double (&lanes)[N]) {
+  static_assert((N & (N - 1)) == 0, "pairwise folding needs a power of two");
+  double tmp[N];
+  std::copy(lanes, lanes + N, tmp);
+  FoldHalves<N>(tmp);
+  return tmp[0];
+}
+
+// Moments from a first-pass mean `mean0` and the second-pass sums of
+// d = x - mean0 (`residual`) and d^2 (`squares`) over n values.
+[[gnu::always_inline]] inline Moments Corrected(int64_t n, double mean0,
+                                                double residual,
+                                                double squares) {
+  const double count = static_cast<double>(n);
+  Moments result;
+  result.count = n;
+  result.mean = mean0 + residual / count;
+  result.m2 = std::max(0.0, squares - residual * residual / count);
+  if (!std::isfinite(mean0) || !std::isfinite(squares)) {
+    // Keep the non-finite marker visible in both fields.
+    result.mean = result.m2 = std::numeric_limits<double>::quiet_NaN();
+  }
+  return result;
+}
+
+// True when an fp32 fast-path result may have lost accuracy: non-finite
+// (overflow or NaN/Inf input), a variance so small that fp32 squares of the
+// deviations were denormal, or a shift so far from the mean that S2 - S1^2/n
+// cancelled more than kMaxCancellation allows (`squares` is S2).
+inline bool NeedsExactPath(const Moments& m, double squares) {
+  return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count) ||
+         m.m2 * kMaxCancellation < squares;
+}
+
+}  // namespace normd::fold
+
+#endif  // NORMD_SERVER_CORE_SIMD_FOLD_H_
