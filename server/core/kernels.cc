@@ -19,6 +19,7 @@
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
+#include "server/core/simd/row_affine.h"
 #include "server/core/simd/stream_copy.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -47,42 +48,6 @@ static_assert(kLongLayerNormRow >= kMomentsBlock);
 constexpr int64_t kWholeLongRowsPerThread = 4;
 constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
 
-// y[j] = (x[j] - mean) * scale * weight[j] + bias[j] for j in [0, n), with
-// weight / bias optional; all in fp64.
-template <typename T>
-NORMD_INLINE_INTO_CLONES void AffineRowImpl(const T* __restrict x,
-                                            T* __restrict y, int64_t n,
-                                            double mean, double scale,
-                                            const double* __restrict weight,
-                                            const double* __restrict bias) {
-  if (weight != nullptr && bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = static_cast<T>(
-          (static_cast<double>(x[j]) - mean) * scale * weight[j] + bias[j]);
-    }
-  } else if (weight != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = static_cast<T>((static_cast<double>(x[j]) - mean) * scale *
-                            weight[j]);
-    }
-  } else if (bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] =
-          static_cast<T>((static_cast<double>(x[j]) - mean) * scale + bias[j]);
-    }
-  } else {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = static_cast<T>((static_cast<double>(x[j]) - mean) * scale);
-    }
-  }
-}
-
-NORMD_MULTIVERSION void AffineRowF64(const double* x, double* y, int64_t n,
-                                     double mean, double scale,
-                                     const double* weight, const double* bias) {
-  AffineRowImpl(x, y, n, mean, scale, weight, bias);
-}
-
 // A fp64 mean split into two floats, mean ~= hi + lo, so that fp32 lanes can
 // subtract it first: (x - hi) is exact near the mean (Sterbenz), and lo
 // restores the bits hi dropped.
@@ -93,31 +58,6 @@ struct SplitMean {
       : hi(static_cast<float>(mean)),
         lo(static_cast<float>(mean - static_cast<double>(hi))) {}
 };
-
-// fp32 lanes: y = ((x - hi) - lo) * scale * weight[j] + bias[j].
-NORMD_MULTIVERSION void AffineRowF32(const float* __restrict x,
-                                     float* __restrict y, int64_t n,
-                                     SplitMean mean, float scale,
-                                     const float* __restrict weight,
-                                     const float* __restrict bias) {
-  const float hi = mean.hi;
-  const float lo = mean.lo;
-  if (weight != nullptr && bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = ((x[j] - hi) - lo) * scale * weight[j] + bias[j];
-    }
-  } else if (weight != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = ((x[j] - hi) - lo) * scale * weight[j];
-    }
-  } else if (bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      y[j] = ((x[j] - hi) - lo) * scale + bias[j];
-    }
-  } else {
-    for (int64_t j = 0; j < n; ++j) y[j] = ((x[j] - hi) - lo) * scale;
-  }
-}
 
 // One fp32 row's affine with streaming stores:
 // y[j] = ((x[j] - hi) - lo) * scale [* weight[j]] [+ bias[j]], the same
@@ -197,23 +137,6 @@ void SplitChannelsLast(int64_t begin, int64_t end, uintptr_t y_begin,
   per_element(begin, middle);
   if (tail > middle) repeating(middle, tail, repeat);
   per_element(tail, end);
-}
-
-// HalfAffineLanes' computation one value at a time (std::fma: exactly
-// rounded, so the same bits); for CPUs without AVX-512.
-void AffineRowHalfScalar(const float* x, float* y, int64_t n,
-                         const StreamAffine& a) {
-  const float low_term = -(a.lo * a.scale);
-  for (int64_t j = 0; j < n; ++j) {
-    const float t = std::fma(x[j] - a.hi, a.scale, low_term);
-    if (a.weight != nullptr && a.bias != nullptr) {
-      y[j] = std::fma(t, a.weight[j], a.bias[j]);
-    } else if (a.weight != nullptr) {
-      y[j] = t * a.weight[j];
-    } else {
-      y[j] = a.bias != nullptr ? t + a.bias[j] : t;
-    }
-  }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -480,19 +403,6 @@ struct HalfAffineLanes {
   const StreamAffine& a;
   __m512 hi, scale, low_term;
 };
-
-NORMD_AVX512 void AffineRowHalfAvx512(const float* x, float* y, int64_t n,
-                                      const StreamAffine& a) {
-  const HalfAffineLanes lanes(a);
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    _mm512_storeu_ps(y + j, lanes.At(x, j, static_cast<__mmask16>(0xFFFF)));
-  }
-  if (j < n) {
-    const auto tail = static_cast<__mmask16>((1u << (n - j)) - 1);
-    _mm512_mask_storeu_ps(y + j, tail, lanes.At(x, j, tail));
-  }
-}
 
 // Writes the 16-bit y[0..n) from line(j, mask), the 32 narrowed values of
 // elements [j, j + 32) of which `mask` selects the valid ones (loads must be
@@ -1052,15 +962,6 @@ void StreamHalfRow(DType dtype, const uint16_t* x, uint16_t* y, int64_t n,
       })(x, y, n, a, next_row);
 }
 
-// HalfAffineLanes over y[0..n) with plain stores, AVX-512 or scalar.
-void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
-  if (CpuHasAvx512F()) {
-    AffineRowHalfAvx512(x, y, n, a);
-    return;
-  }
-  AffineRowHalfScalar(x, y, n, a);
-}
-
 void StreamFence() { _mm_sfence(); }
 #else
 void StreamChannelsLastPerElement(const float*, float*, int64_t, const float*,
@@ -1087,9 +988,6 @@ void StreamHalfRowLines(DType, const float*, uint16_t*, int64_t,
                         const StreamAffine&, bool, const uint16_t*, bool) {}
 void StreamHalfRow(DType, const uint16_t*, uint16_t*, int64_t,
                    const StreamAffine&, bool, const uint16_t*, bool) {}
-void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
-  AffineRowHalfScalar(x, y, n, a);
-}
 void StreamFence() {}
 #endif
 
@@ -1140,12 +1038,18 @@ AffineParams<float> PairOrder(const AffineParams<float>& affine, int64_t n) {
 
 void AffineRow(const float* x, float* y, int64_t n, double mean, double scale,
                const float* weight, const float* bias) {
-  AffineRowF32(x, y, n, SplitMean(mean), static_cast<float>(scale), weight,
-               bias);
+  const SplitMean split(mean);
+  FloatRowAffine(x, y, n, split.hi, split.lo, static_cast<float>(scale), weight,
+                 bias);
 }
 void AffineRow(const double* x, double* y, int64_t n, double mean, double scale,
                const double* weight, const double* bias) {
-  AffineRowF64(x, y, n, mean, scale, weight, bias);
+  DoubleRowAffine(x, y, n, mean, scale, weight, bias);
+}
+
+// The fp32 results of a 16-bit row (see HalfRowAffine in simd/row_affine.h).
+void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
+  HalfRowAffine(x, y, n, a.hi, a.lo, a.scale, a.weight, a.bias);
 }
 
 // Channel affine over elements [begin, end) of a [outer, C, inner] tensor;
@@ -1503,17 +1407,6 @@ void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
         }
         if (fence) StreamFence();
       });
-}
-
-void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                   float scale, const float* weight, const float* bias,
-                   bool vector) {
-  const StreamAffine a{hi, lo, scale, weight, bias};
-  if (vector) {
-    AffineRowHalf(x, y, n, a);
-  } else {
-    AffineRowHalfScalar(x, y, n, a);
-  }
 }
 
 namespace {

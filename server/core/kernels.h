@@ -74,15 +74,6 @@ void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                          const double* bias);
 inline constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 
-// The fp32 results of one 16-bit row before narrowing, as LayerNormHalfKernel
-// computes them: t = fma(x - hi, scale, -(lo * scale)) with the mean split as
-// hi + lo, then fma(t, weight, bias) | t * weight | t + bias (weight / bias
-// optional). `vector`: with AVX-512 where the CPU has it; false: the scalar
-// code of CPUs without it (the same bits; exposed so tests can check that).
-void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                   float scale, const float* weight, const float* bias,
-                   bool vector);
-
 // How ChannelAffineKernel walks its tensor. The output is the same.
 enum class Traversal {
   kParallel,  // Cache-sized pieces in parallel.

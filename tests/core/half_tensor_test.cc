@@ -18,12 +18,15 @@
 #include "server/core/half.h"
 #include "server/core/half_avx512.h"
 #include "server/core/simd.h"
+#include "server/core/simd/row_affine.h"
 #include "server/core/simd/stream_copy.h"
 #include "tests/testing/core_cases.h"
+#include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
 
+using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::GroupCase;
 using ::normd::testing::HalfValue;
 using ::normd::testing::NumElementsOf;
@@ -388,10 +391,10 @@ TEST(HalfTensorTest, LongRowsOneAtATimeEqualWholeRowsBitwise) {
   }
 }
 
-// The 16-bit rows' fp32 affine has an AVX-512 and a scalar (std::fma) form
-// for CPUs without it; both must give the same bits, with and without
-// weight / bias, at every tail length.
-TEST(HalfTensorTest, HalfRowAffineVectorAndScalarAgreeBitwise) {
+// The 16-bit rows' fp32 affine gives, on every SIMD target, the bits of its
+// formula computed one value at a time with std::fma (which rounds once),
+// with and without weight / bias, at every tail length, in place too.
+TEST(HalfTensorTest, HalfRowAffineIsItsFormulaOnEveryTarget) {
   const auto wide = RandomValues<double>(3 * 67, 41, 100.0, 3.0);
   const std::vector<float> x(wide.begin(), wide.begin() + 67);
   const std::vector<float> w(wide.begin() + 67, wide.begin() + 134);
@@ -400,27 +403,43 @@ TEST(HalfTensorTest, HalfRowAffineVectorAndScalarAgreeBitwise) {
   const auto hi = static_cast<float>(mean);
   const auto lo = static_cast<float>(mean - hi);
   ASSERT_NE(lo, 0.0f);
-  for (int64_t n : {1, 15, 16, 17, 67}) {
-    for (const float* weight : {static_cast<const float*>(nullptr), w.data()}) {
-      for (const float* bias : {static_cast<const float*>(nullptr), b.data()}) {
-        std::vector<float> vector(n), scalar(n);
-        HalfRowAffine(x.data(), vector.data(), n, hi, lo, 0.3f, weight, bias,
-                      true);
-        HalfRowAffine(x.data(), scalar.data(), n, hi, lo, 0.3f, weight, bias,
-                      false);
-        for (int64_t j = 0; j < n; ++j) {
-          EXPECT_EQ(std::bit_cast<uint32_t>(vector[j]),
-                    std::bit_cast<uint32_t>(scalar[j]))
-              << "n " << n << " j " << j;
-          // And both are the fp64 value within fp32 rounding.
-          double expected = (x[j] - mean) * 0.3f;
-          if (weight != nullptr) expected *= weight[j];
-          if (bias != nullptr) expected += bias[j];
-          EXPECT_NEAR(scalar[j], expected, 1e-6 * (1.0 + std::abs(expected)));
+  const float scale = 0.3f;
+  ForEachSimdTarget([&](const std::string&) {
+    for (int64_t n : {1, 3, 15, 16, 17, 33, 67}) {
+      for (const float* weight :
+           {static_cast<const float*>(nullptr), w.data()}) {
+        for (const float* bias :
+             {static_cast<const float*>(nullptr), b.data()}) {
+          std::vector<float> got(n);
+          HalfRowAffine(x.data(), got.data(), n, hi, lo, scale, weight, bias);
+          std::vector<float> in_place(x.begin(), x.begin() + n);
+          HalfRowAffine(in_place.data(), in_place.data(), n, hi, lo, scale,
+                        weight, bias);
+          for (int64_t j = 0; j < n; ++j) {
+            const float t = std::fma(x[j] - hi, scale, -(lo * scale));
+            float want = t;
+            if (weight != nullptr && bias != nullptr) {
+              want = std::fma(t, weight[j], bias[j]);
+            } else if (weight != nullptr) {
+              want = t * weight[j];
+            } else if (bias != nullptr) {
+              want = t + bias[j];
+            }
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[j]),
+                      std::bit_cast<uint32_t>(want))
+                << "n " << n << " j " << j;
+            ASSERT_EQ(std::bit_cast<uint32_t>(in_place[j]),
+                      std::bit_cast<uint32_t>(want));
+            // And the fp64 value within fp32 rounding.
+            double expected = (x[j] - mean) * scale;
+            if (weight != nullptr) expected *= weight[j];
+            if (bias != nullptr) expected += bias[j];
+            EXPECT_NEAR(got[j], expected, 1e-6 * (1.0 + std::abs(expected)));
+          }
         }
       }
     }
-  }
+  });
 }
 
 // Finite inputs whose results are NaN: x - mean overflows fp32 (bfloat16

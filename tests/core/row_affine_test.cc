@@ -1,0 +1,86 @@
+// The fp32 and fp64 row affines on every SIMD target: the bits of their
+// formulas computed one value at a time (each step rounded, nothing fused),
+// at every tail length, with and without weight / bias, in place too.
+#include "server/core/simd/row_affine.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/testing/core_cases.h"
+#include "tests/testing/simd_targets.h"
+
+namespace normd {
+namespace {
+
+using ::normd::testing::ForEachSimdTarget;
+using ::normd::testing::RandomValues;
+
+template <typename T>
+uint64_t Bits(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return std::bit_cast<uint32_t>(v);
+  } else {
+    return std::bit_cast<uint64_t>(v);
+  }
+}
+
+TEST(RowAffineTest, FloatAndDoubleRowsAreTheirFormulasOnEveryTarget) {
+  const auto wide = RandomValues<double>(3 * 67, 43, 1e4, 3.0);
+  const double mean = 1e4 + 0.123456789;
+  const double scale = 0.37;
+  ForEachSimdTarget([&](const std::string&) {
+    for (int64_t n : {1, 2, 7, 8, 9, 16, 17, 31, 67}) {
+      for (bool with_weight : {false, true}) {
+        for (bool with_bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "n " << n << " weight " << with_weight << " bias "
+                       << with_bias);
+          // fp32: the mean split as hi + lo.
+          const std::vector<float> x(wide.begin(), wide.begin() + n);
+          const std::vector<float> w(wide.begin() + 67, wide.begin() + 67 + n);
+          const std::vector<float> b(wide.begin() + 134,
+                                     wide.begin() + 134 + n);
+          const auto hi = static_cast<float>(mean);
+          const auto lo = static_cast<float>(mean - hi);
+          const auto fscale = static_cast<float>(scale);
+          std::vector<float> y(n), in_place = x;
+          const float* wp = with_weight ? w.data() : nullptr;
+          const float* bp = with_bias ? b.data() : nullptr;
+          FloatRowAffine(x.data(), y.data(), n, hi, lo, fscale, wp, bp);
+          FloatRowAffine(in_place.data(), in_place.data(), n, hi, lo, fscale,
+                         wp, bp);
+          for (int64_t j = 0; j < n; ++j) {
+            float want = ((x[j] - hi) - lo) * fscale;
+            if (with_weight) want = want * w[j];
+            if (with_bias) want = want + b[j];
+            ASSERT_EQ(Bits(y[j]), Bits(want)) << "fp32 j " << j;
+            ASSERT_EQ(Bits(in_place[j]), Bits(want));
+          }
+          // fp64.
+          const std::vector<double> xd(wide.begin(), wide.begin() + n);
+          const std::vector<double> wd(wide.begin() + 67,
+                                       wide.begin() + 67 + n);
+          const std::vector<double> bd(wide.begin() + 134,
+                                       wide.begin() + 134 + n);
+          std::vector<double> yd(n);
+          DoubleRowAffine(xd.data(), yd.data(), n, mean, scale,
+                          with_weight ? wd.data() : nullptr,
+                          with_bias ? bd.data() : nullptr);
+          for (int64_t j = 0; j < n; ++j) {
+            double want = (xd[j] - mean) * scale;
+            if (with_weight) want = want * wd[j];
+            if (with_bias) want = want + bd[j];
+            ASSERT_EQ(Bits(yd[j]), Bits(want)) << "fp64 j " << j;
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace normd
