@@ -19,6 +19,7 @@
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
 #include "server/core/simd.h"
+#include "server/core/simd/channel_affine.h"
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/stream_copy.h"
 
@@ -69,22 +70,18 @@ struct StreamAffine {
   const float* bias;    // Per element, or null.
 };
 
-// y = fma(x - hi[c], scale[c], shift[c]) in fp32: hi is the channel's fp64
-// mean rounded to float, and shift also carries the part of the mean hi
-// dropped (see ChannelConstantsOf). std::fma rounds once, so every
-// instruction set gives the same bits (the compiled clones without FMA call
-// libm's exact fma).
+// y = fma(x - hi[c], scale[c], shift[c]) in fp32, rounded once after the
+// subtraction (see simd/channel_affine.h): hi is the channel's fp64 mean
+// rounded to float, and shift also carries the part of the mean hi dropped
+// (see ChannelConstantsOf).
 struct ChannelParamsF32 {
   const float* hi;
   const float* scale;
   const float* shift;
+  // One channel's constants.
   struct One {
     float hi, scale, shift;
-    float Apply(float x) const { return std::fma(x - hi, scale, shift); }
   };
-  float Apply(float x, int64_t c) const {
-    return std::fma(x - hi[c], scale[c], shift[c]);
-  }
   One Constants(int64_t c) const { return {hi[c], scale[c], shift[c]}; }
 };
 
@@ -282,7 +279,7 @@ NORMD_AVX512 inline __m512 ChannelAffineLanes(__m512 x, __m512 hi, __m512 scale,
   return _mm512_fmadd_ps(_mm512_sub_ps(x, hi), scale, shift);
 }
 
-// y[0..n) = ChannelParamsF32::One::Apply(x[0..n)) with streaming stores:
+// y[0..n) = fma(x - k.hi, k.scale, k.shift) with streaming stores:
 // one channel's run.
 NORMD_AVX512 void StreamChannelRunAvx512(const float* x, float* y, int64_t n,
                                          const ChannelParamsF32::One& k) {
@@ -1052,39 +1049,6 @@ void AffineRowHalf(const float* x, float* y, int64_t n, const StreamAffine& a) {
   HalfRowAffine(x, y, n, a.hi, a.lo, a.scale, a.weight, a.bias);
 }
 
-// Channel affine over elements [begin, end) of a [outer, C, inner] tensor;
-// element begin + k is read from x[k] and goes to out[k]. Channels-last (inner
-// == 1) needs the parameter arrays of `p` expanded to `period` + channels
-// entries (see ExpandChannelsLast): a period-long run starting at any channel
-// phase then reads them without a modulo.
-template <typename T, typename Params>
-NORMD_INLINE_INTO_CLONES void ChannelAffineRangeImpl(
-    const T* __restrict x, T* __restrict out, int64_t begin, int64_t end,
-    int64_t channels, int64_t inner, int64_t period, const Params& p) {
-  int64_t pos = begin;
-  if (inner == 1) {
-    while (pos < end) {
-      const int64_t phase = pos % channels;
-      const int64_t run = std::min(period, end - pos);
-      const T* __restrict xs = x + (pos - begin);
-      T* __restrict ys = out + (pos - begin);
-      for (int64_t k = 0; k < run; ++k) ys[k] = p.Apply(xs[k], phase + k);
-      pos += run;
-    }
-    return;
-  }
-  // Walk runs of one channel's contiguous values.
-  while (pos < end) {
-    const int64_t c = (pos / inner) % channels;
-    const int64_t run = std::min(inner - pos % inner, end - pos);
-    const T* __restrict xs = x + (pos - begin);
-    T* __restrict ys = out + (pos - begin);
-    const auto constants = p.Constants(c);
-    for (int64_t k = 0; k < run; ++k) ys[k] = constants.Apply(xs[k]);
-    pos += run;
-  }
-}
-
 // Elements per channels-last period: a multiple of the channel count, long
 // enough that the loop over one period vectorizes well.
 int64_t ChannelsLastPeriod(int64_t channels, int64_t outer) {
@@ -1117,30 +1081,21 @@ struct ChannelParamsF64 {
   const double* mean;
   const double* scale;
   const double* shift;
-  struct One {
-    double mean, scale, shift;
-    double Apply(double x) const { return (x - mean) * scale + shift; }
-  };
-  double Apply(double x, int64_t c) const {
-    return (x - mean[c]) * scale[c] + shift[c];
-  }
-  One Constants(int64_t c) const { return {mean[c], scale[c], shift[c]}; }
 };
 
-NORMD_MULTIVERSION void ChannelAffineRangeF32(const float* x, float* out,
-                                              int64_t begin, int64_t end,
-                                              int64_t channels, int64_t inner,
-                                              int64_t period,
-                                              const ChannelParamsF32& p) {
-  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, period, p);
+// The cached channel affines (simd/channel_affine.h) with their parameters.
+void ChannelAffineRangeF32(const float* x, float* out, int64_t begin,
+                           int64_t end, int64_t channels, int64_t inner,
+                           int64_t period, const ChannelParamsF32& p) {
+  FloatChannelAffineRange(x, out, begin, end, channels, inner, period, p.hi,
+                          p.scale, p.shift);
 }
 
-NORMD_MULTIVERSION void ChannelAffineRangeF64(const double* x, double* out,
-                                              int64_t begin, int64_t end,
-                                              int64_t channels, int64_t inner,
-                                              int64_t period,
-                                              const ChannelParamsF64& p) {
-  ChannelAffineRangeImpl(x, out, begin, end, channels, inner, period, p);
+void ChannelAffineRangeF64(const double* x, double* out, int64_t begin,
+                           int64_t end, int64_t channels, int64_t inner,
+                           int64_t period, const ChannelParamsF64& p) {
+  DoubleChannelAffineRange(x, out, begin, end, channels, inner, period, p.mean,
+                           p.scale, p.shift);
 }
 
 // Per-thread buffers: outputs are computed into kOutputSlot before
