@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,50 @@ TEST(RowAffineTest, FloatAndDoubleRowsAreTheirFormulasOnEveryTarget) {
         }
       }
     }
+  });
+}
+
+// The 16-bit rows' fused multiply-add is exact on every target, including
+// SSE4 and scalar, which have no FMA instruction (simd/fma-inl.h): with
+// hi = lo = 0 and scale = 1 the row affine is y = fma(x, weight, bias), here
+// for random bit patterns (every exponent: overflow, subnormal products and
+// sums, exact cancellation, infinities) and a few hand-picked ties.
+TEST(RowAffineTest, FusedMultiplyAddIsExactOnEveryTarget) {
+  std::mt19937 gen(17);
+  constexpr int64_t kN = 200000;
+  std::vector<float> x(kN), w(kN), b(kN);
+  auto random_float = [&] { return std::bit_cast<float>(static_cast<uint32_t>(gen())); };
+  for (int64_t i = 0; i < kN; ++i) {
+    x[i] = random_float();
+    w[i] = random_float();
+    // Half the sums near the product, so that they cancel or round at a tie.
+    b[i] = i % 2 == 0 ? random_float()
+                      : -x[i] * w[i] * (1.0f + 0x1p-23f * (i % 7));
+  }
+  // 1 + 2^-23 squared is 1 + 2^-22 + 2^-46: with -1 - 2^-22 added, only the
+  // 2^-46 remains, which an unfused multiply-add rounds away.
+  x[0] = w[0] = 1.0f + 0x1p-23f;
+  b[0] = -(1.0f + 0x1p-22f);
+  // A product just past FLT_MAX that the sum brings back in range.
+  x[1] = 0x1.fffffep127f;
+  w[1] = 1.5f;
+  b[1] = -0x1.fffffep127f;
+  ForEachSimdTarget([&](const std::string&) {
+    std::vector<float> y(kN);
+    HalfRowAffine(x.data(), y.data(), kN, 0.0f, 0.0f, 1.0f, w.data(), b.data());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < kN; ++i) {
+      const float want = std::fma(x[i], w[i], b[i]);
+      if (std::isnan(want)) {
+        if (!std::isnan(y[i]) && differ++ < 5) ADD_FAILURE() << "NaN at " << i;
+        continue;
+      }
+      if (Bits(y[i]) != Bits(want) && differ++ < 5) {
+        ADD_FAILURE() << "fma(" << x[i] << ", " << w[i] << ", " << b[i]
+                      << ") = " << want << ", got " << y[i];
+      }
+    }
+    EXPECT_EQ(differ, 0);
   });
 }
 

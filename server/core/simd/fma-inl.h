@@ -51,13 +51,24 @@ HWY_INLINE hn::Vec<DD> AddRoundToOdd(DD dd, hn::Vec<DD> a, hn::Vec<DD> b) {
   return hn::BitCast(dd, hn::IfThenElse(adjust, odd, bits));
 }
 
+// fp64 lanes rounded to fp32 to nearest, overflowing to infinity. The
+// scalar target's DemoteTo saturates at the largest float instead.
+template <class DD>
+HWY_INLINE hn::Vec<hn::Rebind<float, DD>> RoundToFloat(DD dd, hn::Vec<DD> v) {
+  const hn::Rebind<float, DD> df;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(df, static_cast<float>(hn::GetLane(v)));
+#else
+  return hn::DemoteTo(df, v);
+#endif
+}
+
 // fp32 mul * x + add of Rebind<float, DD> lanes, rounded once.
 template <class DD, class VF>
 HWY_INLINE VF MulAddViaDouble(DD dd, VF mul, VF x, VF add) {
-  const hn::Rebind<float, DD> df;
   const auto product =
       hn::Mul(hn::PromoteTo(dd, mul), hn::PromoteTo(dd, x));  // Exact.
-  return hn::DemoteTo(df, AddRoundToOdd(dd, product, hn::PromoteTo(dd, add)));
+  return RoundToFloat(dd, AddRoundToOdd(dd, product, hn::PromoteTo(dd, add)));
 }
 #endif  // !HWY_NATIVE_FMA
 
