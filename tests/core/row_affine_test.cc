@@ -93,7 +93,9 @@ TEST(RowAffineTest, FusedMultiplyAddIsExactOnEveryTarget) {
   std::mt19937 gen(17);
   constexpr int64_t kN = 200000;
   std::vector<float> x(kN), w(kN), b(kN);
-  auto random_float = [&] { return std::bit_cast<float>(static_cast<uint32_t>(gen())); };
+  auto random_float = [&] {
+    return std::bit_cast<float>(static_cast<uint32_t>(gen()));
+  };
   for (int64_t i = 0; i < kN; ++i) {
     x[i] = random_float();
     w[i] = random_float();
