@@ -121,7 +121,7 @@ test-arm64: build
 	cmake -S . -B $(ARM64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/.ci/aarch64-linux-gnu.cmake \
 	  -DNORMD_BUILD_BENCH=OFF
-	cmake --build $(ARM64_BUILD_DIR) -j $(JOBS)
+	cmake --build $(ARM64_BUILD_DIR) -j $(JOBS) --target normd core_tests
 	cd $(ARM64_BUILD_DIR) && QEMU_CPU=cortex-a72 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L core
 	cd $(ARM64_BUILD_DIR) && QEMU_CPU=max \
