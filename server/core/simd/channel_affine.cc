@@ -1,6 +1,6 @@
 // The channel affines (see channel_affine.h), compiled for every SIMD target
 // (foreach_target.h) and dispatched per call. A run's last partial vector
-// is computed from zero-padded copies of its inputs.
+// reads and writes only its elements (tail-inl.h).
 #include "server/core/simd/channel_affine.h"
 
 #include <algorithm>
@@ -12,14 +12,15 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
 #include "server/core/simd/fma-inl.h"
+#include "server/core/simd/tail-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
 
-// out[k] = apply(x[k], a[k], b[k], c[k]) for k in [0, n): whole vectors in
-// place, the rest through zero-padded copies.
+// out[k] = apply(x[k], a[k], b[k], c[k]) for k in [0, n), a vector at a
+// time (the last, partial one reading and writing only its elements).
 template <class D, typename T, class Apply>
 HWY_INLINE void PerElement(D d, const T* x, T* out, int64_t n, const T* a,
                            const T* b, const T* c, const Apply& apply) {
@@ -31,16 +32,11 @@ HWY_INLINE void PerElement(D d, const T* x, T* out, int64_t n, const T* a,
                d, out + k);
   }
   if (k == n) return;
-  constexpr size_t kMaxLanes = hn::MaxLanes(D());
-  HWY_ALIGN T pads[4][kMaxLanes] = {};
-  std::copy(x + k, x + n, pads[0]);
-  std::copy(a + k, a + n, pads[1]);
-  std::copy(b + k, b + n, pads[2]);
-  std::copy(c + k, c + n, pads[3]);
-  hn::Store(apply(hn::Load(d, pads[0]), hn::Load(d, pads[1]),
-                  hn::Load(d, pads[2]), hn::Load(d, pads[3])),
-            d, pads[0]);
-  std::copy(pads[0], pads[0] + (n - k), out + k);
+  const size_t rest = static_cast<size_t>(n - k);
+  StoreHead(d,
+            apply(LoadHead(d, x + k, rest), LoadHead(d, a + k, rest),
+                  LoadHead(d, b + k, rest), LoadHead(d, c + k, rest)),
+            out + k, rest);
 }
 
 // out[k] = apply(x[k], a, b, c) for k in [0, n), one channel's constants.
@@ -56,11 +52,8 @@ HWY_INLINE void OneChannel(D d, const T* x, T* out, int64_t n, T a, T b, T c,
     hn::StoreU(apply(hn::LoadU(d, x + k), va, vb, vc), d, out + k);
   }
   if (k == n) return;
-  constexpr size_t kMaxLanes = hn::MaxLanes(D());
-  HWY_ALIGN T pad[kMaxLanes] = {};
-  std::copy(x + k, x + n, pad);
-  hn::Store(apply(hn::Load(d, pad), va, vb, vc), d, pad);
-  std::copy(pad, pad + (n - k), out + k);
+  const size_t rest = static_cast<size_t>(n - k);
+  StoreHead(d, apply(LoadHead(d, x + k, rest), va, vb, vc), out + k, rest);
 }
 
 // The walk over [begin, end) both types share: channels-last in runs of

@@ -1,7 +1,7 @@
 // The row affines (see row_affine.h), compiled for every SIMD target
-// (foreach_target.h) and dispatched per call. The last partial vector is
-// computed from zero-padded copies of its inputs, so that every element
-// takes the vector operations (no scalar libm fma in a tail).
+// (foreach_target.h) and dispatched per call. The last partial vector takes
+// the vector operations too (no scalar libm fma in a tail), reading and
+// writing only its elements (tail-inl.h).
 #include "server/core/simd/row_affine.h"
 
 #include <algorithm>
@@ -13,37 +13,36 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
 #include "server/core/simd/fma-inl.h"
+#include "server/core/simd/tail-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
 
-// Runs y[j..j+lanes) = affine(x + j, weight + j, bias + j) over [0, n):
-// whole vectors in place, the rest through zero-padded copies. kWeight /
-// kBias: whether weight / bias are given (decided once per row, not per
-// vector). x may be y.
+// y[j] = affine(x[j], weight[j], bias[j]) over [0, n), a vector at a time
+// (the last, partial one reading and writing only its elements); absent
+// weight / bias read as zeros. kWeight / kBias: whether they are given,
+// decided once per row. x may be y.
 template <bool kWeight, bool kBias, class D, typename T, class Affine>
 HWY_INLINE void ForEachVector(D d, const T* x, T* y, int64_t n, const T* weight,
                               const T* bias, const Affine& affine) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto none = hn::Zero(d);
   int64_t j = 0;
   for (; j + lanes <= n; j += lanes) {
-    hn::StoreU(affine(x + j, kWeight ? weight + j : nullptr,
-                      kBias ? bias + j : nullptr),
-               d, y + j);
+    hn::StoreU(
+        affine(hn::LoadU(d, x + j), kWeight ? hn::LoadU(d, weight + j) : none,
+               kBias ? hn::LoadU(d, bias + j) : none),
+        d, y + j);
   }
   if (j == n) return;
-  constexpr size_t kMaxLanes = hn::MaxLanes(D());
-  HWY_ALIGN T pad_x[kMaxLanes] = {};
-  HWY_ALIGN T pad_w[kMaxLanes] = {};
-  HWY_ALIGN T pad_b[kMaxLanes] = {};
-  HWY_ALIGN T out[kMaxLanes];
-  std::copy(x + j, x + n, pad_x);
-  if constexpr (kWeight) std::copy(weight + j, weight + n, pad_w);
-  if constexpr (kBias) std::copy(bias + j, bias + n, pad_b);
-  hn::Store(affine(pad_x, pad_w, pad_b), d, out);
-  std::copy(out, out + (n - j), y + j);
+  const size_t rest = static_cast<size_t>(n - j);
+  StoreHead(d,
+            affine(LoadHead(d, x + j, rest),
+                   kWeight ? LoadHead(d, weight + j, rest) : none,
+                   kBias ? LoadHead(d, bias + j, rest) : none),
+            y + j, rest);
 }
 
 // Calls body.template operator()<kWeight, kBias>() for whether weight and
@@ -68,12 +67,10 @@ void FloatAffine(const float* x, float* y, int64_t n, float hi, float lo,
   const auto vscale = hn::Set(d, scale);
   WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
     ForEachVector<kWeight, kBias>(
-        d, x, y, n, weight, bias,
-        [&](const float* xp, const float* wp, const float* bp) {
-          auto t =
-              hn::Mul(hn::Sub(hn::Sub(hn::LoadU(d, xp), vhi), vlo), vscale);
-          if constexpr (kWeight) t = hn::Mul(t, hn::LoadU(d, wp));
-          if constexpr (kBias) t = hn::Add(t, hn::LoadU(d, bp));
+        d, x, y, n, weight, bias, [&](auto v, auto w, auto b) {
+          auto t = hn::Mul(hn::Sub(hn::Sub(v, vhi), vlo), vscale);
+          if constexpr (kWeight) t = hn::Mul(t, w);
+          if constexpr (kBias) t = hn::Add(t, b);
           return t;
         });
   });
@@ -85,14 +82,13 @@ void DoubleAffine(const double* x, double* y, int64_t n, double mean,
   const auto vmean = hn::Set(d, mean);
   const auto vscale = hn::Set(d, scale);
   WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
-    ForEachVector<kWeight, kBias>(
-        d, x, y, n, weight, bias,
-        [&](const double* xp, const double* wp, const double* bp) {
-          auto t = hn::Mul(hn::Sub(hn::LoadU(d, xp), vmean), vscale);
-          if constexpr (kWeight) t = hn::Mul(t, hn::LoadU(d, wp));
-          if constexpr (kBias) t = hn::Add(t, hn::LoadU(d, bp));
-          return t;
-        });
+    ForEachVector<kWeight, kBias>(d, x, y, n, weight, bias,
+                                  [&](auto v, auto w, auto b) {
+                                    auto t = hn::Mul(hn::Sub(v, vmean), vscale);
+                                    if constexpr (kWeight) t = hn::Mul(t, w);
+                                    if constexpr (kBias) t = hn::Add(t, b);
+                                    return t;
+                                  });
   });
 }
 
@@ -104,16 +100,14 @@ void HalfAffine(const float* x, float* y, int64_t n, float hi, float lo,
   const auto low_term = hn::Set(d, -(lo * scale));
   WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
     ForEachVector<kWeight, kBias>(
-        d, x, y, n, weight, bias,
-        [&](const float* xp, const float* wp, const float* bp) {
-          const auto t =
-              ExactMulAdd(d, hn::Sub(hn::LoadU(d, xp), vhi), vscale, low_term);
+        d, x, y, n, weight, bias, [&](auto v, auto w, auto b) {
+          const auto t = ExactMulAdd(d, hn::Sub(v, vhi), vscale, low_term);
           if constexpr (kWeight && kBias) {
-            return ExactMulAdd(d, t, hn::LoadU(d, wp), hn::LoadU(d, bp));
+            return ExactMulAdd(d, t, w, b);
           } else if constexpr (kWeight) {
-            return hn::Mul(t, hn::LoadU(d, wp));
+            return hn::Mul(t, w);
           } else if constexpr (kBias) {
-            return hn::Add(t, hn::LoadU(d, bp));
+            return hn::Add(t, b);
           } else {
             return t;
           }
