@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Old against new: two builds of bench/incache_bench run in turns.
 
-Each round runs the old binary, then the new one (the order alternates
-between rounds, so that drift in the shared machine's speed falls on both),
-and takes every row's ns per value. The table gives each row's median over
-the rounds for both and the median of the per-round ratios new/old.
+Each round times every row with the old binary and then the new one, row
+by row (the order alternates between rounds), so that the two runs of a row
+are seconds apart and drift in the shared machine's speed falls on both.
+The table gives each row's median over the rounds for both and the median
+of the per-round ratios new/old.
 
   bench/old_vs_new.py --baseline=REV [--rounds=7] [--filter=REGEX]
       builds incache_bench at git revision REV (with this checkout's
@@ -19,6 +20,7 @@ in cache (see incache_bench.cc); NORMD_SIMD_TARGET applies to both.
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,17 +50,24 @@ def build_baseline(rev):
     return os.path.join(build, "bench", "incache_bench")
 
 
-def run(binary, args):
-    """Returns {row: ns per value} of one run."""
+def run(binary, args, row_filter):
+    """Returns {row: ns per value} of one run of the rows row_filter picks."""
     out = subprocess.run(
         [binary, "--benchmark_format=json",
          f"--benchmark_min_time={args.min_time}",
-         f"--benchmark_filter={args.filter}"],
+         f"--benchmark_filter={row_filter}"],
         check=True, capture_output=True, text=True).stdout
     rows = {}
     for bench in json.loads(out)["benchmarks"]:
         rows[bench["name"]] = bench["ns_per_value"] * 1e9
     return rows
+
+
+def row_names(binary, args):
+    out = subprocess.run(
+        [binary, "--benchmark_list_tests", f"--benchmark_filter={args.filter}"],
+        check=True, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line]
 
 
 def main():
@@ -75,11 +84,18 @@ def main():
     if (args.baseline is None) == (args.old is None):
         parser.error("give --baseline=REV or --old=BIN")
     old = args.old or build_baseline(args.baseline)
+    names = [n for n in row_names(args.new, args)
+             if n in set(row_names(old, args))]
     runs = {"old": [], "new": []}
     for r in range(args.rounds):
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
         for which in order:
-            runs[which].append(run(old if which == "old" else args.new, args))
+            runs[which].append({})
+        for name in names:
+            for which in order:
+                binary = old if which == "old" else args.new
+                runs[which][-1].update(
+                    run(binary, args, "^" + re.escape(name) + "$"))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"| row | old ns/value | new ns/value | new/old (median of "
           f"{args.rounds}) |")
