@@ -13,7 +13,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libabsl-dev libtbb-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
   python3-numpy python3-pip python3-setuptools python3-yaml openssl clang \
-  libclang-rt-14-dev prometheus haproxy valgrind python3-venv libhwy-dev
+  libclang-rt-14-dev prometheus haproxy python3-venv libhwy-dev
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
   format bench test-container test-arm64

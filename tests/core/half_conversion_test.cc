@@ -176,7 +176,9 @@ void CheckNarrowing() {
 // when they may use it, and why not when the CPU has it but it is off.
 TEST(HalfTest, KernelInstructionSetNamesWhatTheKernelsUse) {
   const std::string used = KernelInstructionSet();
-  if (!CpuHasAvx512F()) {
+  if (!CpuHasAvx512F() && DetectedAvx512Features().f) {
+    EXPECT_EQ(used, "compiled loops (AVX-512 off: NORMD_SIMD_TARGET)");
+  } else if (!CpuHasAvx512F()) {
     EXPECT_EQ(used, "compiled loops (no AVX-512)");
   } else if (!CpuHasAvx512Bw()) {
     EXPECT_EQ(used, "AVX-512F");
