@@ -38,10 +38,11 @@ using ::normd::testing::View;
 // Every fp32 channel path (AVX-512 runs, short runs, channels-last
 // registers and per-element loads, with streaming or ordinary stores, and
 // the compiled loops that CPUs without AVX-512 run: this test is also run
-// with NORMD_SIMD_TARGET=avx2) computes exactly the documented formula: hi = the fp64
-// mean rounded to float, y = fma(x - hi, float(scale), float(shift - (mean -
-// hi) * scale)) with scale = weight / sqrt(var + eps) in fp64. BatchNorm eval
-// with a model whose statistics the test chose, means off float's grid.
+// with NORMD_SIMD_TARGET=avx2) computes exactly the documented formula: hi =
+// the fp64 mean rounded to float, y = fma(x - hi, float(scale), float(shift -
+// (mean - hi) * scale)) with scale = weight / sqrt(var + eps) in fp64.
+// BatchNorm eval with a model whose statistics the test chose, means off
+// float's grid.
 TEST(StreamingTest, ChannelOutputsAreTheDocumentedFp32FormulaBitwise) {
   struct Case {
     Shape shape;
