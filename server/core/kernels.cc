@@ -62,8 +62,8 @@ struct SplitMean {
 
 // One fp32 row's affine with streaming stores:
 // y[j] = ((x[j] - hi) - lo) * scale [* weight[j]] [+ bias[j]], the same
-// operations in the same order as AffineRowF32, so the bits equal those of
-// the cached path.
+// operations in the same order as FloatRowAffine (simd/row_affine.h), so
+// the bits equal those of the cached path.
 struct StreamAffine {
   float hi, lo, scale;
   const float* weight;  // Per element, or null.
@@ -367,8 +367,8 @@ void StreamChannelsLastRepeating(const float* x, float* y, int64_t n,
 // The affine of the 16-bit rows in registers, with fused multiply-adds (two
 // operations fewer per vector than StreamAffineLanes; one rounding where
 // that has two): t = fma(x - hi, scale, -(lo * scale)), then
-// fma(t, weight, bias) | t * weight | t + bias. AffineRowHalf computes the
-// same bits without AVX-512.
+// fma(t, weight, bias) | t * weight | t + bias. HalfRowAffine
+// (simd/row_affine.h) computes the same bits on every target.
 struct HalfAffineLanes {
   NORMD_AVX512 explicit HalfAffineLanes(const StreamAffine& affine)
       : a(affine),
@@ -1650,12 +1650,12 @@ bool StreamChannelRuns(const float* x, float* y, int64_t begin, int64_t end,
 }
 
 // The same for channels-last (parameters expanded as for
-// ChannelAffineRangeImpl). When the parameters repeat within 64 elements
-// (lcm(channels, 16) <= 64: 1-4, 6, 8, 12, 16, 24, 32, 48 or 64 channels),
-// the 64-byte-aligned middle of the range runs with them in registers, x
-// prefetched ahead if `prefetch_input`. `stream`: streaming stores (the
-// caller fences), else ordinary ones (outputs that stay in the cache, where
-// parameters in registers beat the compiled loop's per-element parameter
+// FloatChannelAffineRange, simd/channel_affine.h). When the parameters repeat
+// within 64 elements (lcm(channels, 16) <= 64: 1-4, 6, 8, 12, 16, 24, 32, 48 or
+// 64 channels), the 64-byte-aligned middle of the range runs with them in
+// registers, x prefetched ahead if `prefetch_input`. `stream`: streaming stores
+// (the caller fences), else ordinary ones (outputs that stay in the cache,
+// where parameters in registers beat the compiled loop's per-element parameter
 // loads: kernel_bench BM_GroupNorm and BM_BatchNorm NHWC).
 bool StreamChannelsLastRuns(const float* x, float* y, int64_t begin,
                             int64_t end, int64_t channels, int64_t period,

@@ -61,7 +61,7 @@ using Float16Values = Widening<Float16ToFloat>;
 // once, as the subtraction does: the same bits. The shifted-sum loops do a
 // subtraction, an addition and a fused multiply-add per vector; on Zen 4
 // additions and multiply-adds issue on separate pipes, and moving half the
-// subtractions to the multiply-add pipe balances them (see BlockMomentsAvx512).
+// subtractions to the multiply-add pipe balances them.
 [[gnu::target("avx512f")]] inline __m512 ShiftedLanes(__m512 x, __m512 shift,
                                                       int v) {
   if (v % 2 == 0) return _mm512_sub_ps(x, shift);
@@ -163,7 +163,8 @@ template <int kLow, int kHigh, typename V, int N>
   }
 }
 
-// ShortBlockMomentsF32 of 16 rows at once (see ShortRowMoments16).
+// FloatBlockMoments (simd/block_moments.h) of 16 short rows at once (see
+// ShortRowMoments16).
 [[gnu::target("avx512f")]] void ShortRowMomentsAvx512(const float* x, int64_t n,
                                                       int count, Moments* out) {
   const float* rows[16];

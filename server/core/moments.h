@@ -79,17 +79,17 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
                                             bool hand_written);
 
 // Widens n values of the 16-bit `dtype` at x into out (as WidenHalf) and
-// returns ContiguousMoments(out, n), bit for bit; with AVX-512 in one pass
-// over x. Serial: for rows of a kernel that is parallel over rows.
+// returns ContiguousMoments(out, n), bit for bit, in one pass over x
+// (simd/block_moments.h). Serial: for rows of a kernel that is parallel over
+// rows.
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 
 // The same moments as WidenWithMoments (bit for bit) without leaving the
 // widened values behind: `scratch` (min(n, kMomentsBlock) floats) gets
 // only what the block kernels' scalar parts read. Made of blocks of
 // kMomentsBlock values merged in order: the moments of a longer x are its
-// blocks' HalfMoments folded with MergeMoments. bfloat16 is read as pairs of
-// lanes (see BlockMomentsAvx512): fewer operations and no stores for rows whose
-// outputs are computed from the 16-bit values again.
+// blocks' HalfMoments folded with MergeMoments. For rows whose outputs are
+// computed from the 16-bit values again: no stores of the widened values.
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
 
 // Work that a reduction runs in step with its loads, so that one core
