@@ -61,22 +61,19 @@ inline constexpr int64_t kMomentsBlock = 32768;
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
 
-// FloatBlockMoments(x + k n, n) of `count` <= 16 consecutive rows of n
-// values into out[0..count), bit for bit: where HasShortRowMoments16(n)
-// (n a multiple of 16, at most 128, and AVX-512), with the rows' folds done
-// across them at once, for rows so short that a row's folds and finish
-// cost more than its values; elsewhere a row at a time.
+// FloatBlockMoments(x + k n, n) of `count` consecutive rows of n values
+// into out[0..count), in one call (simd/block_moments.h). Callers batch rows
+// sixteen at a time where HasShortRowMoments16(n) (n a multiple of 16, at
+// most 128): rows so short that a call per row costs more than its values.
 bool HasShortRowMoments16(int64_t n);
 void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out);
 
 // ChannelMoments / HalfChannelMoments of x (`dtype` float32, bfloat16 or
 // float16) as the row blocks of channels in short runs (inner < 256)
-// reduce them: `hand_written` with the AVX-512 loops (register tiles,
-// short-run sums) where the CPU has them, else the compiled loops. The same
-// bits either way (exposed so that tests can check that).
+// reduce them (simd/channel_moments.h), whatever the layout: exposed so
+// that tests can compare channels-last blocks of different widths.
 std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
-                                            const ChannelLayout& layout,
-                                            bool hand_written);
+                                            const ChannelLayout& layout);
 
 // Widens n values of the 16-bit `dtype` at x into out (as WidenHalf) and
 // returns ContiguousMoments(out, n), bit for bit, in one pass over x

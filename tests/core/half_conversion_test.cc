@@ -438,7 +438,7 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
               dtype,
               RandomValues<double>(n, 17 + channels + outer, offset, 3.0));
           // Channels [c0, c0 + width) as a tensor of their own.
-          auto part = [&](int64_t c0, int64_t width, bool hand_written) {
+          auto part = [&](int64_t c0, int64_t width) {
             std::vector<float> pf(outer * width);
             std::vector<uint16_t> ph(outer * width);
             for (int64_t r = 0; r < outer; ++r) {
@@ -450,18 +450,16 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
             const void* px = dtype == DType::kFloat32
                                  ? static_cast<const void*>(pf.data())
                                  : static_cast<const void*>(ph.data());
-            return ShortRunChannelMoments(
-                dtype, px, ChannelLayout{outer, width, 1}, hand_written);
+            return ShortRunChannelMoments(dtype, px,
+                                          ChannelLayout{outer, width, 1});
           };
           const void* x = typed.data();
-          for (bool hand_written : {true, false}) {
-            SCOPED_TRACE(hand_written ? "hand-written" : "compiled");
-            const auto all =
-                ShortRunChannelMoments(dtype, x, layout, hand_written);
+          ForEachSimdTarget([&](const std::string&) {
+            const auto all = ShortRunChannelMoments(dtype, x, layout);
             ASSERT_EQ(all.size(), static_cast<size_t>(channels));
             for (int64_t c0 = 0, width = 64; c0 < channels; c0 += width) {
               while (c0 + width > channels) width /= 2;
-              const auto alone = part(c0, width, hand_written);
+              const auto alone = part(c0, width);
               for (int64_t c = 0; c < width; ++c) {
                 EXPECT_EQ(all[c0 + c].count, outer);
                 EXPECT_EQ(std::bit_cast<uint64_t>(all[c0 + c].mean),
@@ -484,21 +482,20 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
                     << c;
               }
             }
-          }
+          });
         }
       }
     }
   }
 }
 
-// Channels in short runs (1 <= inner < 256) are reduced in row blocks with
-// hand-written AVX-512 loops (channels-last register tiles; for runs of 16
-// values or more, fp64 lanes per run) and, on other CPUs, compiled ones:
-// both must give the same bits, for fp32 and 16-bit data, ragged run
-// lengths, data far from 0, and a shift sample far from the mean (the exact
-// fallback); and the runs' fp64 sums must be the fp64 moments. (On a CPU
-// without AVX-512 both sides run the same loops.)
-TEST(HalfTest, ShortRunMomentsHandWrittenEqualCompiledBitwise) {
+// Channels in short runs (1 <= inner < 256) are reduced in row blocks
+// (channels-last fp32 tiles; for runs of 16 values or more, fp64 lanes per
+// run): every SIMD target must give the bits of the best one, for fp32 and
+// 16-bit data, ragged run lengths, data far from 0, and a shift sample far
+// from the mean (the exact fallback); and the runs' fp64 sums must be the
+// fp64 moments.
+TEST(HalfTest, ShortRunMomentsSameBitsOnEveryTarget) {
   for (int64_t inner : {1, 16, 17, 49, 64, 100, 196, 255}) {
     for (int64_t channels : {3, 64, 70}) {
       for (int64_t outer : {5, 40}) {
@@ -519,30 +516,32 @@ TEST(HalfTest, ShortRunMomentsHandWrittenEqualCompiledBitwise) {
             SCOPED_TRACE(::testing::Message()
                          << DTypeName(dtype) << " [" << outer << ", "
                          << channels << ", " << inner << "] offset " << offset);
-            const auto hand = ShortRunChannelMoments(dtype, x, layout, true);
-            const auto loop = ShortRunChannelMoments(dtype, x, layout, false);
             const auto ref =
                 ReferenceChannelStats(values, outer, channels, inner);
-            ASSERT_EQ(hand.size(), static_cast<size_t>(channels));
-            ASSERT_EQ(loop.size(), static_cast<size_t>(channels));
-            for (int64_t c = 0; c < channels; ++c) {
-              EXPECT_EQ(hand[c].count, outer * inner);
-              EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].mean),
-                        std::bit_cast<uint64_t>(loop[c].mean))
-                  << c;
-              EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].m2),
-                        std::bit_cast<uint64_t>(loop[c].m2))
-                  << c;
-              if (inner >= 16) {
-                EXPECT_NEAR(
-                    hand[c].mean, ref.mean[c],
-                    1e-13 * (std::abs(ref.mean[c]) + std::sqrt(ref.var[c])))
+            std::vector<Moments> hand;  // The best target's.
+            ForEachSimdTarget([&](const std::string&) {
+              const auto loop = ShortRunChannelMoments(dtype, x, layout);
+              ASSERT_EQ(loop.size(), static_cast<size_t>(channels));
+              if (hand.empty()) hand = loop;
+              for (int64_t c = 0; c < channels; ++c) {
+                EXPECT_EQ(hand[c].count, outer * inner);
+                EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].mean),
+                          std::bit_cast<uint64_t>(loop[c].mean))
                     << c;
-                EXPECT_NEAR(hand[c].BiasedVariance(), ref.var[c],
-                            1e-12 * ref.var[c])
+                EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].m2),
+                          std::bit_cast<uint64_t>(loop[c].m2))
                     << c;
+                if (inner >= 16) {
+                  EXPECT_NEAR(
+                      hand[c].mean, ref.mean[c],
+                      1e-13 * (std::abs(ref.mean[c]) + std::sqrt(ref.var[c])))
+                      << c;
+                  EXPECT_NEAR(hand[c].BiasedVariance(), ref.var[c],
+                              1e-12 * ref.var[c])
+                      << c;
+                }
               }
-            }
+            });
           }
         }
       }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "server/core/half.h"
@@ -16,6 +17,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "server/core/simd/fma-inl.h"
+#include "server/core/simd/fold-inl.h"
 #include "server/core/simd/half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -161,60 +163,118 @@ Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
   return result;
 }
 
-// The fast path of a block of n <= 128 values: value i in lane i % 16. The
+// The fast path of blocks of n <= 128 values: value i in lane i % 16. The
 // shift is the block's own mean (the lanes folded in fp32), then d and d^2
 // (fused) in the lanes, widened and folded in fp64. The last, partial step
-// adds only to the lanes it has values for.
-Moments ShortMoments(const float* HWY_RESTRICT x, int64_t n) {
+// adds only to the lanes it has values for. `count` (at most kShortBatch)
+// blocks of n values at x, x + n, ..: each step is done for all of them
+// before the next, so that the blocks' chains of folds and divisions
+// overlap (rows of 16-128 values cost their folds more than their values).
+constexpr int64_t kShortBatch = 16;
+void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
+                  Moments* HWY_RESTRICT out) {
   const hn::CappedTag<float, kShortLanes> d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t whole = n / kShortLanes * kShortLanes;
   const int64_t rest = n - whole;
-  HWY_ALIGN float padded[kShortLanes] = {};
-  std::copy(x + whole, x + n, padded);
-  float sum[kShortLanes];
-  for (int64_t v = 0; v < kShortLanes; v += lanes) {
-    auto acc = hn::Zero(d);
-    for (int64_t i = v; i < whole; i += kShortLanes) {
-      acc = hn::Add(acc, hn::LoadU(d, x + i));
+  HWY_ALIGN float padded[kShortBatch][kShortLanes];
+  HWY_ALIGN float sum[kShortBatch][kShortLanes];
+  float center[kShortBatch];
+  for (int64_t k = 0; k < count; ++k) {
+    const float* row = x + k * n;
+    if (rest > 0) {
+      std::fill(std::copy(row + whole, row + n, padded[k]),
+                padded[k] + kShortLanes, 0.0f);
     }
-    if (rest > v) {
-      acc = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(rest - v)),
-                           hn::Add(acc, hn::Load(d, padded + v)), acc);
+    for (int64_t v = 0; v < kShortLanes; v += lanes) {
+      auto acc = hn::Zero(d);
+      for (int64_t i = v; i < whole; i += kShortLanes) {
+        acc = hn::Add(acc, hn::LoadU(d, row + i));
+      }
+      if (rest > v) {
+        acc = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(rest - v)),
+                             hn::Add(acc, hn::Load(d, padded[k] + v)), acc);
+      }
+      hn::Store(acc, d, sum[k] + v);
     }
-    hn::StoreU(acc, d, sum + v);
   }
-  fold::FoldHalves<kShortLanes>(sum);
-  const float center = sum[0] / static_cast<float>(n);
-  const auto shift = hn::Set(d, center);
-  float dev[kShortLanes];
-  float sq[kShortLanes];
-  for (int64_t v = 0; v < kShortLanes; v += lanes) {
-    auto dev_acc = hn::Zero(d);
-    auto sq_acc = dev_acc;
-    for (int64_t i = v; i < whole; i += kShortLanes) {
-      const auto e = hn::Sub(hn::LoadU(d, x + i), shift);
-      dev_acc = hn::Add(dev_acc, e);
-      sq_acc = ExactMulAdd(d, e, e, sq_acc);
-    }
-    if (rest > v) {
-      const auto in = hn::FirstN(d, static_cast<size_t>(rest - v));
-      const auto e = hn::Sub(hn::Load(d, padded + v), shift);
-      dev_acc = hn::IfThenElse(in, hn::Add(dev_acc, e), dev_acc);
-      sq_acc = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq_acc), sq_acc);
-    }
-    hn::StoreU(dev_acc, d, dev + v);
-    hn::StoreU(sq_acc, d, sq + v);
+  for (int64_t k = 0; k < count; ++k) {
+    center[k] = FoldArray<kShortLanes>(sum[k]) / static_cast<float>(n);
   }
-  double wide_dev[kShortLanes];
-  double wide_sq[kShortLanes];
-  for (int j = 0; j < kShortLanes; ++j) {
-    wide_dev[j] = static_cast<double>(dev[j]);
-    wide_sq[j] = static_cast<double>(sq[j]);
+  HWY_ALIGN float dev[kShortBatch][kShortLanes];
+  HWY_ALIGN float sq[kShortBatch][kShortLanes];
+  for (int64_t k = 0; k < count; ++k) {
+    const float* row = x + k * n;
+    const auto shift = hn::Set(d, center[k]);
+    for (int64_t v = 0; v < kShortLanes; v += lanes) {
+      auto dev_acc = hn::Zero(d);
+      auto sq_acc = dev_acc;
+      for (int64_t i = v; i < whole; i += kShortLanes) {
+        const auto e = hn::Sub(hn::LoadU(d, row + i), shift);
+        dev_acc = hn::Add(dev_acc, e);
+        sq_acc = ExactMulAdd(d, e, e, sq_acc);
+      }
+      if (rest > v) {
+        const auto in = hn::FirstN(d, static_cast<size_t>(rest - v));
+        const auto e = hn::Sub(hn::Load(d, padded[k] + v), shift);
+        dev_acc = hn::IfThenElse(in, hn::Add(dev_acc, e), dev_acc);
+        sq_acc = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq_acc), sq_acc);
+      }
+      hn::Store(dev_acc, d, dev[k] + v);
+      hn::Store(sq_acc, d, sq[k] + v);
+    }
   }
-  return FinishFast(x, n, n, center, fold::SumLanes(wide_dev),
-                    fold::SumLanes(wide_sq),
-                    [&] { return ExactMoments(x, n); });
+  HWY_ALIGN double shifts[kShortBatch] = {};
+  HWY_ALIGN double residuals[kShortBatch] = {};
+  HWY_ALIGN double squares[kShortBatch] = {};
+  for (int64_t k = 0; k < count; ++k) {
+    double wide_dev[kShortLanes];
+    double wide_sq[kShortLanes];
+    for (int j = 0; j < kShortLanes; ++j) {
+      wide_dev[j] = static_cast<double>(dev[k][j]);
+      wide_sq[j] = static_cast<double>(sq[k][j]);
+    }
+    shifts[k] = static_cast<double>(center[k]);
+    residuals[k] = FoldArray<kShortLanes>(wide_dev);
+    squares[k] = FoldArray<kShortLanes>(wide_sq);
+  }
+  // fold::Corrected and fold::NeedsExactPath of the blocks in fp64 vectors
+  // across them, operation for operation (std::max(0.0, v) is 0 < v ? v :
+  // 0; isfinite is |v| < infinity): a scalar chain of two divisions per
+  // block cost more than its values.
+  const hn::CappedTag<double, kShortBatch> dd;
+  const auto zero = hn::Zero(dd);
+  const auto infinity = hn::Set(dd, std::numeric_limits<double>::infinity());
+  const auto nan = hn::Set(dd, std::numeric_limits<double>::quiet_NaN());
+  const auto values = hn::Set(dd, static_cast<double>(n));
+  auto finite = [&](auto v) { return hn::Lt(hn::Abs(v), infinity); };
+  HWY_ALIGN double means[kShortBatch];
+  HWY_ALIGN double m2s[kShortBatch];
+  HWY_ALIGN double exact[kShortBatch];
+  for (int64_t k = 0; k < count; k += hn::Lanes(dd)) {
+    const auto shift = hn::Load(dd, shifts + k);
+    const auto residual = hn::Load(dd, residuals + k);
+    const auto square = hn::Load(dd, squares + k);
+    const auto m2 =
+        hn::Sub(square, hn::Div(hn::Mul(residual, residual), values));
+    const auto marked = hn::Not(hn::And(finite(shift), finite(square)));
+    const auto mean =
+        hn::IfThenElse(marked, nan, hn::Add(shift, hn::Div(residual, values)));
+    const auto clamped =
+        hn::IfThenElse(marked, nan, hn::IfThenElse(hn::Lt(zero, m2), m2, zero));
+    const auto needs = hn::Or(
+        hn::Not(hn::And(finite(mean), finite(clamped))),
+        hn::Or(hn::Lt(clamped, hn::Mul(hn::Set(dd, 1e-30), values)),
+               hn::Lt(hn::Mul(clamped, hn::Set(dd, fold::kMaxCancellation)),
+                      square)));
+    hn::Store(mean, dd, means + k);
+    hn::Store(clamped, dd, m2s + k);
+    hn::Store(hn::IfThenElseZero(needs, hn::Set(dd, 1.0)), dd, exact + k);
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    out[k] = exact[k] != 0.0 ? ExactMoments(x + k * n, n)
+                             : Moments{n, means[k], m2s[k]};
+  }
 }
 
 // Reads fp32 values as stored (kType kFloat32) or 16-bit patterns widened.
@@ -358,7 +418,9 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
       hn::StoreU(Source<kType>{x}.Load(d, i), d, out + i);
     }
     for (; i < n; ++i) out[i] = HalfToFloat(kType, x[i]);
-    return ShortMoments(out, n);
+    Moments result;
+    ShortMoments(out, n, 1, &result);
+    return result;
   }
   return store_widened ? LongMoments<kType, true>({x}, out, n)
                        : LongMoments<kType, false>({x}, out, n);
@@ -367,8 +429,22 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
 }  // namespace
 
 Moments FloatBlock(const float* x, int64_t n) {
-  if (n <= kShortBlock) return ShortMoments(x, n);
+  if (n <= kShortBlock) {
+    Moments result;
+    ShortMoments(x, n, 1, &result);
+    return result;
+  }
   return LongMoments<DType::kFloat32, false>({x}, nullptr, n);
+}
+
+void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
+  if (n > kShortBlock) {
+    for (int64_t k = 0; k < count; ++k) out[k] = FloatBlock(x + k * n, n);
+    return;
+  }
+  for (int64_t k = 0; k < count; k += kShortBatch) {
+    ShortMoments(x + k * n, n, std::min(kShortBatch, count - k), out + k);
+  }
 }
 
 Moments DoubleBlock(const double* x, int64_t n) { return ExactMoments(x, n); }
@@ -393,12 +469,17 @@ HWY_AFTER_NAMESPACE();
 namespace normd {
 
 HWY_EXPORT(FloatBlock);
+HWY_EXPORT(FloatRows);
 HWY_EXPORT(DoubleBlock);
 HWY_EXPORT(ExactFloatBlock);
 HWY_EXPORT(HalfBlock);
 
 Moments FloatBlockMoments(const float* x, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(FloatBlock)(x, n);
+}
+
+void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
+  HWY_DYNAMIC_DISPATCH(FloatRows)(x, n, count, out);
 }
 
 Moments DoubleBlockMoments(const double* x, int64_t n) {

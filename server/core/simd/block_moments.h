@@ -28,6 +28,9 @@ namespace normd {
 Moments FloatBlockMoments(const float* x, int64_t n);
 Moments DoubleBlockMoments(const double* x, int64_t n);
 
+// FloatBlockMoments(x + k n, n) of `count` rows into out[0..count).
+void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
+
 // The exact two-pass moments of fp32 x[0..n), n >= 1 (what the fast path
 // falls back to).
 Moments ExactFloatBlockMoments(const float* x, int64_t n);

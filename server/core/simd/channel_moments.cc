@@ -1,0 +1,501 @@
+// The moments of a row block's channels (see channel_moments.h), compiled
+// for every SIMD target (foreach_target.h) and dispatched per block.
+#include "server/core/simd/channel_moments.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+#include "server/core/half.h"
+#include "server/core/simd/fold.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "server/core/simd/channel_moments.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// foreach_target.h first: it re-includes this file once per target.
+#include "hwy/highway.h"
+#include "server/core/simd/fma-inl.h"
+#include "server/core/simd/fold-inl.h"
+#include "server/core/simd/half-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace normd {
+namespace HWY_NAMESPACE {
+namespace {
+
+// The fixed lanes (see channel_moments.h).
+constexpr int64_t kTile = 64;
+constexpr int64_t kTileFlush = 16;
+constexpr int64_t kShiftSample = 32;
+constexpr int kRunLanes = 16;
+// How far ahead of the row being summed a block of two tiles or more
+// prefetches into L2: the hardware's own prefetch falls behind at 1 KiB
+// rows (shape_survey's channels-last BatchNorm training, 256 channels).
+constexpr int64_t kRowsPrefetchBytes = 64 << 10;
+
+// The fp32 vectors the channels-last loops read: at most 16 lanes, so that
+// a tile is at most 4 vectors.
+using FloatTag = hn::CappedTag<float, 16>;
+
+// How the loops read elements of kType: fp32 as stored, 16-bit patterns
+// widened exactly to fp32, fp64 (exact loops only) as stored.
+template <DType kType>
+struct Elements {
+  using Stored = std::conditional_t<
+      kType == DType::kFloat32, float,
+      std::conditional_t<kType == DType::kFloat64, double, uint16_t>>;
+  using Value = std::conditional_t<kType == DType::kFloat64, double, float>;
+
+  static Value Scalar(Stored v) {
+    if constexpr (std::is_same_v<Stored, uint16_t>) {
+      return HalfToFloat(kType, v);
+    } else {
+      return v;
+    }
+  }
+  template <class DF>
+  static hn::Vec<DF> Load(DF df, const Stored* p) {
+    if constexpr (kType == DType::kFloat32) {
+      return hn::LoadU(df, p);
+    } else {
+      return WidenHalfBits<kType>(df, hn::LoadU(HalfBitsTag<DF>(), p));
+    }
+  }
+};
+
+// into[j] += acc[j] in fp64, j < count.
+void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
+                int64_t count) {
+  const hn::CappedTag<double, 8> dd;
+  const hn::Rebind<float, decltype(dd)> dh;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  int64_t j = 0;
+  for (; j + lanes <= count; j += lanes) {
+    hn::StoreU(hn::Add(hn::LoadU(dd, into + j),
+                       hn::PromoteTo(dd, hn::LoadU(dh, acc + j))),
+               dd, into + j);
+  }
+  for (; j < count; ++j) into[j] += static_cast<double>(acc[j]);
+}
+
+// The shifts of `count` channels-last channels from `c` over rows [r0, r1):
+// the fp32 mean of each one's first kShiftSample rows, summed in row order.
+// It need only be near the mean: an overflow gives a non-finite shift,
+// which NeedsExactPath catches.
+template <DType kType, typename Stored>
+void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
+            int64_t count, int64_t r0, int64_t r1, float* HWY_RESTRICT center) {
+  using E = Elements<kType>;
+  const FloatTag d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
+  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
+  int64_t j = 0;
+  for (; j + lanes <= count; j += lanes) {
+    auto sum = hn::Zero(d);
+    for (int64_t r = r0; r < sample_end; ++r) {
+      sum = hn::Add(sum, E::Load(d, x + r * stride + c + j));
+    }
+    hn::StoreU(hn::Mul(sum, hn::Set(d, inverse)), d, center + j);
+  }
+  for (; j < count; ++j) {
+    float sum = 0.0f;
+    for (int64_t r = r0; r < sample_end; ++r) {
+      sum += E::Scalar(x[r * stride + c + j]);
+    }
+    center[j] = sum * inverse;
+  }
+}
+
+// Adds e and e^2 (fused) into dev and sq: all lanes when `remaining` is at
+// least the lane count, else the first `remaining`.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void Accumulate(D d, V e, int64_t remaining, V& dev, V& sq) {
+  if (remaining >= static_cast<int64_t>(hn::Lanes(d))) {
+    dev = hn::Add(dev, e);
+    sq = ExactMulAdd(d, e, e, sq);
+  } else if (remaining > 0) {
+    const auto in = hn::FirstN(d, static_cast<size_t>(remaining));
+    dev = hn::IfThenElse(in, hn::Add(dev, e), dev);
+    sq = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq), sq);
+  }
+}
+
+// Whole tiles: `tiled` (a multiple of kTile) channels-last channels from
+// `c` over rows [r0, r1), each channel in its own lane, kept in panels of 4
+// vectors (64, 32, 16 or 4 lanes by target) over each flush interval of
+// kTileFlush rows (from L1 after the first panel). Rows before
+// `prefetch_end` are prefetched `prefetch_bytes` wide. `work` is stepped
+// by the values of each interval.
+template <DType kType, typename Stored>
+void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
+              int64_t tiled, int64_t r0, int64_t r1, int64_t prefetch_end,
+              int64_t prefetch_bytes, double* HWY_RESTRICT center_out,
+              double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out,
+              InterleavedWork* work) {
+  using E = Elements<kType>;
+  const FloatTag d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t panel = 4 * lanes;
+  HWY_ALIGN float center[kMaxChannelsLastBlock];
+  HWY_ALIGN float acc[2 * kTile];
+  Shifts<kType>(x, stride, c, tiled, r0, r1, center);
+  std::fill(dev_out, dev_out + tiled, 0.0);
+  std::fill(sq_out, sq_out + tiled, 0.0);
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
+  const int64_t ahead = std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
+  for (int64_t f = r0; f < r1; f += kTileFlush) {
+    const int64_t f_end = std::min(r1, f + kTileFlush);
+    for (int64_t r = f; r < f_end && r + ahead < prefetch_end; ++r) {
+      const char* row =
+          reinterpret_cast<const char*>(x + (r + ahead) * stride + c);
+      for (int64_t line = 0; line < prefetch_bytes; line += 64) {
+        __builtin_prefetch(row + line, 0, 2);
+      }
+    }
+    for (int64_t p = 0; p < tiled; p += panel) {
+      const auto c0 = hn::Load(d, center + p);
+      const auto c1 = hn::Load(d, center + p + lanes);
+      const auto c2 = hn::Load(d, center + p + 2 * lanes);
+      const auto c3 = hn::Load(d, center + p + 3 * lanes);
+      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
+      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
+      for (int64_t r = f; r < f_end; ++r) {
+        const Stored* row = x + r * stride + c + p;
+        const auto e0 = hn::Sub(E::Load(d, row), c0);
+        const auto e1 = hn::Sub(E::Load(d, row + lanes), c1);
+        const auto e2 = hn::Sub(E::Load(d, row + 2 * lanes), c2);
+        const auto e3 = hn::Sub(E::Load(d, row + 3 * lanes), c3);
+        dev0 = hn::Add(dev0, e0);
+        dev1 = hn::Add(dev1, e1);
+        dev2 = hn::Add(dev2, e2);
+        dev3 = hn::Add(dev3, e3);
+        sq0 = ExactMulAdd(d, e0, e0, sq0);
+        sq1 = ExactMulAdd(d, e1, e1, sq1);
+        sq2 = ExactMulAdd(d, e2, e2, sq2);
+        sq3 = ExactMulAdd(d, e3, e3, sq3);
+      }
+      hn::Store(dev0, d, acc);
+      hn::Store(dev1, d, acc + lanes);
+      hn::Store(dev2, d, acc + 2 * lanes);
+      hn::Store(dev3, d, acc + 3 * lanes);
+      hn::Store(sq0, d, acc + kTile);
+      hn::Store(sq1, d, acc + kTile + lanes);
+      hn::Store(sq2, d, acc + kTile + 2 * lanes);
+      hn::Store(sq3, d, acc + kTile + 3 * lanes);
+      AddWidened(acc, dev_out + p, panel);
+      AddWidened(acc + kTile, sq_out + p, panel);
+    }
+    if (work != nullptr) work->Step((f_end - f) * tiled);
+  }
+  for (int64_t j = 0; j < tiled; ++j) {
+    center_out[j] = static_cast<double>(center[j]);
+  }
+}
+
+// A narrow tile: `width` (32, 16, .., 1) channels-last channels from `c`
+// over rows [r0, r1). Its kTile lanes take kTile / width rows per step; the
+// rows of a flush interval (kTileFlush steps) are copied together (widened)
+// so that value q of the interval (row q / width, channel q % width) is in
+// lane q % kTile, and summed as a contiguous block, the last step's missing
+// rows masked off.
+template <DType kType, typename Stored>
+void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
+                int64_t width, int64_t r0, int64_t r1,
+                double* HWY_RESTRICT center_out, double* HWY_RESTRICT dev_out,
+                double* HWY_RESTRICT sq_out) {
+  using E = Elements<kType>;
+  const FloatTag d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t panel = 4 * lanes;
+  const int64_t group_rows = kTileFlush * (kTile / width);
+  float center[kTile / 2];
+  Shifts<kType>(x, stride, c, width, r0, r1, center);
+  HWY_ALIGN float lane_center[kTile];
+  for (int64_t l = 0; l < kTile; ++l) lane_center[l] = center[l % width];
+  HWY_ALIGN float staged[kTileFlush * kTile];
+  HWY_ALIGN float acc[2 * kTile];
+  double dev[kTile] = {};
+  double sq[kTile] = {};
+  for (int64_t f = r0; f < r1; f += group_rows) {
+    const int64_t f_end = std::min(r1, f + group_rows);
+    const int64_t values = (f_end - f) * width;
+    for (int64_t r = f; r < f_end; ++r) {
+      const Stored* from = x + r * stride + c;
+      float* to = staged + (r - f) * width;
+      int64_t j = 0;
+      for (; j + lanes <= width; j += lanes) {
+        hn::StoreU(E::Load(d, from + j), d, to + j);
+      }
+      for (; j < width; ++j) to[j] = E::Scalar(from[j]);
+    }
+    for (int64_t p = 0; p < kTile; p += panel) {
+      const auto c0 = hn::Load(d, lane_center + p);
+      const auto c1 = hn::Load(d, lane_center + p + lanes);
+      const auto c2 = hn::Load(d, lane_center + p + 2 * lanes);
+      const auto c3 = hn::Load(d, lane_center + p + 3 * lanes);
+      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
+      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
+      for (int64_t s = p; s < values; s += kTile) {
+        const float* at = staged + s;
+        Accumulate(d, hn::Sub(hn::Load(d, at), c0), values - s, dev0, sq0);
+        Accumulate(d, hn::Sub(hn::Load(d, at + lanes), c1), values - s - lanes,
+                   dev1, sq1);
+        Accumulate(d, hn::Sub(hn::Load(d, at + 2 * lanes), c2),
+                   values - s - 2 * lanes, dev2, sq2);
+        Accumulate(d, hn::Sub(hn::Load(d, at + 3 * lanes), c3),
+                   values - s - 3 * lanes, dev3, sq3);
+      }
+      hn::Store(dev0, d, acc);
+      hn::Store(dev1, d, acc + lanes);
+      hn::Store(dev2, d, acc + 2 * lanes);
+      hn::Store(dev3, d, acc + 3 * lanes);
+      hn::Store(sq0, d, acc + kTile);
+      hn::Store(sq1, d, acc + kTile + lanes);
+      hn::Store(sq2, d, acc + kTile + 2 * lanes);
+      hn::Store(sq3, d, acc + kTile + 3 * lanes);
+      AddWidened(acc, dev + p, panel);
+      AddWidened(acc + kTile, sq + p, panel);
+    }
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    double dev_sum = 0.0;
+    double sq_sum = 0.0;
+    for (int64_t l = j; l < kTile; l += width) {
+      dev_sum += dev[l];
+      sq_sum += sq[l];
+    }
+    center_out[j] = static_cast<double>(center[j]);
+    dev_out[j] = dev_sum;
+    sq_out[j] = sq_sum;
+  }
+}
+
+// Runs of inner >= kRunLanes values: the sums of channels [c0, c0 + width)
+// over rows [r0, r1), in kRunLanes fp64 lanes per run (up to 4 vectors at a
+// time), folded pairwise into the channel's sums after each run. fp64, not
+// fp32: these stay as exact as the exact loops (the 16-bit tests bound
+// pooled statistics of such shapes at 1e-12; fp32 lanes gave 1e-8). A
+// channel's shift: the mean of its first run's first kRunLanes values.
+// The tail of a run is read in place, with the lanes past it masked off,
+// unless that read would pass `end` (the tensor's end).
+template <DType kType, typename Stored>
+void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
+             int64_t stride, int64_t c0, int64_t width, int64_t r0, int64_t r1,
+             double* HWY_RESTRICT center_out, double* HWY_RESTRICT dev_out,
+             double* HWY_RESTRICT sq_out) {
+  using E = Elements<kType>;
+  const hn::CappedTag<double, kRunLanes> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  const int64_t vectors = std::min<int64_t>(4, kRunLanes / lanes);
+  const int64_t whole = inner / kRunLanes * kRunLanes;
+  const int64_t rest = inner - whole;
+  auto load = [&](const Stored* p) {
+    return hn::PromoteTo(dd, E::Load(df, p));
+  };
+  Stored padded[kRunLanes] = {};
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = 0; c < width; ++c) {
+      const Stored* run = x + r * stride + (c0 + c) * inner;
+      if (r == r0) {
+        double first[kRunLanes];
+        for (int j = 0; j < kRunLanes; ++j) first[j] = E::Scalar(run[j]);
+        center_out[c] = fold::SumLanes(first) / kRunLanes;
+        dev_out[c] = sq_out[c] = 0.0;
+      }
+      const auto center = hn::Set(dd, center_out[c]);
+      const Stored* tail = run + whole;
+      if (rest > 0 && tail + kRunLanes > end) {
+        std::copy(tail, tail + rest, padded);
+        tail = padded;
+      }
+      double dev[kRunLanes];
+      double sq[kRunLanes];
+      for (int64_t p = 0; p < kRunLanes; p += vectors * lanes) {
+        auto dev0 = hn::Zero(dd), dev1 = dev0, dev2 = dev0, dev3 = dev0;
+        auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
+        for (int64_t i = p; i < whole; i += kRunLanes) {
+          const auto e0 = hn::Sub(load(run + i), center);
+          dev0 = hn::Add(dev0, e0);
+          sq0 = hn::Add(sq0, hn::Mul(e0, e0));
+          if (vectors > 1) {
+            const auto e1 = hn::Sub(load(run + i + lanes), center);
+            dev1 = hn::Add(dev1, e1);
+            sq1 = hn::Add(sq1, hn::Mul(e1, e1));
+          }
+          if (vectors > 2) {
+            const auto e2 = hn::Sub(load(run + i + 2 * lanes), center);
+            dev2 = hn::Add(dev2, e2);
+            sq2 = hn::Add(sq2, hn::Mul(e2, e2));
+            const auto e3 = hn::Sub(load(run + i + 3 * lanes), center);
+            dev3 = hn::Add(dev3, e3);
+            sq3 = hn::Add(sq3, hn::Mul(e3, e3));
+          }
+        }
+        // The tail (value whole + j in lane j < rest), unfused as above.
+        auto add_tail = [&](int64_t k, auto& dev_k, auto& sq_k) {
+          const int64_t remaining = rest - p - k * lanes;
+          if (k >= vectors || remaining <= 0) return;
+          const auto e = hn::Sub(load(tail + p + k * lanes), center);
+          const auto in = hn::FirstN(dd, static_cast<size_t>(remaining));
+          dev_k = hn::IfThenElse(in, hn::Add(dev_k, e), dev_k);
+          sq_k = hn::IfThenElse(in, hn::Add(sq_k, hn::Mul(e, e)), sq_k);
+        };
+        add_tail(0, dev0, sq0);
+        add_tail(1, dev1, sq1);
+        add_tail(2, dev2, sq2);
+        add_tail(3, dev3, sq3);
+        hn::StoreU(dev0, dd, dev + p);
+        hn::StoreU(sq0, dd, sq + p);
+        if (vectors > 1) {
+          hn::StoreU(dev1, dd, dev + p + lanes);
+          hn::StoreU(sq1, dd, sq + p + lanes);
+        }
+        if (vectors > 2) {
+          hn::StoreU(dev2, dd, dev + p + 2 * lanes);
+          hn::StoreU(sq2, dd, sq + p + 2 * lanes);
+          hn::StoreU(dev3, dd, dev + p + 3 * lanes);
+          hn::StoreU(sq3, dd, sq + p + 3 * lanes);
+        }
+      }
+      dev_out[c] += FoldArray<kRunLanes>(dev);
+      sq_out[c] += FoldArray<kRunLanes>(sq);
+    }
+  }
+}
+
+// Whether a channels-last block of `width` channels would take two tiles
+// or more (whole or narrow): it prefetches rows ahead.
+bool PrefetchesRows(int64_t width) {
+  return width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
+         2;
+}
+
+// The shifts (or means), S1 and S2 of every channel of the block into
+// sum / dev / sq, then its moments into out: with the fast paths where
+// `fast` and the layout allows (see channel_moments.h), else the exact
+// two-pass fp64 loops. Returns whether every fast result kept its accuracy.
+template <DType kType, typename Stored = typename Elements<kType>::Stored>
+bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
+               const ChannelRowBlock& block, bool fast,
+               double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out,
+               InterleavedWork* work) {
+  using E = Elements<kType>;
+  const int64_t width = block.width();
+  const int64_t inner = layout.inner;
+  const int64_t stride = layout.channels * inner;
+  double* HWY_RESTRICT sum = scratch;
+  double* HWY_RESTRICT dev = sum + width;
+  double* HWY_RESTRICT sq = dev + width;
+  int64_t done = 0;  // Channels [0, done) summed by a fast path.
+  if constexpr (kType == DType::kFloat64) {
+    // fp64: the exact loops alone.
+  } else if (fast && inner == 1) {
+    const int64_t tiled = width / kTile * kTile;
+    const bool prefetch = PrefetchesRows(width);
+    TileSums<kType>(x, stride, block.c0, tiled, block.r0, block.r1,
+                    prefetch ? layout.outer : 0,
+                    width * static_cast<int64_t>(sizeof(Stored)), sum, dev, sq,
+                    work);
+    for (int64_t w = kTile / 2; w >= 1; w /= 2) {
+      if (width - tiled - done >= w) {
+        const int64_t at = tiled + done;
+        NarrowSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
+                          sum + at, dev + at, sq + at);
+        done += w;
+      }
+    }
+    done = width;
+  } else if (fast && inner >= kRunLanes) {
+    RunSums<kType>(x, x + layout.NumElements(), inner, stride, block.c0, width,
+                   block.r0, block.r1, sum, dev, sq);
+    done = width;
+  }
+  std::fill(sum + done, sum + width, 0.0);
+  std::fill(dev + done, dev + width, 0.0);
+  std::fill(sq + done, sq + width, 0.0);
+  for (int64_t r = block.r0; r < block.r1; ++r) {
+    const Stored* HWY_RESTRICT row = x + r * stride + block.c0 * inner;
+    for (int64_t c = done; c < width; ++c) {
+      for (int64_t i = 0; i < inner; ++i) {
+        sum[c] += static_cast<double>(E::Scalar(row[c * inner + i]));
+      }
+    }
+  }
+  const int64_t count = (block.r1 - block.r0) * inner;
+  for (int64_t c = done; c < width; ++c) sum[c] /= static_cast<double>(count);
+  for (int64_t r = block.r0; r < block.r1; ++r) {
+    const Stored* HWY_RESTRICT row = x + r * stride + block.c0 * inner;
+    for (int64_t c = done; c < width; ++c) {
+      for (int64_t i = 0; i < inner; ++i) {
+        const double d =
+            static_cast<double>(E::Scalar(row[c * inner + i])) - sum[c];
+        dev[c] += d;
+        sq[c] += d * d;
+      }
+    }
+  }
+  bool accurate = true;
+  for (int64_t c = 0; c < width; ++c) {
+    out[c] = fold::Corrected(count, sum[c], dev[c], sq[c]);
+    if (c < done && fold::NeedsExactPath(out[c], sq[c])) accurate = false;
+  }
+  return accurate;
+}
+
+template <DType kType>
+void TypedBlockMoments(const void* x, const ChannelLayout& layout,
+                       const ChannelRowBlock& block, double* scratch,
+                       Moments* out, InterleavedWork* work) {
+  const auto* values = static_cast<const typename Elements<kType>::Stored*>(x);
+  if (kType != DType::kFloat64 &&
+      BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out,
+                       work)) {
+    return;
+  }
+  BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out,
+                   nullptr);
+}
+
+}  // namespace
+
+void RowBlockMoments(DType dtype, const void* x, const ChannelLayout& layout,
+                     const ChannelRowBlock& block, double* scratch,
+                     Moments* out, InterleavedWork* work) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return TypedBlockMoments<DType::kFloat32>(x, layout, block, scratch, out,
+                                                work);
+    case DType::kFloat64:
+      return TypedBlockMoments<DType::kFloat64>(x, layout, block, scratch, out,
+                                                work);
+    case DType::kBFloat16:
+      return TypedBlockMoments<DType::kBFloat16>(x, layout, block, scratch, out,
+                                                 work);
+    case DType::kFloat16:
+      return TypedBlockMoments<DType::kFloat16>(x, layout, block, scratch, out,
+                                                work);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace normd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace normd {
+
+HWY_EXPORT(RowBlockMoments);
+
+void ChannelRowBlockMoments(DType dtype, const void* x,
+                            const ChannelLayout& layout,
+                            const ChannelRowBlock& block, double* scratch,
+                            Moments* out, InterleavedWork* work) {
+  HWY_DYNAMIC_DISPATCH(RowBlockMoments)
+  (dtype, x, layout, block, scratch, out, work);
+}
+
+}  // namespace normd
+#endif  // HWY_ONCE
