@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/core/simd.h"
 #include "server/core/simd/target.h"
 #include "server/rpc/logging.h"
 #include "server/rpc/server.h"
@@ -110,9 +109,7 @@ const char kUsage[] =
     "Environment: NORMD_SIMD_TARGET=avx3|avx2|sse4|sve|neon|scalar runs the "
     "kernels on\nthat SIMD target (default: the best this CPU has; every "
     "target gives the same\nbits; one the CPU lacks is a start-up error). "
-    "NORMD_NO_AVX512_BF16 (any value)\nrounds bfloat16 results without the "
-    "AVX512-BF16 instruction (the same bits).\nThe start-up line names the "
-    "target and the kernels used.";
+    "The start-up line names the target.";
 
 // Show only normd's own flags in --help.
 bool IsNormdFlagFile(absl::string_view file) {
@@ -200,8 +197,7 @@ int main(int argc, char** argv) {
               ? "; TLS"
               : "; TLS, client certificates required",
           options.auth_token_file.empty() ? "" : ", bearer token required",
-          "; SIMD target ", normd::ActiveSimdTarget(),
-          " (hand-written kernels: ", normd::KernelInstructionSet(), ")"));
+          "; SIMD target ", normd::ActiveSimdTarget()));
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

@@ -111,10 +111,10 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
 // bfloat16 or float16; x == y allowed): the bits of widening x to fp32,
 // running ChannelAffineKernel<float> and narrowing (round to nearest even,
 // canonical NaN), without an fp32 copy: values are widened, computed and
-// narrowed in registers (large outputs, streamed) or a small staging piece
-// at a time. `deviations_bounded`: the caller knows every value to be
-// finite and within 1e37 of its channel's `mean` (DeviationsBounded of the
-// moments it normalizes with), which spares the NaN fix-up of narrowing.
+// narrowed in registers (simd/channel_affine.h), large outputs streamed.
+// `deviations_bounded`: the caller knows every value to be finite and within
+// 1e37 of its channel's `mean` (DeviationsBounded of the moments it normalizes
+// with), which spares the NaN fix-up of narrowing.
 void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                              const ChannelLayout& layout, const double* mean,
                              const double* scale, const double* shift,
@@ -133,8 +133,7 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
 class InterleavedChannelAffine : public InterleavedWork {
  public:
   // Whether Create gives a writer for `dtype` in an output of
-  // `output_elements`: the output streams, and the CPU has the AVX-512
-  // stream loops (BW included).
+  // `output_elements`: a float32 or 16-bit output that streams.
   static bool Supported(DType dtype, int64_t output_elements);
 
   // Null unless Supported(dtype, max(x's elements, output_elements)). The

@@ -101,10 +101,10 @@ class InterleavedWork {
 
 // Per-channel moments of a tensor laid out as [outer, channels, inner]
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
-// `work`, if given, is stepped as the channels-last (inner == 1) register
-// tiles load their rows (see ChannelMomentsStepWork), when the reduction
-// runs on the calling thread alone (SerialLoopsScope) and the CPU has
-// AVX-512 (F and BW); elsewhere not at all. The same moments either way.
+// `work`, if given, is stepped as the channels-last (inner == 1) tiles load
+// their rows (see ChannelMomentsStepWork), when the reduction runs on the
+// calling thread alone (SerialLoopsScope); elsewhere not at all. The same
+// moments either way.
 template <typename T>
 std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
                                     InterleavedWork* work = nullptr);

@@ -14,8 +14,6 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
-#include "server/core/half_avx512.h"
-#include "server/core/simd.h"
 #include "tests/testing/core_cases.h"
 #include "tests/testing/simd_targets.h"
 
@@ -171,110 +169,6 @@ void CheckNarrowing() {
               canonical);
   }
 }
-
-// The start-up log's kernel line names what the kernels use: BF16 exactly
-// when they may use it, and why not when the CPU has it but it is off.
-TEST(HalfTest, KernelInstructionSetNamesWhatTheKernelsUse) {
-  const std::string used = KernelInstructionSet();
-  if (!CpuHasAvx512F() && DetectedAvx512Features().f) {
-    EXPECT_EQ(used, "compiled loops (AVX-512 off: NORMD_SIMD_TARGET)");
-  } else if (!CpuHasAvx512F()) {
-    EXPECT_EQ(used, "compiled loops (no AVX-512)");
-  } else if (!CpuHasAvx512Bw()) {
-    EXPECT_EQ(used, "AVX-512F");
-  } else if (CpuHasAvx512Bf16()) {
-    EXPECT_EQ(used, "AVX-512 (F, BW, BF16)");
-    AllowAvx512Bf16ForTesting(false);
-    EXPECT_EQ(KernelInstructionSet(), "AVX-512 (F, BW)");
-    AllowAvx512Bf16ForTesting(true);
-  } else if (CpuSupportsAvx512Bf16()) {
-    EXPECT_TRUE(Avx512Bf16TurnedOff());
-    EXPECT_EQ(used, "AVX-512 (F, BW; BF16 off: NORMD_NO_AVX512_BF16)");
-  } else {
-    EXPECT_EQ(used, "AVX-512 (F, BW)");
-  }
-}
-
-#ifdef NORMD_HALF_AVX512
-
-// The four in-register bfloat16 narrowings of 32 floats (natural and pair
-// order, the integer rounding and the AVX512-BF16 one) on `f`, as 32 words
-// in natural order each.
-template <bool kCanonicalNaN>
-[[gnu::target(
-    "avx512f,avx512bw,avx512bf16")]] std::array<std::array<uint16_t, 32>, 4>
-BFloat16NarrowingsOf(const float* f) {
-  const __m512 low = _mm512_loadu_ps(f);
-  const __m512 high = _mm512_loadu_ps(f + 16);
-  // Pair order: even lanes hold values 0, 2, .., 30, odd ones 1, 3, .., 31.
-  alignas(64) static constexpr int32_t kEven[16] = {
-      0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  alignas(64) static constexpr int32_t kOdd[16] = {
-      1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  const __m512 even =
-      _mm512_permutex2var_ps(low, _mm512_load_si512(kEven), high);
-  const __m512 odd = _mm512_permutex2var_ps(low, _mm512_load_si512(kOdd), high);
-  const __m512i words[4] = {
-      BFloat16x32<kCanonicalNaN>(low, high),
-      BFloat16x32Avx512Bf16<kCanonicalNaN>(low, high),
-      NarrowBFloat16Pair<kCanonicalNaN>(even, odd),
-      NarrowBFloat16PairAvx512Bf16<kCanonicalNaN>(even, odd)};
-  std::array<std::array<uint16_t, 32>, 4> out;
-  for (int k = 0; k < 4; ++k) {
-    _mm512_storeu_si512(out[k].data(), words[k]);
-  }
-  return out;
-}
-
-// The AVX512-BF16 rounding (which flushes subnormals and keeps NaN
-// payloads) must give FloatToBFloat16's bits for every float: every upper
-// half (sign, exponent, 7 mantissa bits) with lower halves at and around
-// the rounding midpoint, so every exponent, zeros, subnormals, overflow,
-// infinities and NaNs (the last only with the canonical-NaN fix-up, which
-// the kernels skip only when no result can be NaN).
-TEST(HalfTest, Avx512Bf16RoundingEqualsIntegerRoundingForEveryExponent) {
-  if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 gen(11);
-  std::vector<float> probes;
-  for (uint32_t upper = 0; upper < 0x10000; ++upper) {
-    for (uint32_t lower : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu,
-                           static_cast<uint32_t>(gen() & 0xffff)}) {
-      probes.push_back(std::bit_cast<float>(upper << 16 | lower));
-    }
-  }
-  std::shuffle(probes.begin(), probes.end(), gen);  // Mix classes per line.
-  probes.resize(probes.size() / 32 * 32);
-  int64_t lines_with_special = 0;
-  for (size_t i = 0; i < probes.size(); i += 32) {
-    const float* f = probes.data() + i;
-    const auto canonical = BFloat16NarrowingsOf<true>(f);
-    bool has_nan = false;
-    for (int j = 0; j < 32; ++j) {
-      const uint16_t expected = FloatToBFloat16(f[j]);
-      has_nan |= std::isnan(f[j]);
-      for (int k = 0; k < 4; ++k) {
-        ASSERT_EQ(canonical[k][j], expected)
-            << "narrowing " << k << " bits " << std::hex
-            << std::bit_cast<uint32_t>(f[j]);
-      }
-    }
-    lines_with_special += has_nan;
-    if (has_nan) continue;
-    const auto plain = BFloat16NarrowingsOf<false>(f);
-    for (int k = 0; k < 4; ++k) ASSERT_EQ(plain[k], canonical[0]) << k;
-  }
-  // Lines of ordinary values, so that the instruction's own result is used.
-  const auto ordinary = RandomValues<float>(3200, 5, 1.0, 100.0);
-  for (size_t i = 0; i < ordinary.size(); i += 32) {
-    const auto words = BFloat16NarrowingsOf<true>(ordinary.data() + i);
-    for (int j = 0; j < 32; ++j) {
-      ASSERT_EQ(words[1][j], FloatToBFloat16(ordinary[i + j]));
-      ASSERT_EQ(words[3][j], FloatToBFloat16(ordinary[i + j]));
-    }
-  }
-  EXPECT_GT(lines_with_special, 0);
-}
-#endif  // NORMD_HALF_AVX512
 
 TEST(HalfTest, StreamingNarrowingWritesTheSameBitsOnEveryTarget) {
   // Every head alignment and length around the 32-element lines; nothing

@@ -16,8 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/engine.h"
 #include "server/core/half.h"
-#include "server/core/half_avx512.h"
-#include "server/core/simd.h"
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/stream_copy.h"
 #include "tests/testing/core_cases.h"
@@ -215,9 +213,7 @@ std::pair<std::vector<double>, std::vector<double>> RowWeightsAndBiases(
 // bfloat16's subnormals span 9.2e-41 to 1.2e-38, the tests' deviations 0.1
 // to 30), zeros (weight and bias 0) and overflows to infinity (weight
 // 3.3e38: a third of normally distributed data lies beyond 1.03 standard
-// deviations, and a third of the RMSNorm rows' x / rms above 1.03). The
-// AVX512-BF16 rounding flushes subnormals and takes such lines the integer
-// way (half_avx512.h).
+// deviations, and a third of the RMSNorm rows' x / rms above 1.03).
 void AddExtremeWeights(std::vector<double>& w, std::vector<double>& b) {
   const double weights[] = {1e-39, 1e-40, 0.0, 3.3e38};
   for (size_t k = 0; k < 4 && k + 1 < w.size(); ++k) {
@@ -239,21 +235,15 @@ void ExpectExtremeBFloat16Results(const std::vector<uint16_t>& words) {
       << "no infinity";
 }
 
-// Runs body() with the bfloat16 rounding by the AVX512-BF16 instruction
-// allowed and not (where the CPU has it, the two are different code).
+// Runs body() on every SIMD target: the 16-bit narrowings are different
+// code on each (F16C, the integer steps).
 template <typename Body>
-void ForEachBFloat16Rounding(const Body& body) {
-  for (bool instruction : {true, false}) {
-    SCOPED_TRACE(instruction ? "AVX512-BF16 rounding allowed"
-                             : "integer rounding");
-    AllowAvx512Bf16ForTesting(instruction);
-    body();
-    AllowAvx512Bf16ForTesting(true);
-  }
+void OnEverySimdTarget(const Body& body) {
+  ForEachSimdTarget([&](const std::string&) { body(); });
 }
 
-// Large 16-bit row outputs are narrowed in registers and streamed out
-// (AVX-512); they must carry exactly the bits of the cached path (fp32
+// Large 16-bit row outputs are narrowed in registers and streamed out;
+// they must carry exactly the bits of the cached path (fp32
 // results narrowed by NarrowToHalf), for every style, with and without
 // affine parameters, at aligned and misaligned outputs, for rows that start
 // mid-line, and for rows holding a NaN or an infinity. The rows are
@@ -261,11 +251,10 @@ void ForEachBFloat16Rounding(const Body& body) {
 // sits against the input (see ReadsHalfRowsDirectly): the outputs below
 // start at 0, 1, 5, 32 and 1029 values past a page-aligned copy of the
 // input (1, 5 and 32: less than 512 bytes above, so widened; 1029:
-// unaligned, read directly except bfloat16 with weights), or on the input
-// itself (in place: read directly). The cached rows are those of the
-// integer bfloat16 rounding; every run is compared with them with the
-// AVX512-BF16 instruction allowed and not, and the weights give results of
-// every magnitude (AddExtremeWeights).
+// unaligned, read directly), or on the input itself (in place: read
+// directly). The cached rows are those of the default SIMD target; every
+// run is compared with them on every target, and the weights give results
+// of every magnitude (AddExtremeWeights).
 TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
   Engine engine;
   // Page-aligned storage for `count` values.
@@ -320,14 +309,12 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
             SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
             return std::vector<uint16_t>(y, y + x.size());
           };
-          AllowAvx512Bf16ForTesting(false);
           const std::vector<uint16_t> cached =
               run(std::numeric_limits<int64_t>::max(), 0);
-          AllowAvx512Bf16ForTesting(true);
           if (affine && dtype == DType::kBFloat16 && n > 4) {
             ExpectExtremeBFloat16Results(cached);
           }
-          ForEachBFloat16Rounding([&] {
+          OnEverySimdTarget([&] {
             EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), 0), cached);
             EXPECT_EQ(run(std::numeric_limits<int64_t>::max(), -1), cached);
             for (int64_t offset : {0, 1, 5, 32, 1029, -1}) {
@@ -543,8 +530,8 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 // narrowed (the test does that through the fp32 API and NarrowToHalf), in
 // every layout and channel count (the kernels' register paths and their
 // per-element fallback), streamed or not, into aligned, unaligned and
-// in-place outputs, with the AVX512-BF16 rounding allowed and not, and
-// weights that give results of every magnitude (AddExtremeWeights).
+// in-place outputs, on every SIMD target, and weights that give results of
+// every magnitude (AddExtremeWeights).
 TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
   struct Case {
     NormMode mode;
@@ -629,7 +616,7 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       if (dtype == DType::kBFloat16 && channels > 4) {
         ExpectExtremeBFloat16Results(expected);
       }
-      ForEachBFloat16Rounding([&] {
+      OnEverySimdTarget([&] {
         for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
           for (int64_t offset : {0, 1, -1}) {  // -1: in place.
             SetStreamingOutputBytes(threshold);

@@ -93,7 +93,8 @@ def main():
         def run_on(command, tag, target=None):
             proc, port, _ = normd_process.start_normd(command)
             try:
-                if target and f"SIMD target {target} " not in proc.serving_line:
+                if target and not proc.serving_line.rstrip().endswith(
+                        f"SIMD target {target}"):
                     failures.append(f"{tag}: not on {target}: "
                                     f"{proc.serving_line!r}")
                 return calls(f"127.0.0.1:{port}", tag)

@@ -248,11 +248,9 @@ def test_help_everywhere(ctl):
     server_help = subprocess.run([args.normd, "--help"], capture_output=True,
                                  text=True, timeout=60).stdout
     for word in ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm",
-                 "InstanceNorm", "bfloat16", "float16", "NORMD_NO_AVX512_BF16",
-                 "NORMD_SIMD_TARGET"):
+                 "InstanceNorm", "bfloat16", "float16", "NORMD_SIMD_TARGET"):
         check(word in server_help, f"normd --help lacks {word}")
-    # The start-up line names the SIMD target and the kernels' instruction
-    # set; NORMD_SIMD_TARGET picks the target (sse4 and scalar run on every
+    # The start-up line ends with the SIMD target; NORMD_SIMD_TARGET picks the target (sse4 and scalar run on every
     # x86-64 CPU), and a target this build or CPU cannot run stops normd
     # with a message naming the variable.
     def start_line(simd_target):
@@ -277,11 +275,11 @@ def test_help_everywhere(ctl):
 
     first, _ = start_line(None)
     check(re.search(r"serving gRPC on .*; SIMD target (avx3|avx2|sse4|neon|"
-                    r"sve|scalar) \(hand-written kernels: (AVX-512|compiled)",
-                    first), f"start line without the target: {first!r}")
+                    r"sve|scalar)$", first.rstrip()),
+          f"start line without the target: {first!r}")
     for target in ("sse4", "scalar"):
         line, _ = start_line(target)
-        check(f"; SIMD target {target} (" in line,
+        check(line.rstrip().endswith(f"; SIMD target {target}"),
               f"NORMD_SIMD_TARGET={target}: {line!r}")
     for bad, why in (("avx9", "unknown SIMD target"),
                      ("neon", "not compiled into this build")):

@@ -1,10 +1,11 @@
 // The channel affines (see channel_affine.h), compiled for every SIMD target
-// (foreach_target.h) and dispatched per call. A run's last partial vector
-// reads and writes only its elements (tail-inl.h).
+// (foreach_target.h) and dispatched per call: one walk over the layout for
+// every type and store policy (writer-inl.h).
 #include "server/core/simd/channel_affine.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "server/core/simd/channel_affine.cc"
@@ -12,96 +13,251 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
 #include "server/core/simd/fma-inl.h"
-#include "server/core/simd/tail-inl.h"
+#include "server/core/simd/writer-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
 
-// out[k] = apply(x[k], a[k], b[k], c[k]) for k in [0, n), a vector at a
-// time (the last, partial one reading and writing only its elements).
-template <class D, typename T, class Apply>
-HWY_INLINE void PerElement(D d, const T* x, T* out, int64_t n, const T* a,
-                           const T* b, const T* c, const Apply& apply) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  int64_t k = 0;
-  for (; k + lanes <= n; k += lanes) {
-    hn::StoreU(apply(hn::LoadU(d, x + k), hn::LoadU(d, a + k),
-                     hn::LoadU(d, b + k), hn::LoadU(d, c + k)),
-               d, out + k);
-  }
-  if (k == n) return;
-  const size_t rest = static_cast<size_t>(n - k);
-  StoreHead(d,
-            apply(LoadHead(d, x + k, rest), LoadHead(d, a + k, rest),
-                  LoadHead(d, b + k, rest), LoadHead(d, c + k, rest)),
-            out + k, rest);
-}
+// Runs of [kMinCursorRun, kMaxCursorRun) values are written line by line
+// across channels (a vector spans at most two of them: no partial stores at
+// every run's ends, 7x7 images), others run by run (constants hoisted).
+constexpr int64_t kMinCursorRun = 16;
+constexpr int64_t kMaxCursorRun = 256;
 
-// out[k] = apply(x[k], a, b, c) for k in [0, n), one channel's constants.
-template <class D, typename T, class Apply>
-HWY_INLINE void OneChannel(D d, const T* x, T* out, int64_t n, T a, T b, T c,
-                           const Apply& apply) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto va = hn::Set(d, a);
-  const auto vb = hn::Set(d, b);
-  const auto vc = hn::Set(d, c);
-  int64_t k = 0;
-  for (; k + lanes <= n; k += lanes) {
-    hn::StoreU(apply(hn::LoadU(d, x + k), va, vb, vc), d, out + k);
-  }
-  if (k == n) return;
-  const size_t rest = static_cast<size_t>(n - k);
-  StoreHead(d, apply(LoadHead(d, x + k, rest), va, vb, vc), out + k, rest);
-}
-
-// The walk over [begin, end) both types share: channels-last in runs of
-// at most `period` from the run's channel phase, else runs of one channel.
-template <class D, typename T, class Apply>
-HWY_INLINE void ChannelRange(D d, const T* x, T* out, int64_t begin,
-                             int64_t end, int64_t channels, int64_t inner,
-                             int64_t period, const T* a, const T* b, const T* c,
-                             const Apply& apply) {
-  int64_t pos = begin;
-  while (pos < end) {
-    const T* xs = x + (pos - begin);
-    T* ys = out + (pos - begin);
-    if (inner == 1) {
-      const int64_t phase = pos % channels;
-      const int64_t run = std::min(period, end - pos);
-      PerElement(d, xs, ys, run, a + phase, b + phase, c + phase, apply);
-      pos += run;
+// The channel affine of kType's elements [begin, end) (see
+// channel_affine.h), written with streaming stores (kStream) or ordinary
+// ones; kCanonicalNaN as for NarrowToHalfBits.
+template <DType kType, bool kStream, bool kCanonicalNaN>
+void Range(const typename Elements<kType>::Stored* x,
+           typename Elements<kType>::Stored* out, int64_t begin, int64_t end,
+           int64_t channels, int64_t inner, int64_t period,
+           const typename Elements<kType>::Value* a,
+           const typename Elements<kType>::Value* b,
+           const typename Elements<kType>::Value* c, bool prefetch_input) {
+  using E = Elements<kType>;
+  using Stored = typename E::Stored;
+  const typename E::ValueTag d;
+  const typename E::OutTag dout;
+  auto apply = [&](auto v, auto va, auto vb, auto vc) NORMD_LAMBDA_INLINE {
+    if constexpr (kType == DType::kFloat64) {
+      return hn::Add(hn::Mul(hn::Sub(v, va), vb), vc);
     } else {
+      return ExactMulAdd(d, hn::Sub(v, va), vb, vc);
+    }
+  };
+  // Writes out[from - begin, to - begin) from `value(j, count, v)`, the
+  // results of the values v of elements [from + j, from + j + count).
+  auto write = [&](int64_t from, int64_t to,
+                   const auto& value) NORMD_LAMBDA_INLINE {
+    const Stored* xs = x + (from - begin);
+    const Prefetch prefetch{
+        prefetch_input ? reinterpret_cast<const char*>(xs) : nullptr,
+        static_cast<int64_t>(sizeof(Stored)), kInputPrefetchBytes};
+    WriteVectors<kStream>(
+        dout, out + (from - begin), to - from,
+        [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
+          return E::template Output<kCanonicalNaN>(
+              j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
+                return value(k, n, E::Load(xs, k, n));
+              });
+        },
+        prefetch);
+  };
+  if (inner == 1) {
+    // Per-element parameters: runs of at most `period` from their channel
+    // phase, each (but the last) ending at a 64-byte line of out, so that
+    // streamed lines are whole.
+    auto per_element = [&](int64_t from, int64_t to) NORMD_LAMBDA_INLINE {
+      for (int64_t pos = from; pos < to;) {
+        const int64_t phase = pos % channels;
+        int64_t run = std::min(period, to - pos);
+        const auto run_end =
+            reinterpret_cast<uintptr_t>(out + (pos - begin + run));
+        if (pos + run < to && run_end % sizeof(Stored) == 0) {
+          run -= std::min<int64_t>(
+              run - 1, static_cast<int64_t>(run_end % 64 / sizeof(Stored)));
+        }
+        write(pos, pos + run,
+              [&](int64_t j, size_t count, auto v) NORMD_LAMBDA_INLINE {
+                return apply(v, LoadPart(d, a + phase + j, count),
+                             LoadPart(d, b + phase + j, count),
+                             LoadPart(d, c + phase + j, count));
+              });
+        pos += run;
+      }
+    };
+    // Parameters that repeat within 4 vectors (lcm(channels, a line of
+    // out) elements: 1-4, 6, 8, 12, 16, 32, 48 or 64 channels with 16
+    // lanes) are held in registers over the whole lines from the first
+    // line boundary: per-element loads kept the loop from the copy's speed
+    // in cache (kernel_bench BM_GroupNorm and BM_BatchNorm NHWC). The same
+    // operations on the same values, so the same bits.
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(Stored));
+    const int64_t repeat = std::lcm(channels, kLine);
+    const auto address = reinterpret_cast<uintptr_t>(out);
+    const int64_t head =
+        static_cast<int64_t>((64 - address % 64) % 64 / sizeof(Stored));
+    const int64_t whole = (end - begin - head) / repeat * repeat;
+    if (repeat > 4 * lanes || repeat > period || address % sizeof(Stored) ||
+        whole < 2 * repeat) {
+      per_element(begin, end);
+      return;
+    }
+    per_element(begin, begin + head);
+    const int64_t from = begin + head;
+    const int64_t vectors = repeat / lanes;
+    const int64_t phase = from % channels;
+    const auto a0 = hn::LoadU(d, a + phase), b0 = hn::LoadU(d, b + phase),
+               c0 = hn::LoadU(d, c + phase);
+    const auto a1 = hn::LoadU(d, a + phase + (vectors > 1 ? lanes : 0));
+    const auto b1 = hn::LoadU(d, b + phase + (vectors > 1 ? lanes : 0));
+    const auto c1 = hn::LoadU(d, c + phase + (vectors > 1 ? lanes : 0));
+    const auto a2 = hn::LoadU(d, a + phase + (vectors > 2 ? 2 * lanes : 0));
+    const auto b2 = hn::LoadU(d, b + phase + (vectors > 2 ? 2 * lanes : 0));
+    const auto c2 = hn::LoadU(d, c + phase + (vectors > 2 ? 2 * lanes : 0));
+    const auto a3 = hn::LoadU(d, a + phase + (vectors > 3 ? 3 * lanes : 0));
+    const auto b3 = hn::LoadU(d, b + phase + (vectors > 3 ? 3 * lanes : 0));
+    const auto c3 = hn::LoadU(d, c + phase + (vectors > 3 ? 3 * lanes : 0));
+    const typename E::OutTag dout;
+    auto store = [&](auto v, Stored* to) NORMD_LAMBDA_INLINE {
+      if constexpr (kStream) {
+        hn::Stream(v, dout, to);
+      } else {
+        hn::Store(v, dout, to);
+      }
+    };
+    for (int64_t j = from - begin; j < from - begin + whole; j += repeat) {
+      if (prefetch_input) {
+        const char* ahead =
+            reinterpret_cast<const char*>(x + j) + kInputPrefetchBytes;
+        for (int64_t byte = 0; byte < repeat * int64_t{sizeof(Stored)};
+             byte += 64) {
+          __builtin_prefetch(ahead + byte, 0, 3);
+        }
+      }
+      // Vectors past `vectors` are not read (r0 stands in).
+      const auto r0 = apply(E::Load(x, j, lanes), a0, b0, c0);
+      const auto r1 =
+          vectors > 1 ? apply(E::Load(x, j + lanes, lanes), a1, b1, c1) : r0;
+      const auto r2 = vectors > 2
+                          ? apply(E::Load(x, j + 2 * lanes, lanes), a2, b2, c2)
+                          : r0;
+      const auto r3 = vectors > 3
+                          ? apply(E::Load(x, j + 3 * lanes, lanes), a3, b3, c3)
+                          : r0;
+      if constexpr (E::kHalf) {
+#if HWY_TARGET != HWY_SCALAR
+        store(NarrowPairToHalfBits<kType, kCanonicalNaN>(d, r0, r1), out + j);
+        if (vectors > 2) {
+          store(NarrowPairToHalfBits<kType, kCanonicalNaN>(d, r2, r3),
+                out + j + 2 * lanes);
+        }
+#endif
+      } else {
+        store(r0, out + j);
+        if (vectors > 1) store(r1, out + j + lanes);
+        if (vectors > 2) store(r2, out + j + 2 * lanes);
+        if (vectors > 3) store(r3, out + j + 3 * lanes);
+      }
+    }
+    per_element(from + whole, end);
+  } else if (inner >= kMinCursorRun && inner < kMaxCursorRun) {
+    // Lines across runs: the constants of each vector's channel, blended
+    // with the next channel's where its run ends within the vector. j moves
+    // by a few vectors at a time (back too: a partial vector's empty second
+    // half), without a division per vector.
+    int64_t channel = (begin / inner) % channels;
+    int64_t offset = begin % inner;
+    int64_t at = 0;
+    auto va = hn::Set(d, a[channel]);
+    auto vb = hn::Set(d, b[channel]);
+    auto vc = hn::Set(d, c[channel]);
+    write(begin, end, [&](int64_t j, size_t count, auto v) NORMD_LAMBDA_INLINE {
+      offset += j - at;
+      at = j;
+      if (offset >= inner || offset < 0) {
+        for (; offset >= inner; offset -= inner) {
+          channel = channel + 1 == channels ? 0 : channel + 1;
+        }
+        for (; offset < 0; offset += inner) {
+          channel = channel == 0 ? channels - 1 : channel - 1;
+        }
+        va = hn::Set(d, a[channel]);
+        vb = hn::Set(d, b[channel]);
+        vc = hn::Set(d, c[channel]);
+      }
+      const int64_t left = inner - offset;
+      if (left >= static_cast<int64_t>(count)) return apply(v, va, vb, vc);
+      const int64_t next = channel + 1 == channels ? 0 : channel + 1;
+      const auto here = hn::FirstN(d, static_cast<size_t>(left));
+      return apply(v, hn::IfThenElse(here, va, hn::Set(d, a[next])),
+                   hn::IfThenElse(here, vb, hn::Set(d, b[next])),
+                   hn::IfThenElse(here, vc, hn::Set(d, c[next])));
+    });
+  } else {
+    for (int64_t pos = begin; pos < end;) {
       const int64_t channel = (pos / inner) % channels;
       const int64_t run = std::min(inner - pos % inner, end - pos);
-      OneChannel(d, xs, ys, run, a[channel], b[channel], c[channel], apply);
+      const auto va = hn::Set(d, a[channel]);
+      const auto vb = hn::Set(d, b[channel]);
+      const auto vc = hn::Set(d, c[channel]);
+      write(pos, pos + run, [&](int64_t, size_t, auto v) NORMD_LAMBDA_INLINE {
+        return apply(v, va, vb, vc);
+      });
       pos += run;
     }
   }
 }
 
-}  // namespace
-
-void FloatChannels(const float* x, float* out, int64_t begin, int64_t end,
-                   int64_t channels, int64_t inner, int64_t period,
-                   const float* hi, const float* scale, const float* shift) {
-  const hn::CappedTag<float, 16> d;
-  ChannelRange(d, x, out, begin, end, channels, inner, period, hi, scale, shift,
-               [d](auto v, auto h, auto s, auto t) {
-                 return ExactMulAdd(d, hn::Sub(v, h), s, t);
-               });
+template <DType kType>
+void RangeFor(const void* x, void* out, int64_t begin, int64_t end,
+              int64_t channels, int64_t inner, int64_t period, const void* a,
+              const void* b, const void* c, const ChannelWrite& write) {
+  using E = Elements<kType>;
+  using Stored = typename E::Stored;
+  using Value = typename E::Value;
+  auto* px = static_cast<const Stored*>(x);
+  auto* po = static_cast<Stored*>(out);
+  auto* pa = static_cast<const Value*>(a);
+  auto* pb = static_cast<const Value*>(b);
+  auto* pc = static_cast<const Value*>(c);
+  auto run = [&]<bool kStream, bool kCanonicalNaN>() {
+    Range<kType, kStream, kCanonicalNaN>(px, po, begin, end, channels, inner,
+                                         period, pa, pb, pc,
+                                         write.prefetch_input);
+  };
+  if constexpr (E::kHalf) {
+    if (write.never_nan) {
+      return write.stream ? run.template operator()<true, false>()
+                          : run.template operator()<false, false>();
+    }
+  }
+  if (write.stream) return run.template operator()<true, true>();
+  run.template operator()<false, true>();
 }
 
-void DoubleChannels(const double* x, double* out, int64_t begin, int64_t end,
-                    int64_t channels, int64_t inner, int64_t period,
-                    const double* mean, const double* scale,
-                    const double* shift) {
-  const hn::CappedTag<double, 8> d;
-  ChannelRange(d, x, out, begin, end, channels, inner, period, mean, scale,
-               shift, [](auto v, auto m, auto s, auto t) {
-                 return hn::Add(hn::Mul(hn::Sub(v, m), s), t);
-               });
+}  // namespace
+
+void AnyRange(DType dtype, const void* x, void* out, int64_t begin, int64_t end,
+              int64_t channels, int64_t inner, int64_t period, const void* a,
+              const void* b, const void* c, const ChannelWrite& write) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return RangeFor<DType::kFloat32>(x, out, begin, end, channels, inner,
+                                       period, a, b, c, write);
+    case DType::kFloat64:
+      return RangeFor<DType::kFloat64>(x, out, begin, end, channels, inner,
+                                       period, a, b, c, write);
+    case DType::kBFloat16:
+      return RangeFor<DType::kBFloat16>(x, out, begin, end, channels, inner,
+                                        period, a, b, c, write);
+    case DType::kFloat16:
+      return RangeFor<DType::kFloat16>(x, out, begin, end, channels, inner,
+                                       period, a, b, c, write);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -111,23 +267,14 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace normd {
 
-HWY_EXPORT(FloatChannels);
-HWY_EXPORT(DoubleChannels);
+HWY_EXPORT(AnyRange);
 
-void FloatChannelAffineRange(const float* x, float* out, int64_t begin,
-                             int64_t end, int64_t channels, int64_t inner,
-                             int64_t period, const float* hi,
-                             const float* scale, const float* shift) {
-  HWY_DYNAMIC_DISPATCH(FloatChannels)
-  (x, out, begin, end, channels, inner, period, hi, scale, shift);
-}
-
-void DoubleChannelAffineRange(const double* x, double* out, int64_t begin,
-                              int64_t end, int64_t channels, int64_t inner,
-                              int64_t period, const double* mean,
-                              const double* scale, const double* shift) {
-  HWY_DYNAMIC_DISPATCH(DoubleChannels)
-  (x, out, begin, end, channels, inner, period, mean, scale, shift);
+void ChannelAffineWrite(DType dtype, const void* x, void* out, int64_t begin,
+                        int64_t end, int64_t channels, int64_t inner,
+                        int64_t period, const void* a, const void* b,
+                        const void* c, const ChannelWrite& write) {
+  HWY_DYNAMIC_DISPATCH(AnyRange)
+  (dtype, x, out, begin, end, channels, inner, period, a, b, c, write);
 }
 
 }  // namespace normd

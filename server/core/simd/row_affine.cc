@@ -1,7 +1,6 @@
 // The row affines (see row_affine.h), compiled for every SIMD target
-// (foreach_target.h) and dispatched per call. The last partial vector takes
-// the vector operations too (no scalar libm fma in a tail), reading and
-// writing only its elements (tail-inl.h).
+// (foreach_target.h) and dispatched per call: one loop for every input and
+// output type and store policy (writer-inl.h).
 #include "server/core/simd/row_affine.h"
 
 #include <algorithm>
@@ -13,37 +12,12 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
 #include "server/core/simd/fma-inl.h"
-#include "server/core/simd/tail-inl.h"
+#include "server/core/simd/writer-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
-
-// y[j] = affine(x[j], weight[j], bias[j]) over [0, n), a vector at a time
-// (the last, partial one reading and writing only its elements); absent
-// weight / bias read as zeros. kWeight / kBias: whether they are given,
-// decided once per row. x may be y.
-template <bool kWeight, bool kBias, class D, typename T, class Affine>
-HWY_INLINE void ForEachVector(D d, const T* x, T* y, int64_t n, const T* weight,
-                              const T* bias, const Affine& affine) {
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const auto none = hn::Zero(d);
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) {
-    hn::StoreU(
-        affine(hn::LoadU(d, x + j), kWeight ? hn::LoadU(d, weight + j) : none,
-               kBias ? hn::LoadU(d, bias + j) : none),
-        d, y + j);
-  }
-  if (j == n) return;
-  const size_t rest = static_cast<size_t>(n - j);
-  StoreHead(d,
-            affine(LoadHead(d, x + j, rest),
-                   kWeight ? LoadHead(d, weight + j, rest) : none,
-                   kBias ? LoadHead(d, bias + j, rest) : none),
-            y + j, rest);
-}
 
 // Calls body.template operator()<kWeight, kBias>() for whether weight and
 // bias are given.
@@ -57,62 +31,117 @@ HWY_INLINE void WithParams(const T* weight, const T* bias, const Body& body) {
   body.template operator()<false, false>();
 }
 
-}  // namespace
-
-void FloatAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                 float scale, const float* weight, const float* bias) {
-  const hn::CappedTag<float, 16> d;
-  const auto vhi = hn::Set(d, hi);
-  const auto vlo = hn::Set(d, lo);
-  const auto vscale = hn::Set(d, scale);
+// y[0..n) = the affine of x[0..n) (kIn values) as kOut, the fused formula
+// (kFused) or the rounded one (see row_affine.h), written with streaming
+// stores (kStream) or ordinary ones; kCanonicalNaN as for
+// NarrowToHalfBits.
+template <DType kIn, DType kOut, bool kFused, bool kStream, bool kCanonicalNaN>
+void Rows(const typename Elements<kIn>::Stored* x,
+          typename Elements<kOut>::Stored* y, int64_t n, int64_t count,
+          const RowAffine* rows, Prefetch prefetch) {
+  using In = Elements<kIn>;
+  using Out = Elements<kOut>;
+  using T = typename In::Value;
+  const typename In::ValueTag d;
+  const typename Out::OutTag dout;
+  const T* weight = static_cast<const T*>(rows[0].weight);
+  const T* bias = static_cast<const T*>(rows[0].bias);
   WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
-    ForEachVector<kWeight, kBias>(
-        d, x, y, n, weight, bias, [&](auto v, auto w, auto b) {
-          auto t = hn::Mul(hn::Sub(hn::Sub(v, vhi), vlo), vscale);
-          if constexpr (kWeight) t = hn::Mul(t, w);
-          if constexpr (kBias) t = hn::Add(t, b);
+    for (int64_t r = 0; r < count; ++r, x += n, y += n) {
+      const RowAffine& a = rows[r];
+      const auto hi = hn::Set(d, static_cast<T>(a.hi));
+      const auto lo = hn::Set(d, static_cast<T>(a.lo));
+      const auto scale = hn::Set(d, static_cast<T>(a.scale));
+      const auto low_term = hn::Set(d, static_cast<T>(-(a.lo * a.scale)));
+      auto results = [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
+        const auto v = In::Load(x, j, count);
+        if constexpr (!kFused) {
+          // fp64: hi is the mean, lo 0 (x - mean - 0 is x - mean).
+          auto t = hn::Mul(hn::Sub(hn::Sub(v, hi), lo), scale);
+          if constexpr (kWeight) t = hn::Mul(t, LoadPart(d, weight + j, count));
+          if constexpr (kBias) t = hn::Add(t, LoadPart(d, bias + j, count));
           return t;
-        });
-  });
-}
-
-void DoubleAffine(const double* x, double* y, int64_t n, double mean,
-                  double scale, const double* weight, const double* bias) {
-  const hn::CappedTag<double, 8> d;
-  const auto vmean = hn::Set(d, mean);
-  const auto vscale = hn::Set(d, scale);
-  WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
-    ForEachVector<kWeight, kBias>(d, x, y, n, weight, bias,
-                                  [&](auto v, auto w, auto b) {
-                                    auto t = hn::Mul(hn::Sub(v, vmean), vscale);
-                                    if constexpr (kWeight) t = hn::Mul(t, w);
-                                    if constexpr (kBias) t = hn::Add(t, b);
-                                    return t;
-                                  });
-  });
-}
-
-void HalfAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                float scale, const float* weight, const float* bias) {
-  const hn::CappedTag<float, 16> d;
-  const auto vhi = hn::Set(d, hi);
-  const auto vscale = hn::Set(d, scale);
-  const auto low_term = hn::Set(d, -(lo * scale));
-  WithParams(weight, bias, [&]<bool kWeight, bool kBias>() {
-    ForEachVector<kWeight, kBias>(
-        d, x, y, n, weight, bias, [&](auto v, auto w, auto b) {
-          const auto t = ExactMulAdd(d, hn::Sub(v, vhi), vscale, low_term);
+        } else {
+          const auto t = ExactMulAdd(d, hn::Sub(v, hi), scale, low_term);
           if constexpr (kWeight && kBias) {
-            return ExactMulAdd(d, t, w, b);
+            return ExactMulAdd(d, t, LoadPart(d, weight + j, count),
+                               LoadPart(d, bias + j, count));
           } else if constexpr (kWeight) {
-            return hn::Mul(t, w);
+            return hn::Mul(t, LoadPart(d, weight + j, count));
           } else if constexpr (kBias) {
-            return hn::Add(t, b);
+            return hn::Add(t, LoadPart(d, bias + j, count));
           } else {
             return t;
           }
-        });
+        }
+      };
+      WriteVectors<kStream>(
+          dout, y, n,
+          [&](int64_t j, size_t part) NORMD_LAMBDA_INLINE {
+            return Out::template Output<kCanonicalNaN>(j, part, results);
+          },
+          prefetch);
+      if (prefetch.base != nullptr) prefetch.base += n * prefetch.element_bytes;
+    }
   });
+}
+
+// Rows for the store policy and the NaN fix-up: 16-bit outputs always
+// fused, fp64 never.
+template <DType kIn, DType kOut, bool kFused = Elements<kOut>::kHalf>
+void RowsFor(const void* x, void* y, int64_t n, int64_t count,
+             const RowAffine* a, const RowWrite& write) {
+  using InT = typename Elements<kIn>::Stored;
+  using OutT = typename Elements<kOut>::Stored;
+  const Prefetch prefetch{static_cast<const char*>(write.prefetch),
+                          write.prefetch_element_bytes,
+                          write.prefetch_ahead_bytes};
+  auto* px = static_cast<const InT*>(x);
+  auto* py = static_cast<OutT*>(y);
+  if constexpr (Elements<kOut>::kHalf) {
+    if (write.never_nan) {
+      return write.stream ? Rows<kIn, kOut, kFused, true, false>(
+                                px, py, n, count, a, prefetch)
+                          : Rows<kIn, kOut, kFused, false, false>(
+                                px, py, n, count, a, prefetch);
+    }
+  }
+  if (write.stream) {
+    return Rows<kIn, kOut, kFused, true, true>(px, py, n, count, a, prefetch);
+  }
+  Rows<kIn, kOut, kFused, false, true>(px, py, n, count, a, prefetch);
+}
+
+}  // namespace
+
+void AnyRows(DType in, DType out, const void* x, void* y, int64_t n,
+             int64_t count, const RowAffine* a, const RowWrite& write) {
+  switch (out) {
+    case DType::kFloat32:
+      if (a[0].fused) {
+        return RowsFor<DType::kFloat32, DType::kFloat32, true>(x, y, n, count,
+                                                               a, write);
+      }
+      return RowsFor<DType::kFloat32, DType::kFloat32>(x, y, n, count, a,
+                                                       write);
+    case DType::kFloat64:
+      return RowsFor<DType::kFloat64, DType::kFloat64>(x, y, n, count, a,
+                                                       write);
+    case DType::kBFloat16:
+      if (in == DType::kFloat32) {
+        return RowsFor<DType::kFloat32, DType::kBFloat16>(x, y, n, count, a,
+                                                          write);
+      }
+      return RowsFor<DType::kBFloat16, DType::kBFloat16>(x, y, n, count, a,
+                                                         write);
+    case DType::kFloat16:
+      if (in == DType::kFloat32) {
+        return RowsFor<DType::kFloat32, DType::kFloat16>(x, y, n, count, a,
+                                                         write);
+      }
+      return RowsFor<DType::kFloat16, DType::kFloat16>(x, y, n, count, a,
+                                                       write);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -122,23 +151,14 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace normd {
 
-HWY_EXPORT(FloatAffine);
-HWY_EXPORT(DoubleAffine);
-HWY_EXPORT(HalfAffine);
+HWY_EXPORT(AnyRows);
 
-void FloatRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                    float scale, const float* weight, const float* bias) {
-  HWY_DYNAMIC_DISPATCH(FloatAffine)(x, y, n, hi, lo, scale, weight, bias);
-}
-
-void DoubleRowAffine(const double* x, double* y, int64_t n, double mean,
-                     double scale, const double* weight, const double* bias) {
-  HWY_DYNAMIC_DISPATCH(DoubleAffine)(x, y, n, mean, scale, weight, bias);
-}
-
-void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                   float scale, const float* weight, const float* bias) {
-  HWY_DYNAMIC_DISPATCH(HalfAffine)(x, y, n, hi, lo, scale, weight, bias);
+void RowsAffineWrite(DType in, DType out, const void* x, void* y, int64_t n,
+                     int64_t count, const RowAffine* rows,
+                     const RowWrite& write) {
+  if (count > 0) {
+    HWY_DYNAMIC_DISPATCH(AnyRows)(in, out, x, y, n, count, rows, write);
+  }
 }
 
 }  // namespace normd

@@ -1,29 +1,84 @@
 // The elementwise affine of one normalized row, on Highway: compiled for
 // every SIMD target and dispatched per call, the same bits on every target.
-// weight / bias have n entries or are null (= 1 / 0). Thread-safe (pure
-// functions; x and y may be the same array).
+// One loop for every input and output type and store policy. Thread-safe
+// (pure functions; x and y may be the same array when of one type).
 #ifndef NORMD_SERVER_CORE_SIMD_ROW_AFFINE_H_
 #define NORMD_SERVER_CORE_SIMD_ROW_AFFINE_H_
 
 #include <cstdint>
 
+#include "server/core/tensor.h"
+
 namespace normd {
 
-// fp32 rows: y = ((x - hi) - lo) * scale [* weight] [+ bias], each step
-// rounded (no fused operation), the mean split as hi + lo so that x - hi
-// is exact near it.
-void FloatRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                    float scale, const float* weight, const float* bias);
+// The constants of one row's affine, and its formula:
+// - rounded (fp32, fp64): y = ((x - hi) - lo) * scale [* weight] [+ bias],
+//   each step rounded; the mean split as hi + lo so that x - hi is exact
+//   near it (fp64: hi the mean, lo 0);
+// - fused (16-bit outputs always, fp32 on request): t = fma(x - hi, scale,
+//   -(lo * scale)), then fma(t, weight, bias) | t * weight | t + bias | t.
+// hi, lo and scale are floats for fp32 computations (exactly). weight and
+// bias: n values of the computation's type (double for fp64, else float),
+// or null (= 1 / 0).
+struct RowAffine {
+  double hi = 0.0;
+  double lo = 0.0;
+  double scale = 0.0;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  bool fused = false;
+};
 
-// fp64 rows: y = (x - mean) * scale [* weight] [+ bias], each step rounded.
-void DoubleRowAffine(const double* x, double* y, int64_t n, double mean,
-                     double scale, const double* weight, const double* bias);
+// How a row is written: streaming stores (`stream`; the caller fences with
+// StreamFence, stream_copy.h) or ordinary ones; 16-bit outputs without the
+// canonical-NaN fix-up when `never_nan` (the caller proved no result is
+// NaN); `prefetch` (elements of prefetch_element_bytes) read
+// prefetch_ahead_bytes ahead of each line written, if not null.
+struct RowWrite {
+  bool stream = false;
+  bool never_nan = false;
+  const void* prefetch = nullptr;
+  int64_t prefetch_element_bytes = 0;
+  int64_t prefetch_ahead_bytes = 0;
+};
 
-// The fp32 results of a 16-bit row before narrowing (one rounding fewer):
-// t = fma(x - hi, scale, -(lo * scale)), then fma(t, weight, bias) |
-// t * weight | t + bias | t.
-void HalfRowAffine(const float* x, float* y, int64_t n, float hi, float lo,
-                   float scale, const float* weight, const float* bias);
+// `count` rows of n values, row k: y[k n..(k + 1) n) (`out` values) = the
+// affine rows[k] of x[k n..(k + 1) n) (`in` values), in one call (rows of
+// a few dozen values cost their calls more than their values); every row
+// takes rows[0]'s weight, bias and formula. in and out are both fp32 or
+// both fp64, or out is 16-bit and in fp32 or out's type. 16-bit inputs are
+// widened exactly, outputs narrowed to nearest even. Row k prefetches
+// write.prefetch + k n elements.
+void RowsAffineWrite(DType in, DType out, const void* x, void* y, int64_t n,
+                     int64_t count, const RowAffine* rows,
+                     const RowWrite& write);
+
+// One row.
+inline void RowAffineWrite(DType in, DType out, const void* x, void* y,
+                           int64_t n, const RowAffine& a,
+                           const RowWrite& write) {
+  RowsAffineWrite(in, out, x, y, n, 1, &a, write);
+}
+
+// The cached fp32, fp64 and fused-fp32 rows.
+inline void FloatRowAffine(const float* x, float* y, int64_t n, float hi,
+                           float lo, float scale, const float* weight,
+                           const float* bias) {
+  RowAffineWrite(DType::kFloat32, DType::kFloat32, x, y, n,
+                 {hi, lo, scale, weight, bias, /*fused=*/false}, {});
+}
+inline void DoubleRowAffine(const double* x, double* y, int64_t n, double mean,
+                            double scale, const double* weight,
+                            const double* bias) {
+  RowAffineWrite(DType::kFloat64, DType::kFloat64, x, y, n,
+                 {mean, 0.0, scale, weight, bias, /*fused=*/false}, {});
+}
+inline void HalfRowAffine(const float* x, float* y, int64_t n, float hi,
+                          float lo, float scale, const float* weight,
+                          const float* bias) {
+  RowAffineWrite(DType::kFloat32, DType::kFloat32, x, y, n,
+                 {hi, lo, scale, weight, bias, /*fused=*/true}, {});
+}
 
 }  // namespace normd
 

@@ -64,6 +64,8 @@ void SetStreamingOutputBytes(int64_t bytes) {
   streaming_output_bytes.store(bytes, std::memory_order_relaxed);
 }
 
+void StreamFence() { hwy::FlushStream(); }
+
 void StreamCopy(void* dst, const void* src, size_t bytes) {
   HWY_DYNAMIC_DISPATCH(StreamCopyBytes)
   (static_cast<char*>(dst), static_cast<const char*>(src), bytes);

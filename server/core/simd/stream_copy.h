@@ -31,6 +31,10 @@ inline bool StreamOutput(int64_t elements, size_t element_size) {
 // store fence so that the data is visible to other threads afterwards.
 void StreamCopy(void* dst, const void* src, size_t bytes);
 
+// Orders this thread's streaming stores (the kernels' stream writes) before
+// its later stores: called once after a run of them.
+void StreamFence();
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_

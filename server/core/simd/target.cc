@@ -24,7 +24,6 @@ HWY_AFTER_NAMESPACE();
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "hwy/targets.h"
-#include "server/core/simd.h"
 
 namespace normd {
 namespace {
@@ -86,8 +85,6 @@ absl::Status RestrictSimdTarget(absl::string_view name) {
         kSimdTargetVariable, "=", name, ": this CPU cannot run it; it runs ",
         absl::StrJoin(AvailableSimdTargets(), ", ")));
   }
-  simd_internal::HandWrittenAvx512Allowed().store(
-      (runnable & (HWY_AVX3 | HWY_AVX3_DL)) != 0, std::memory_order_relaxed);
   hwy::DisableTargets(HWY_TARGETS & ~runnable);
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
   return absl::OkStatus();
