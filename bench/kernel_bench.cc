@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "server/core/engine.h"
 #include "server/core/half.h"
 #include "server/core/simd/stream_copy.h"
@@ -154,28 +155,82 @@ void BM_ReadSum(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadSum)->UseRealTime();
 
+// The SIMD targets every kernel row is timed on, in one process: AVX3
+// (AVX-512) and AVX2 where the CPU runs both and NORMD_SIMD_TARGET does not
+// pick one; otherwise none (the kernels run on the dispatch's own choice).
+struct PairedTargets {
+  int64_t first = 0;
+  int64_t second = 0;
+};
+const PairedTargets& TargetsToPair() {
+  static const PairedTargets pair = [] {
+    PairedTargets p;
+    const int64_t both = HWY_AVX3 | HWY_AVX2;
+    if (std::getenv(kSimdTargetVariable) == nullptr &&
+        (HWY_TARGETS & both) == both &&
+        (hwy::SupportedTargets() & both) == both) {
+      p = {HWY_AVX3, HWY_AVX2};
+    }
+    return p;
+  }();
+  return pair;
+}
+
+// Pins Highway's dispatch to `target` (0: the CPU's own choice again).
+void PinTarget(int64_t target) {
+  hwy::SetSupportedTargetsForTest(target);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
 // Times run() (manual time), each iteration right after a run of its
 // baseline (RunCopy or RunReadSum), whose mean time per iteration becomes
 // the counter "baseline_s". The shared machine's memory bandwidth drifts by
 // tens of percent within seconds; a baseline timed next to each kernel
 // iteration sees the same load, so report.py takes each repetition's
 // ratio of the two (then the median) instead of comparing medians taken
-// minutes apart.
+// minutes apart. Where TargetsToPair gives two targets, each iteration runs
+// the kernel on both, in alternating order: the first target's time is the
+// iteration's, the second's mean becomes the counter "avx2_s", so that
+// report.py takes per-repetition ratios of the targets too.
 template <typename Run>
 void TimePaired(benchmark::State& state, void (*baseline)(), const Run& run) {
   using Clock = std::chrono::steady_clock;
+  const PairedTargets& targets = TargetsToPair();
+  auto timed = [&](int64_t target) {
+    if (target != 0) PinTarget(target);
+    const Clock::time_point start = Clock::now();
+    run();
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
   double baseline_seconds = 0.0;
+  double second_seconds = 0.0;
+  int64_t iteration = 0;
   for (auto _ : state) {
     const Clock::time_point start = Clock::now();
     baseline();
-    const Clock::time_point middle = Clock::now();
-    run();
-    const Clock::time_point end = Clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(end - middle).count());
-    baseline_seconds += std::chrono::duration<double>(middle - start).count();
+    baseline_seconds +=
+        std::chrono::duration<double>(Clock::now() - start).count();
+    if (targets.second == 0) {
+      state.SetIterationTime(timed(0));
+      continue;
+    }
+    double first = 0.0;
+    if (iteration++ % 2 == 0) {
+      first = timed(targets.first);
+      second_seconds += timed(targets.second);
+    } else {
+      second_seconds += timed(targets.second);
+      first = timed(targets.first);
+    }
+    state.SetIterationTime(first);
   }
   state.counters["baseline_s"] =
       benchmark::Counter(baseline_seconds, benchmark::Counter::kAvgIterations);
+  if (targets.second != 0) {
+    PinTarget(0);
+    state.counters["avx2_s"] =
+        benchmark::Counter(second_seconds, benchmark::Counter::kAvgIterations);
+  }
 }
 
 // Reference points, not targets: what the memory system allows the kernels

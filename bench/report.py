@@ -93,6 +93,44 @@ def medians(path):
     return times, pairs
 
 
+# The AVX2 time of a kernel row over its AVX-512 (AVX3) time, each AVX2
+# iteration paired with an AVX3 one in the same process (kernel_bench's
+# counter avx2_s): at most this for fp32 rows, and for 16-bit rows (names
+# with "Half").
+AVX2_FP32_TARGET = 1.3
+AVX2_HALF_TARGET = 1.6
+
+
+def target_table(path):
+    """Per row: the median over repetitions of AVX2 / AVX3 time. Returns the
+    number of rows over their target, or None without paired targets."""
+    data = json.load(open(path))
+    ratios, first, second = {}, {}, {}
+    for b in data["benchmarks"]:
+        if (b.get("error_occurred") or "avx2_s" not in b or
+                b.get("run_type", "iteration") != "iteration"):
+            continue
+        name = short_name(b["run_name"])
+        ratios.setdefault(name, []).append(b["avx2_s"] / (b["real_time"] * 1e-9))
+        first.setdefault(name, []).append(b["real_time"] * 1e-6)
+        second.setdefault(name, []).append(b["avx2_s"] * 1e3)
+    if not ratios:
+        return None
+    print(f"{'row (64 MiB, 2 threads)':44} {'avx3 ms':>8} {'avx2 ms':>8} "
+          f"{'avx2/avx3':>9} {'target':>7}")
+    misses = 0
+    for name, r in ratios.items():
+        ratio = statistics.median(r)
+        target = AVX2_HALF_TARGET if "Half" in name else AVX2_FP32_TARGET
+        ok = ratio <= target
+        misses += not ok
+        print(f"{name:44} {statistics.median(first[name]):8.2f} "
+              f"{statistics.median(second[name]):8.2f} {ratio:9.2f} "
+              f"{'<=' + str(target):>7}{'' if ok else '  MISS'}")
+    print(f"{misses} of {len(ratios)} rows over their AVX2 target")
+    return misses
+
+
 def main():
     normd, paired = medians(sys.argv[1])
     # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
@@ -153,6 +191,10 @@ def main():
               ", ".join(f"{what} {statistics.median(b / k for k, b in p):.2f}x"
                         for p, what in requests) + " copy bw")
     print(f"{misses} of {len(ROWS)} kernel targets missed")
+    print()
+    if target_table(sys.argv[1]) is None:
+        print("no per-target rows: the CPU lacks AVX-512 or AVX2, or "
+              "NORMD_SIMD_TARGET picked one")
     if len(sys.argv) > 3:
         print()
         service_table(json.load(open(sys.argv[3])))

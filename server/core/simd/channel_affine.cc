@@ -121,7 +121,6 @@ void Range(const typename Elements<kType>::Stored* x,
     const auto a3 = hn::LoadU(d, a + phase + (vectors > 3 ? 3 * lanes : 0));
     const auto b3 = hn::LoadU(d, b + phase + (vectors > 3 ? 3 * lanes : 0));
     const auto c3 = hn::LoadU(d, c + phase + (vectors > 3 ? 3 * lanes : 0));
-    const typename E::OutTag dout;
     auto store = [&](auto v, Stored* to) NORMD_LAMBDA_INLINE {
       if constexpr (kStream) {
         hn::Stream(v, dout, to);

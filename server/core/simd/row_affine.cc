@@ -53,23 +53,23 @@ void Rows(const typename Elements<kIn>::Stored* x,
       const auto lo = hn::Set(d, static_cast<T>(a.lo));
       const auto scale = hn::Set(d, static_cast<T>(a.scale));
       const auto low_term = hn::Set(d, static_cast<T>(-(a.lo * a.scale)));
-      auto results = [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
-        const auto v = In::Load(x, j, count);
+      auto results = [&](int64_t j, size_t lanes) NORMD_LAMBDA_INLINE {
+        const auto v = In::Load(x, j, lanes);
         if constexpr (!kFused) {
           // fp64: hi is the mean, lo 0 (x - mean - 0 is x - mean).
           auto t = hn::Mul(hn::Sub(hn::Sub(v, hi), lo), scale);
-          if constexpr (kWeight) t = hn::Mul(t, LoadPart(d, weight + j, count));
-          if constexpr (kBias) t = hn::Add(t, LoadPart(d, bias + j, count));
+          if constexpr (kWeight) t = hn::Mul(t, LoadPart(d, weight + j, lanes));
+          if constexpr (kBias) t = hn::Add(t, LoadPart(d, bias + j, lanes));
           return t;
         } else {
           const auto t = ExactMulAdd(d, hn::Sub(v, hi), scale, low_term);
           if constexpr (kWeight && kBias) {
-            return ExactMulAdd(d, t, LoadPart(d, weight + j, count),
-                               LoadPart(d, bias + j, count));
+            return ExactMulAdd(d, t, LoadPart(d, weight + j, lanes),
+                               LoadPart(d, bias + j, lanes));
           } else if constexpr (kWeight) {
-            return hn::Mul(t, LoadPart(d, weight + j, count));
+            return hn::Mul(t, LoadPart(d, weight + j, lanes));
           } else if constexpr (kBias) {
-            return hn::Add(t, LoadPart(d, bias + j, count));
+            return hn::Add(t, LoadPart(d, bias + j, lanes));
           } else {
             return t;
           }
