@@ -128,15 +128,55 @@ void Range(const typename Elements<kType>::Stored* x,
         hn::Store(v, dout, to);
       }
     };
-    for (int64_t j = from - begin; j < from - begin + whole; j += repeat) {
-      if (prefetch_input) {
-        const char* ahead =
-            reinterpret_cast<const char*>(x + j) + kInputPrefetchBytes;
-        for (int64_t byte = 0; byte < repeat * int64_t{sizeof(Stored)};
-             byte += 64) {
-          __builtin_prefetch(ahead + byte, 0, 3);
+    auto prefetch_repeat = [&](int64_t j) NORMD_LAMBDA_INLINE {
+      if (!prefetch_input) return;
+      const char* ahead =
+          reinterpret_cast<const char*>(x + j) + kInputPrefetchBytes;
+      for (int64_t byte = 0; byte < repeat * int64_t{sizeof(Stored)};
+           byte += 64) {
+        __builtin_prefetch(ahead + byte, 0, 3);
+      }
+    };
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kType == DType::kBFloat16) {
+      // In pair order (see EvenBFloat16): the constants of the even and the
+      // odd elements of each output vector, put in that order once.
+      const hn::RebindToUnsigned<decltype(d)> du32;
+      const auto ae0 = hn::ConcatEven(d, a1, a0),
+                 ao0 = hn::ConcatOdd(d, a1, a0);
+      const auto be0 = hn::ConcatEven(d, b1, b0),
+                 bo0 = hn::ConcatOdd(d, b1, b0);
+      const auto ce0 = hn::ConcatEven(d, c1, c0),
+                 co0 = hn::ConcatOdd(d, c1, c0);
+      const auto ae1 = hn::ConcatEven(d, a3, a2),
+                 ao1 = hn::ConcatOdd(d, a3, a2);
+      const auto be1 = hn::ConcatEven(d, b3, b2),
+                 bo1 = hn::ConcatOdd(d, b3, b2);
+      const auto ce1 = hn::ConcatEven(d, c3, c2),
+                 co1 = hn::ConcatOdd(d, c3, c2);
+      auto pair_vector = [&](int64_t at, auto ae, auto be, auto ce, auto ao,
+                             auto bo, auto co) NORMD_LAMBDA_INLINE {
+        const auto pairs =
+            hn::LoadU(du32, reinterpret_cast<const uint32_t*>(x + at));
+        store(
+            hn::BitCast(dout, BFloat16Pairs<kCanonicalNaN>(
+                                  d, apply(EvenBFloat16(d, pairs), ae, be, ce),
+                                  apply(OddBFloat16(d, pairs), ao, bo, co))),
+            out + at);
+      };
+      for (int64_t j = from - begin; j < from - begin + whole; j += repeat) {
+        prefetch_repeat(j);
+        pair_vector(j, ae0, be0, ce0, ao0, bo0, co0);
+        if (vectors > 2) {
+          pair_vector(j + 2 * lanes, ae1, be1, ce1, ao1, bo1, co1);
         }
       }
+      per_element(from + whole, end);
+      return;
+    }
+#endif
+    for (int64_t j = from - begin; j < from - begin + whole; j += repeat) {
+      prefetch_repeat(j);
       // Vectors past `vectors` are not read (r0 stands in).
       const auto r0 = apply(E::Load(x, j, lanes), a0, b0, c0);
       const auto r1 =
@@ -203,6 +243,35 @@ void Range(const typename Elements<kType>::Stored* x,
       const auto va = hn::Set(d, a[channel]);
       const auto vb = hn::Set(d, b[channel]);
       const auto vc = hn::Set(d, c[channel]);
+#if HWY_TARGET != HWY_SCALAR
+      if constexpr (kType == DType::kBFloat16) {
+        // One channel's constants: whole vectors in pair order (see
+        // EvenBFloat16), the same operations per element.
+        const Stored* xs = x + (pos - begin);
+        const hn::RebindToUnsigned<decltype(d)> du32;
+        WriteVectors<kStream>(
+            dout, out + (pos - begin), run,
+            [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
+              if (count != hn::Lanes(dout)) {
+                return E::template Output<kCanonicalNaN>(
+                    j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
+                      return apply(E::Load(xs, k, n), va, vb, vc);
+                    });
+              }
+              const auto pairs =
+                  hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs + j));
+              return hn::BitCast(
+                  dout, BFloat16Pairs<kCanonicalNaN>(
+                            d, apply(EvenBFloat16(d, pairs), va, vb, vc),
+                            apply(OddBFloat16(d, pairs), va, vb, vc)));
+            },
+            Prefetch{
+                prefetch_input ? reinterpret_cast<const char*>(xs) : nullptr,
+                static_cast<int64_t>(sizeof(Stored)), kInputPrefetchBytes});
+        pos += run;
+        continue;
+      }
+#endif
       write(pos, pos + run, [&](int64_t, size_t, auto v) NORMD_LAMBDA_INLINE {
         return apply(v, va, vb, vc);
       });

@@ -186,6 +186,40 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
 }
 #endif
 
+#if HWY_TARGET != HWY_SCALAR
+// bfloat16 in pair order: a vector of 2 L bfloat16 patterns read as L
+// 32-bit lanes holds elements 2i (low halves) and 2i + 1 (high halves).
+// Widening them as two fp32 vectors, the even elements and the odd ones,
+// takes a shift and a mask, and narrowing results back into the same
+// order two shifts, a mask and an or: no lane permutes, which cost AVX2
+// most. For kernels whose per-element constants do not depend on the
+// order (one channel's), or are put in pair order once (ConcatEven /
+// ConcatOdd of natural-order vectors).
+template <class DF>
+HWY_INLINE hn::Vec<DF> EvenBFloat16(DF df,
+                                    hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
+  return hn::BitCast(df, hn::ShiftLeft<16>(pairs));
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> OddBFloat16(DF df,
+                                   hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
+  const hn::RebindToUnsigned<DF> du32;
+  return hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xffff0000u)));
+}
+// The bfloat16 patterns of fp32 results of even and odd elements, in pair
+// order (kCanonicalNaN as for NarrowToBFloat16).
+template <bool kCanonicalNaN, class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
+                                                           hn::Vec<DF> even,
+                                                           hn::Vec<DF> odd) {
+  const hn::RebindToUnsigned<DF> du32;
+  return hn::Or(
+      hn::And(BFloat16InHighHalves<kCanonicalNaN>(df, odd),
+              hn::Set(du32, 0xffff0000u)),
+      hn::ShiftRight<16>(BFloat16InHighHalves<kCanonicalNaN>(df, even)));
+}
+#endif
+
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
 HWY_AFTER_NAMESPACE();
