@@ -72,7 +72,12 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
         s3 = hn::Add(s3, load(i + 3 * lanes));
       }
     }
-    StorePanel(dd, vectors, s0, s1, s2, s3, sum + p);
+    hn::StoreU(s0, dd, sum + p);
+    if (vectors > 1) hn::StoreU(s1, dd, sum + p + lanes);
+    if (vectors > 2) {
+      hn::StoreU(s2, dd, sum + p + 2 * lanes);
+      hn::StoreU(s3, dd, sum + p + 3 * lanes);
+    }
   }
   for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
     sum[j] += static_cast<double>(x[i]);
@@ -102,8 +107,18 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
         q3 = hn::Add(q3, hn::Mul(e3, e3));
       }
     }
-    StorePanel(dd, vectors, d0, d1, d2, d3, dev + p);
-    StorePanel(dd, vectors, q0, q1, q2, q3, sq + p);
+    hn::StoreU(d0, dd, dev + p);
+    hn::StoreU(q0, dd, sq + p);
+    if (vectors > 1) {
+      hn::StoreU(d1, dd, dev + p + lanes);
+      hn::StoreU(q1, dd, sq + p + lanes);
+    }
+    if (vectors > 2) {
+      hn::StoreU(d2, dd, dev + p + 2 * lanes);
+      hn::StoreU(q2, dd, sq + p + 2 * lanes);
+      hn::StoreU(d3, dd, dev + p + 3 * lanes);
+      hn::StoreU(q3, dd, sq + p + 3 * lanes);
+    }
   }
   for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
     const double d = static_cast<double>(x[i]) - mean0;
@@ -351,8 +366,8 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
         sq2 = ExactMulAdd(d, e2, e2, sq2);
         sq3 = ExactMulAdd(d, e3, e3, sq3);
       }
-      StorePanel(d, 4, dev0, dev1, dev2, dev3, dev + p);
-      StorePanel(d, 4, sq0, sq1, sq2, sq3, sq + p);
+      StorePanel(d, dev0, dev1, dev2, dev3, dev + p);
+      StorePanel(d, sq0, sq1, sq2, sq3, sq + p);
     }
     // The flush: lane j + 32 onto lane j in fp32, then into fp64.
     for (int64_t j = 0; j < kWideLanes; j += hn::Lanes(dd)) {

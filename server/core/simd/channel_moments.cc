@@ -176,8 +176,8 @@ void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         sq2 = ExactMulAdd(d, e2, e2, sq2);
         sq3 = ExactMulAdd(d, e3, e3, sq3);
       }
-      StorePanel(d, 4, dev0, dev1, dev2, dev3, acc);
-      StorePanel(d, 4, sq0, sq1, sq2, sq3, acc + kTile);
+      StorePanel(d, dev0, dev1, dev2, dev3, acc);
+      StorePanel(d, sq0, sq1, sq2, sq3, acc + kTile);
       AddWidened(acc, dev_out + p, panel);
       AddWidened(acc + kTile, sq_out + p, panel);
     }
@@ -241,8 +241,8 @@ void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         Accumulate(d, hn::Sub(hn::Load(d, at + 3 * lanes), c3),
                    values - s - 3 * lanes, dev3, sq3);
       }
-      StorePanel(d, 4, dev0, dev1, dev2, dev3, acc);
-      StorePanel(d, 4, sq0, sq1, sq2, sq3, acc + kTile);
+      StorePanel(d, dev0, dev1, dev2, dev3, acc);
+      StorePanel(d, sq0, sq1, sq2, sq3, acc + kTile);
       AddWidened(acc, dev + p, panel);
       AddWidened(acc + kTile, sq + p, panel);
     }
@@ -335,8 +335,18 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
         add_tail(1, dev1, sq1);
         add_tail(2, dev2, sq2);
         add_tail(3, dev3, sq3);
-        StorePanel(dd, vectors, dev0, dev1, dev2, dev3, dev + p);
-        StorePanel(dd, vectors, sq0, sq1, sq2, sq3, sq + p);
+        hn::StoreU(dev0, dd, dev + p);
+        hn::StoreU(sq0, dd, sq + p);
+        if (vectors > 1) {
+          hn::StoreU(dev1, dd, dev + p + lanes);
+          hn::StoreU(sq1, dd, sq + p + lanes);
+        }
+        if (vectors > 2) {
+          hn::StoreU(dev2, dd, dev + p + 2 * lanes);
+          hn::StoreU(sq2, dd, sq + p + 2 * lanes);
+          hn::StoreU(dev3, dd, dev + p + 3 * lanes);
+          hn::StoreU(sq3, dd, sq + p + 3 * lanes);
+        }
       }
       dev_out[c] += FoldArray<kRunLanes>(dev);
       sq_out[c] += FoldArray<kRunLanes>(sq);

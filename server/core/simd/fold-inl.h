@@ -67,18 +67,16 @@ HWY_INLINE T FoldArray(T* HWY_RESTRICT t) {
 #endif
 }
 
-// Stores the first `vectors` (1, 2 or 4) of v0..v3 to out, one after the
-// other: a panel of lane sums kept in up to four registers.
+// Stores v0..v3 to out, one after the other: a panel of four registers of
+// lane sums.
 template <class D, class V = hn::Vec<D>>
-HWY_INLINE void StorePanel(D d, int64_t vectors, V v0, V v1, V v2, V v3,
+HWY_INLINE void StorePanel(D d, V v0, V v1, V v2, V v3,
                            hn::TFromD<D>* HWY_RESTRICT out) {
   const size_t lanes = hn::Lanes(d);
   hn::StoreU(v0, d, out);
-  if (vectors > 1) hn::StoreU(v1, d, out + lanes);
-  if (vectors > 2) {
-    hn::StoreU(v2, d, out + 2 * lanes);
-    hn::StoreU(v3, d, out + 3 * lanes);
-  }
+  hn::StoreU(v1, d, out + lanes);
+  hn::StoreU(v2, d, out + 2 * lanes);
+  hn::StoreU(v3, d, out + 3 * lanes);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -32,8 +32,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 // For the lambdas of the elementwise loops: inlined into their loops, so
 // that what they capture stays in registers (a vector store may alias any
 // memory, and would make a called lambda reload its captures).
+// Not in sanitizer builds, where forced inlining of every loop's lambdas
+// makes functions that take the compiler many minutes to instrument.
 #ifndef NORMD_LAMBDA_INLINE
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define NORMD_LAMBDA_INLINE
+#else
 #define NORMD_LAMBDA_INLINE __attribute__((always_inline))
+#endif
 #endif
 
 // The fp32 vectors of the elementwise kernels: at most 16 lanes (a 64-byte
