@@ -36,6 +36,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 // makes functions that take the compiler many minutes to instrument.
 #ifndef NORMD_LAMBDA_INLINE
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define NORMD_SANITIZED_BUILD 1
+#elif defined(__has_feature)  // Clang (the fuzz build).
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define NORMD_SANITIZED_BUILD 1
+#endif
+#endif
+#ifdef NORMD_SANITIZED_BUILD
 #define NORMD_LAMBDA_INLINE
 #else
 #define NORMD_LAMBDA_INLINE __attribute__((always_inline))
