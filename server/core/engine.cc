@@ -87,26 +87,19 @@ constexpr DType DTypeOf() {
     return DType::kFloat64;
   }
 }
-// `deviations_bounded` as for ChannelAffineHalfKernel.
 template <typename T>
 void ChannelAffineOf(const Storage<T>* x, Storage<T>* y,
                      const ChannelLayout& layout, const double* mean,
                      const double* scale, const double* shift,
                      int64_t output_elements = 0,
-                     Traversal traversal = Traversal::kParallel,
-                     bool deviations_bounded = false) {
+                     Traversal traversal = Traversal::kParallel) {
   if constexpr (kIsHalf<T>) {
     ChannelAffineHalfKernel(T::kDType, x, y, layout, mean, scale, shift,
-                            output_elements, traversal, deviations_bounded);
+                            output_elements, traversal);
   } else {
     ChannelAffineKernel(x, y, layout, mean, scale, shift, output_elements,
                         traversal);
   }
-}
-
-// DeviationsBounded for every one of `moments`.
-bool AllDeviationsBounded(absl::Span<const Moments> moments) {
-  return std::all_of(moments.begin(), moments.end(), DeviationsBounded);
 }
 
 // INVALID_ARGUMENT naming `field` unless the parameter has shape `expected`.
@@ -264,7 +257,7 @@ void GroupRowsChunk(const Storage<T>* xs, Storage<T>* ys,
   ChannelAffineOf<T>(xs, ys,
                      ChannelLayout{1, count * per_group, g.layout.inner},
                      mean.data(), scale.data(), shift.data(), output_elements,
-                     traversal, AllDeviationsBounded(m));
+                     traversal);
 }
 
 // Chunks per thread from which FusedGroupRows runs each chunk's loops
@@ -353,14 +346,13 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
           GroupParams(moments.data(), n * g.groups, g.groups, g, weight, bias,
                       eps, mean.data(), scale.data(), shift.data());
           const int64_t at = n * g.SampleSize();
-          const bool bounded = AllDeviationsBounded(moments);
           const bool last = n + 1 == range.end();
           std::fill(next.begin(), next.end(), Moments{});
           std::unique_ptr<InterleavedChannelAffine> writer;
           if (interleave && !last) {
             writer = InterleavedChannelAffine::Create(
                 DTypeOf<T>(), x + at, y + at, sample, mean.data(), scale.data(),
-                shift.data(), total, bounded);
+                shift.data(), total);
           }
           if (writer != nullptr) {
             SampleGroupMoments<T>(x, g, n + 1, next.data(), writer.get());
@@ -368,7 +360,7 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
           } else {
             ChannelAffineOf<T>(x + at, y + at, sample, mean.data(),
                                scale.data(), shift.data(), total,
-                               Traversal::kBackwardsOnThisThread, bounded);
+                               Traversal::kBackwardsOnThisThread);
             if (!last) SampleGroupMoments<T>(x, g, n + 1, next.data());
           }
           moments.swap(next);
@@ -378,17 +370,15 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
 
 // y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
 // channel c); the arrays are sample-major with `channels` entries a sample.
-// `deviations_bounded` as for ChannelAffineHalfKernel.
 template <typename T>
 void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
                          const GroupGeometry& g, const double* mean,
-                         const double* scale, const double* shift,
-                         bool deviations_bounded) {
+                         const double* scale, const double* shift) {
   const int64_t channels = g.layout.channels;
   if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
     ChannelAffineOf<T>(
         x, y, ChannelLayout{1, g.samples * channels, g.layout.inner}, mean,
-        scale, shift, 0, Traversal::kParallel, deviations_bounded);
+        scale, shift, 0, Traversal::kParallel);
     return;
   }
   const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
@@ -399,8 +389,7 @@ void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
           const int64_t at = n * g.SampleSize();
           ChannelAffineOf<T>(x + at, y + at, sample, mean + n * channels,
                              scale + n * channels, shift + n * channels,
-                             g.layout.NumElements(), Traversal::kParallel,
-                             deviations_bounded);
+                             g.layout.NumElements(), Traversal::kParallel);
         }
       });
 }
@@ -585,8 +574,6 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   // Statistics to normalize with, and the model after the call.
   std::vector<double> mean;
   std::vector<double> var;
-  // Training: the batch's own moments, which may prove x - mean bounded.
-  bool deviations_bounded = false;
   absl::StatusOr<BatchNormModel> model;
   if (spec.training) {
     absl::StatusOr<std::vector<Moments>> batch =
@@ -598,7 +585,6 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
       mean.push_back(m.mean);
       var.push_back(m.BiasedVariance());
     }
-    deviations_bounded = AllDeviationsBounded(*batch);
   } else {
     model = store_.GetForEval(spec.model, channels);
     if (!model.ok()) return model.status();
@@ -632,7 +618,7 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
         ChannelAffineHalfKernel(
             T::kDType, static_cast<const uint16_t*>(in.data),
             static_cast<uint16_t*>(output), *layout, mean.data(), scale.data(),
-            bias.data(), 0, Traversal::kParallel, deviations_bounded);
+            bias.data(), 0, Traversal::kParallel);
       } else {  // Contiguous or scattered (ReadsScatteredInPlace).
         ChannelAffineKernel(SourceOf<T>(in), static_cast<T*>(output), *layout,
                             mean.data(), scale.data(), bias.data());
@@ -813,8 +799,7 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
     using T = std::remove_pointer_t<decltype(type)>;
     SampleChannelAffine<T>(static_cast<const Storage<T>*>(in.data),
                            static_cast<Storage<T>*>(output), g, mean.data(),
-                           scale.data(), shift.data(),
-                           AllDeviationsBounded(moments));
+                           scale.data(), shift.data());
   });
   return model;
 }

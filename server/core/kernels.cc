@@ -538,14 +538,6 @@ struct ChannelParams {
       }
     }
   }
-  // Whether the 16-bit kernels can skip their canonical-NaN fix-up: every
-  // operation of the channel affine has finite operands (x - hi cannot
-  // overflow, given `deviations_bounded`), and such operations give finite
-  // or infinite results, never NaN.
-  bool NeverNaN(int64_t channels, bool deviations_bounded) const {
-    return deviations_bounded && AllFinite(a.data(), channels) &&
-           AllFinite(b.data(), channels) && AllFinite(c.data(), channels);
-  }
   // Elements [begin, end) of dtype from x (element begin at x[0]) to y + begin.
   void Write(DType dtype, const void* x, void* y, int64_t begin, int64_t end,
              const ChannelLayout& layout, int64_t period,
@@ -592,18 +584,14 @@ void ChannelAffineKernel(const InputSource<T>& source, T* y,
 void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                              const ChannelLayout& layout, const double* mean,
                              const double* scale, const double* shift,
-                             int64_t output_elements, Traversal traversal,
-                             bool deviations_bounded) {
+                             int64_t output_elements, Traversal traversal) {
   const int64_t total = layout.NumElements();
   if (total == 0) return;
   const bool stream =
       StreamOutput(std::max(total, output_elements), sizeof(uint16_t));
   const int64_t period = ParamsPeriod(layout);
   const ChannelParams<float> params(layout, period, mean, scale, shift);
-  const ChannelWrite write{
-      .stream = stream,
-      .never_nan = params.NeverNaN(layout.channels, deviations_bounded),
-      .prefetch_input = true};
+  const ChannelWrite write{.stream = stream, .prefetch_input = true};
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
     params.Write(dtype, x + r.begin(), y, r.begin(), r.end(), layout, period,
                  write);
@@ -620,15 +608,13 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
   InterleavedChannelAffineImpl(DType dtype, const void* x, void* y,
                                const ChannelLayout& layout, int64_t period,
                                const double* mean, const double* scale,
-                               const double* shift, bool deviations_bounded)
+                               const double* shift)
       : dtype_(dtype),
         x_(static_cast<const char*>(x)),
         y_(y),
         layout_(layout),
         period_(period),
-        params_(layout, period, mean, scale, shift),
-        never_nan_(dtype != DType::kFloat32 &&
-                   params_.NeverNaN(layout.channels, deviations_bounded)) {}
+        params_(layout, period, mean, scale, shift) {}
 
   void Step(int64_t elements) override {
     const int64_t end = std::min(layout_.NumElements(), written_ + elements);
@@ -649,9 +635,7 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
     if (begin >= end) return;
     params_.Write(dtype_, x_ + begin * ElementSize(dtype_), y_, begin, end,
                   layout_, period_,
-                  {.stream = true,
-                   .never_nan = never_nan_,
-                   .prefetch_input = prefetch_input});
+                  {.stream = true, .prefetch_input = prefetch_input});
   }
 
   const DType dtype_;
@@ -660,7 +644,6 @@ class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
   const ChannelLayout layout_;
   const int64_t period_;
   const ChannelParams<float> params_;
-  const bool never_nan_;
   int64_t written_ = 0;
 };
 
@@ -686,14 +669,14 @@ bool InterleavedChannelAffine::Supported(DType dtype, int64_t output_elements) {
 std::unique_ptr<InterleavedChannelAffine> InterleavedChannelAffine::Create(
     DType dtype, const void* x, void* y, const ChannelLayout& layout,
     const double* mean, const double* scale, const double* shift,
-    int64_t output_elements, bool deviations_bounded) {
+    int64_t output_elements) {
   const int64_t total = layout.NumElements();
   if (total == 0 || !Supported(dtype, std::max(total, output_elements))) {
     return nullptr;
   }
   const int64_t period = ParamsPeriod(layout);
   return std::make_unique<InterleavedChannelAffineImpl>(
-      dtype, x, y, layout, period, mean, scale, shift, deviations_bounded);
+      dtype, x, y, layout, period, mean, scale, shift);
 }
 
 template void LayerNormKernel<float>(const InputSource<float>&, float*,

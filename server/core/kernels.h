@@ -112,15 +112,11 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
 // running ChannelAffineKernel<float> and narrowing (round to nearest even,
 // canonical NaN), without an fp32 copy: values are widened, computed and
 // narrowed in registers (simd/channel_affine.h), large outputs streamed.
-// `deviations_bounded`: the caller knows every value to be finite and within
-// 1e37 of its channel's `mean` (DeviationsBounded of the moments it normalizes
-// with), which spares the NaN fix-up of narrowing.
 void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                              const ChannelLayout& layout, const double* mean,
                              const double* scale, const double* shift,
                              int64_t output_elements = 0,
-                             Traversal traversal = Traversal::kParallel,
-                             bool deviations_bounded = false);
+                             Traversal traversal = Traversal::kParallel);
 
 // The streamed output of ChannelAffineKernel<float> (`dtype` float32) or
 // ChannelAffineHalfKernel (bfloat16, float16) of contiguous x, written as
@@ -141,7 +137,7 @@ class InterleavedChannelAffine : public InterleavedWork {
   static std::unique_ptr<InterleavedChannelAffine> Create(
       DType dtype, const void* x, void* y, const ChannelLayout& layout,
       const double* mean, const double* scale, const double* shift,
-      int64_t output_elements, bool deviations_bounded);
+      int64_t output_elements);
 
   virtual void Finish() = 0;
 };

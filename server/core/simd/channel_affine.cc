@@ -28,8 +28,8 @@ constexpr int64_t kMaxCursorRun = 256;
 
 // The channel affine of kType's elements [begin, end) (see
 // channel_affine.h), written with streaming stores (kStream) or ordinary
-// ones; kCanonicalNaN as for NarrowToHalfBits.
-template <DType kType, bool kStream, bool kCanonicalNaN>
+// ones.
+template <DType kType, bool kStream>
 void Range(const typename Elements<kType>::Stored* x,
            typename Elements<kType>::Stored* out, int64_t begin, int64_t end,
            int64_t channels, int64_t inner, int64_t period,
@@ -58,7 +58,7 @@ void Range(const typename Elements<kType>::Stored* x,
     WriteVectors<kStream>(
         dout, out + (from - begin), to - from,
         [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
-          return E::template Output<kCanonicalNaN>(
+          return E::template Output</*kCanonicalNaN=*/true>(
               j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
                 return value(k, n, E::Load(xs, k, n));
               });
@@ -159,7 +159,7 @@ void Range(const typename Elements<kType>::Stored* x,
         const auto pairs =
             hn::LoadU(du32, reinterpret_cast<const uint32_t*>(x + at));
         store(
-            hn::BitCast(dout, BFloat16Pairs<kCanonicalNaN>(
+            hn::BitCast(dout, BFloat16Pairs</*kCanonicalNaN=*/true>(
                                   d, apply(EvenBFloat16(d, pairs), ae, be, ce),
                                   apply(OddBFloat16(d, pairs), ao, bo, co))),
             out + at);
@@ -189,9 +189,9 @@ void Range(const typename Elements<kType>::Stored* x,
                           : r0;
       if constexpr (E::kHalf) {
 #if HWY_TARGET != HWY_SCALAR
-        store(NarrowPairToHalfBits<kType, kCanonicalNaN>(d, r0, r1), out + j);
+        store(NarrowPairToHalfBits<kType>(d, r0, r1), out + j);
         if (vectors > 2) {
-          store(NarrowPairToHalfBits<kType, kCanonicalNaN>(d, r2, r3),
+          store(NarrowPairToHalfBits<kType>(d, r2, r3),
                 out + j + 2 * lanes);
         }
 #endif
@@ -253,7 +253,7 @@ void Range(const typename Elements<kType>::Stored* x,
             dout, out + (pos - begin), run,
             [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
               if (count != hn::Lanes(dout)) {
-                return E::template Output<kCanonicalNaN>(
+                return E::template Output</*kCanonicalNaN=*/true>(
                     j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
                       return apply(E::Load(xs, k, n), va, vb, vc);
                     });
@@ -261,7 +261,7 @@ void Range(const typename Elements<kType>::Stored* x,
               const auto pairs =
                   hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs + j));
               return hn::BitCast(
-                  dout, BFloat16Pairs<kCanonicalNaN>(
+                  dout, BFloat16Pairs</*kCanonicalNaN=*/true>(
                             d, apply(EvenBFloat16(d, pairs), va, vb, vc),
                             apply(OddBFloat16(d, pairs), va, vb, vc)));
             },
@@ -292,19 +292,13 @@ void RangeFor(const void* x, void* out, int64_t begin, int64_t end,
   auto* pa = static_cast<const Value*>(a);
   auto* pb = static_cast<const Value*>(b);
   auto* pc = static_cast<const Value*>(c);
-  auto run = [&]<bool kStream, bool kCanonicalNaN>() {
-    Range<kType, kStream, kCanonicalNaN>(px, po, begin, end, channels, inner,
-                                         period, pa, pb, pc,
-                                         write.prefetch_input);
-  };
-  if constexpr (E::kHalf) {
-    if (write.never_nan) {
-      return write.stream ? run.template operator()<true, false>()
-                          : run.template operator()<false, false>();
-    }
+  if (write.stream) {
+    Range<kType, true>(px, po, begin, end, channels, inner, period, pa, pb, pc,
+                       write.prefetch_input);
+  } else {
+    Range<kType, false>(px, po, begin, end, channels, inner, period, pa, pb,
+                        pc, write.prefetch_input);
   }
-  if (write.stream) return run.template operator()<true, true>();
-  run.template operator()<false, true>();
 }
 
 }  // namespace

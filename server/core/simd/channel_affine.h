@@ -12,12 +12,10 @@
 namespace normd {
 
 // How a range is written: streaming stores (`stream`; the caller fences
-// with StreamFence, stream_copy.h) or ordinary ones; 16-bit outputs without
-// the canonical-NaN fix-up when `never_nan` (the caller proved no result is
-// NaN); x prefetched ahead of the loads when `prefetch_input`.
+// with StreamFence, stream_copy.h) or ordinary ones; x prefetched ahead of
+// the loads when `prefetch_input`.
 struct ChannelWrite {
   bool stream = false;
-  bool never_nan = false;
   bool prefetch_input = false;
 };
 
