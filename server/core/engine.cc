@@ -254,10 +254,9 @@ void GroupRowsChunk(const Storage<T>* xs, Storage<T>* ys,
   shift.resize(mean.size());
   GroupParams(m.data(), first, count, g, weight, bias, eps, mean.data(),
               scale.data(), shift.data());
-  ChannelAffineOf<T>(xs, ys,
-                     ChannelLayout{1, count * per_group, g.layout.inner},
-                     mean.data(), scale.data(), shift.data(), output_elements,
-                     traversal);
+  ChannelAffineOf<T>(
+      xs, ys, ChannelLayout{1, count * per_group, g.layout.inner}, mean.data(),
+      scale.data(), shift.data(), output_elements, traversal);
 }
 
 // Chunks per thread from which FusedGroupRows runs each chunk's loops
@@ -376,9 +375,9 @@ void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
                          const double* scale, const double* shift) {
   const int64_t channels = g.layout.channels;
   if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
-    ChannelAffineOf<T>(
-        x, y, ChannelLayout{1, g.samples * channels, g.layout.inner}, mean,
-        scale, shift, 0, Traversal::kParallel);
+    ChannelAffineOf<T>(x, y,
+                       ChannelLayout{1, g.samples * channels, g.layout.inner},
+                       mean, scale, shift, 0, Traversal::kParallel);
     return;
   }
   const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};

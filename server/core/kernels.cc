@@ -57,11 +57,10 @@ constexpr int64_t kStreamPrefetchBytes = 2048;
 // Otherwise each core alternates between reading (statistics) and writing
 // (outputs): kernel_bench BM_LayerNorm, BM_RmsNorm and BM_HalfRows
 // [B,T,4096].
-RowWrite RowPrefetch(bool stream, bool never_nan, const void* current,
-                     const void* next_row, int64_t element_bytes) {
+RowWrite RowPrefetch(bool stream, const void* current, const void* next_row,
+                     int64_t element_bytes) {
   return RowWrite{
       .stream = stream,
-      .never_nan = never_nan,
       .prefetch = next_row != nullptr ? next_row : current,
       .prefetch_element_bytes = element_bytes,
       .prefetch_ahead_bytes = next_row != nullptr ? 0 : kStreamPrefetchBytes};
@@ -86,12 +85,6 @@ ChannelConstants ChannelConstantsOf(double mean, double scale, double shift) {
   const double rest = (mean - static_cast<double>(hi)) * scale;
   const bool fold = std::isfinite(scale32) && std::isfinite(rest);
   return {hi, scale32, static_cast<float>(fold ? shift - rest : shift)};
-}
-
-// True if p is null or p[0..n) are all finite.
-bool AllFinite(const float* p, int64_t n) {
-  return p == nullptr ||
-         std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
 }
 
 // p + j, or null for a null p (optional per-element parameters).
@@ -229,8 +222,7 @@ void WriteRows(const T* x, T* y, int64_t count, int64_t n, double eps,
     // Into the cache, no prefetching: the rows of a work item are in L2.
     RowsAffineWrite(
         kType, kType, x + r0 * n, y + r0 * n, n, rows, constants,
-        stream ? RowPrefetch(stream, false, x + r0 * n, next, sizeof(T))
-               : RowWrite{});
+        stream ? RowPrefetch(stream, x + r0 * n, next, sizeof(T)) : RowWrite{});
   }
 }
 
@@ -316,23 +308,9 @@ struct HalfRowsJob {
   int64_t rows_per_piece;
   // Streaming stores (large outputs, see StreamOutput), else ordinary ones.
   bool stream;
-  bool finite_affine;  // Every weight and bias (as float) is finite.
   // Computed from the 16-bit rows themselves (see ReadsHalfRowsDirectly)
   // rather than from a widened copy.
   bool direct;
-
-  // True when no result of a row can be NaN: its values are finite and
-  // deviate from the mean by less than 1e37 (DeviationsBounded), so x - hi
-  // is finite; scale and lo * scale are finite; the affine parameters are
-  // finite. Every operation of the fused row affine then has finite
-  // operands, and such operations give finite or infinite results, never
-  // NaN (RMSNorm subtracts 0: x itself is finite).
-  bool NeverNaN(const Moments& moments, const RowAffine& run) const {
-    const auto lo = static_cast<float>(run.lo);
-    const auto scale = static_cast<float>(run.scale);
-    return finite_affine && DeviationsBounded(moments) &&
-           std::isfinite(scale) && std::isfinite(lo * scale);
-  }
 
   // Rows [begin, end): each row's moments, then its outputs widened and
   // narrowed in registers. Short rows (HasShortRowMoments16) sixteen at a
@@ -370,16 +348,13 @@ struct HalfRowsJob {
       } else {
         moments[0] = WidenWithMoments(dtype, in, buffer, n);
       }
-      bool never_nan = true;
       for (int k = 0; k < rows; ++k) {
         constants[k] = RowConstants(moments[k], eps, style, affine);
-        never_nan = never_nan && NeverNaN(moments[k], constants[k]);
       }
       const void* values = direct ? static_cast<const void*>(in) : buffer;
-      RowsAffineWrite(
-          direct ? dtype : DType::kFloat32, dtype, values, y + r0 * n, n, rows,
-          constants,
-          RowPrefetch(stream, never_nan, values, next_row, sizeof(uint16_t)));
+      RowsAffineWrite(direct ? dtype : DType::kFloat32, dtype, values,
+                      y + r0 * n, n, rows, constants,
+                      RowPrefetch(stream, values, next_row, sizeof(uint16_t)));
     }
     // One fence per work item, as in LayerNormKernel.
     if (stream) StreamFence();
@@ -429,8 +404,7 @@ void LongHalfRows(const HalfRowsJob& job, int64_t num_rows) {
     Moments moments;
     for (const Moments& part : parts) MergeMoments(moments, part);
     const RowAffine run = RowConstants(moments, job.eps, job.style, job.affine);
-    const RowWrite write{.stream = job.stream,
-                         .never_nan = job.NeverNaN(moments, run)};
+    const RowWrite write{.stream = job.stream};
     ParallelFor(
         tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
         [&](const tbb::blocked_range<int64_t>& range) {
@@ -473,7 +447,6 @@ void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
       .affine = affine,
       .rows_per_piece = std::max<int64_t>(1, kStagingElements / n),
       .stream = StreamOutput(rows.rows * n, sizeof(uint16_t)),
-      .finite_affine = AllFinite(affine.weight, n) && AllFinite(affine.bias, n),
       .direct = direct && !one_at_a_time};
   if (one_at_a_time) {
     LongHalfRows(job, rows.rows);

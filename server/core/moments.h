@@ -38,12 +38,6 @@ struct Moments {
   bool IsFinite() const;
 };
 
-// True when `m` proves its values finite and each within 1e37 of the mean
-// (finite mean and M2 < 1e74): x - mean cannot overflow in fp32.
-inline bool DeviationsBounded(const Moments& m) {
-  return m.IsFinite() && m.m2 < 1e74;
-}
-
 // Merges `other` into `into` with Chan's parallel formula:
 // n = na + nb; d = mb - ma; mean = ma + d nb / n; M2 = M2a + M2b + d^2 na nb /
 // n.

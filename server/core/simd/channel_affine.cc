@@ -58,10 +58,10 @@ void Range(const typename Elements<kType>::Stored* x,
     WriteVectors<kStream>(
         dout, out + (from - begin), to - from,
         [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
-          return E::template Output</*kCanonicalNaN=*/true>(
-              j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
-                return value(k, n, E::Load(xs, k, n));
-              });
+          return E::Output(j, count,
+                           [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
+                             return value(k, n, E::Load(xs, k, n));
+                           });
         },
         prefetch);
   };
@@ -159,7 +159,7 @@ void Range(const typename Elements<kType>::Stored* x,
         const auto pairs =
             hn::LoadU(du32, reinterpret_cast<const uint32_t*>(x + at));
         store(
-            hn::BitCast(dout, BFloat16Pairs</*kCanonicalNaN=*/true>(
+            hn::BitCast(dout, BFloat16Pairs(
                                   d, apply(EvenBFloat16(d, pairs), ae, be, ce),
                                   apply(OddBFloat16(d, pairs), ao, bo, co))),
             out + at);
@@ -191,8 +191,7 @@ void Range(const typename Elements<kType>::Stored* x,
 #if HWY_TARGET != HWY_SCALAR
         store(NarrowPairToHalfBits<kType>(d, r0, r1), out + j);
         if (vectors > 2) {
-          store(NarrowPairToHalfBits<kType>(d, r2, r3),
-                out + j + 2 * lanes);
+          store(NarrowPairToHalfBits<kType>(d, r2, r3), out + j + 2 * lanes);
         }
 #endif
       } else {
@@ -253,17 +252,17 @@ void Range(const typename Elements<kType>::Stored* x,
             dout, out + (pos - begin), run,
             [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
               if (count != hn::Lanes(dout)) {
-                return E::template Output</*kCanonicalNaN=*/true>(
-                    j, count, [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
-                      return apply(E::Load(xs, k, n), va, vb, vc);
-                    });
+                return E::Output(j, count,
+                                 [&](int64_t k, size_t n) NORMD_LAMBDA_INLINE {
+                                   return apply(E::Load(xs, k, n), va, vb, vc);
+                                 });
               }
               const auto pairs =
                   hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs + j));
               return hn::BitCast(
-                  dout, BFloat16Pairs</*kCanonicalNaN=*/true>(
-                            d, apply(EvenBFloat16(d, pairs), va, vb, vc),
-                            apply(OddBFloat16(d, pairs), va, vb, vc)));
+                  dout,
+                  BFloat16Pairs(d, apply(EvenBFloat16(d, pairs), va, vb, vc),
+                                apply(OddBFloat16(d, pairs), va, vb, vc)));
             },
             Prefetch{
                 prefetch_input ? reinterpret_cast<const char*>(xs) : nullptr,
@@ -296,8 +295,8 @@ void RangeFor(const void* x, void* out, int64_t begin, int64_t end,
     Range<kType, true>(px, po, begin, end, channels, inner, period, pa, pb, pc,
                        write.prefetch_input);
   } else {
-    Range<kType, false>(px, po, begin, end, channels, inner, period, pa, pb,
-                        pc, write.prefetch_input);
+    Range<kType, false>(px, po, begin, end, channels, inner, period, pa, pb, pc,
+                        write.prefetch_input);
   }
 }
 

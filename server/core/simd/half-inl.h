@@ -93,9 +93,8 @@ HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
 
 // fp32 to bfloat16, round to nearest even, in the high 16 bits of each
 // 32-bit lane (the low bits are garbage): adds 0x7fff plus the lowest kept
-// bit. kCanonicalNaN = false skips the NaN fix-up, for values known not to
-// be NaN.
-template <bool kCanonicalNaN, class DF>
+// bit; NaN gives the canonical NaN.
+template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
     DF df, hn::Vec<DF> f) {
   const hn::RebindToUnsigned<DF> du32;
@@ -103,33 +102,28 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
   const auto odd = hn::TestBit(bits, hn::Set(du32, 0x10000u));
   const auto rounded = hn::Add(bits, hn::IfThenElse(odd, hn::Set(du32, 0x8000u),
                                                     hn::Set(du32, 0x7fffu)));
-  if constexpr (!kCanonicalNaN) return rounded;
   return hn::IfThenElse(hn::RebindMask(du32, IsOrdered(f)), rounded,
                         hn::Set(du32, uint32_t{kCanonicalBFloat16NaN} << 16));
 }
 
-// fp32 to bfloat16 patterns, round to nearest even (canonical NaN unless
-// kCanonicalNaN is false).
-template <bool kCanonicalNaN = true, class DF>
+// fp32 to bfloat16 patterns, round to nearest even, canonical NaN.
+template <class DF>
 HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToBFloat16(DF df, hn::Vec<DF> f) {
-  return hn::TruncateTo(
-      HalfBitsTag<DF>(),
-      hn::ShiftRight<16>(BFloat16InHighHalves<kCanonicalNaN>(df, f)));
+  return hn::TruncateTo(HalfBitsTag<DF>(),
+                        hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
 }
 
 // fp32 to float16 patterns, round to nearest even; overflow gives
-// infinity. kCanonicalNaN as for NarrowToBFloat16.
-template <bool kCanonicalNaN = true, class DF>
+// infinity, canonical NaN.
+template <class DF>
 HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToFloat16(DF df, hn::Vec<DF> f) {
   const hn::RebindToUnsigned<DF> du32;
 #if NORMD_HWY_EXACT_F16
-  if constexpr (kCanonicalNaN) {
-    // The instruction keeps a NaN's payload: make it the one NaN whose
-    // narrowing is the canonical pattern.
-    f = hn::IfThenElse(
-        IsOrdered(f), f,
-        hn::BitCast(df, hn::Set(du32, kFloatNaNOfCanonicalFloat16)));
-  }
+  // The instruction keeps a NaN's payload: make it the one NaN whose
+  // narrowing is the canonical pattern.
+  f = hn::IfThenElse(
+      IsOrdered(f), f,
+      hn::BitCast(df, hn::Set(du32, kFloatNaNOfCanonicalFloat16)));
   const hn::Rebind<hwy::float16_t, DF> df16;
   return hn::BitCast(HalfBitsTag<DF>(), hn::DemoteTo(df16, f));
 #else
@@ -150,21 +144,19 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToFloat16(DF df, hn::Vec<DF> f) {
   const auto mantissa_bits = hn::And(bits, hn::Set(du32, 0x00000fffu));
   auto result =
       hn::Or(hn::ShiftRight<16>(sign), hn::Add(exp_bits, mantissa_bits));
-  if constexpr (kCanonicalNaN) {
-    result = hn::IfThenElse(hn::Gt(shl1_w, hn::Set(du32, 0xff000000u)),
-                            hn::Set(du32, kCanonicalFloat16NaN), result);
-  }
+  result = hn::IfThenElse(hn::Gt(shl1_w, hn::Set(du32, 0xff000000u)),
+                          hn::Set(du32, kCanonicalFloat16NaN), result);
   return hn::TruncateTo(HalfBitsTag<DF>(), result);
 #endif
 }
 
 // The two above by dtype, chosen at compile time.
-template <DType kType, bool kCanonicalNaN = true, class DF>
+template <DType kType, class DF>
 HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
   if constexpr (kType == DType::kBFloat16) {
-    return NarrowToBFloat16<kCanonicalNaN>(df, f);
+    return NarrowToBFloat16(df, f);
   }
-  return NarrowToFloat16<kCanonicalNaN>(df, f);
+  return NarrowToFloat16(df, f);
 }
 
 // The 16-bit patterns of two vectors of fp32, `lo` first, in one vector of
@@ -172,17 +164,16 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
 // two-table permute (no shifts), float16 joins the two narrowings. Not on
 // the scalar target (one lane).
 #if HWY_TARGET != HWY_SCALAR
-template <DType kType, bool kCanonicalNaN = true, class DF>
+template <DType kType, class DF>
 HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
     DF df, hn::Vec<DF> lo, hn::Vec<DF> hi) {
   const hn::Repartition<uint16_t, DF> dpair;
   if constexpr (kType == DType::kBFloat16) {
-    return hn::ConcatOdd(
-        dpair, hn::BitCast(dpair, BFloat16InHighHalves<kCanonicalNaN>(df, hi)),
-        hn::BitCast(dpair, BFloat16InHighHalves<kCanonicalNaN>(df, lo)));
+    return hn::ConcatOdd(dpair,
+                         hn::BitCast(dpair, BFloat16InHighHalves(df, hi)),
+                         hn::BitCast(dpair, BFloat16InHighHalves(df, lo)));
   }
-  return hn::Combine(dpair, NarrowToFloat16<kCanonicalNaN>(df, hi),
-                     NarrowToFloat16<kCanonicalNaN>(df, lo));
+  return hn::Combine(dpair, NarrowToFloat16(df, hi), NarrowToFloat16(df, lo));
 }
 #endif
 
@@ -207,16 +198,15 @@ HWY_INLINE hn::Vec<DF> OddBFloat16(DF df,
   return hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xffff0000u)));
 }
 // The bfloat16 patterns of fp32 results of even and odd elements, in pair
-// order (kCanonicalNaN as for NarrowToBFloat16).
-template <bool kCanonicalNaN, class DF>
+// order.
+template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
                                                            hn::Vec<DF> even,
                                                            hn::Vec<DF> odd) {
   const hn::RebindToUnsigned<DF> du32;
   return hn::Or(
-      hn::And(BFloat16InHighHalves<kCanonicalNaN>(df, odd),
-              hn::Set(du32, 0xffff0000u)),
-      hn::ShiftRight<16>(BFloat16InHighHalves<kCanonicalNaN>(df, even)));
+      hn::And(BFloat16InHighHalves(df, odd), hn::Set(du32, 0xffff0000u)),
+      hn::ShiftRight<16>(BFloat16InHighHalves(df, even)));
 }
 #endif
 

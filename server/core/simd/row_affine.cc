@@ -33,9 +33,8 @@ HWY_INLINE void WithParams(const T* weight, const T* bias, const Body& body) {
 
 // y[0..n) = the affine of x[0..n) (kIn values) as kOut, the fused formula
 // (kFused) or the rounded one (see row_affine.h), written with streaming
-// stores (kStream) or ordinary ones; kCanonicalNaN as for
-// NarrowToHalfBits.
-template <DType kIn, DType kOut, bool kFused, bool kStream, bool kCanonicalNaN>
+// stores (kStream) or ordinary ones.
+template <DType kIn, DType kOut, bool kFused, bool kStream>
 void Rows(const typename Elements<kIn>::Stored* x,
           typename Elements<kOut>::Stored* y, int64_t n, int64_t count,
           const RowAffine* rows, Prefetch prefetch) {
@@ -77,17 +76,15 @@ void Rows(const typename Elements<kIn>::Stored* x,
       };
       WriteVectors<kStream>(
           dout, y, n,
-          [&](int64_t j, size_t part) NORMD_LAMBDA_INLINE {
-            return Out::template Output<kCanonicalNaN>(j, part, results);
-          },
+          [&](int64_t j, size_t part)
+              NORMD_LAMBDA_INLINE { return Out::Output(j, part, results); },
           prefetch);
       if (prefetch.base != nullptr) prefetch.base += n * prefetch.element_bytes;
     }
   });
 }
 
-// Rows for the store policy and the NaN fix-up: 16-bit outputs always
-// fused, fp64 never.
+// Rows for the store policy: 16-bit outputs always fused, fp64 never.
 template <DType kIn, DType kOut, bool kFused = Elements<kOut>::kHalf>
 void RowsFor(const void* x, void* y, int64_t n, int64_t count,
              const RowAffine* a, const RowWrite& write) {
@@ -98,18 +95,10 @@ void RowsFor(const void* x, void* y, int64_t n, int64_t count,
                           write.prefetch_ahead_bytes};
   auto* px = static_cast<const InT*>(x);
   auto* py = static_cast<OutT*>(y);
-  if constexpr (Elements<kOut>::kHalf) {
-    if (write.never_nan) {
-      return write.stream ? Rows<kIn, kOut, kFused, true, false>(
-                                px, py, n, count, a, prefetch)
-                          : Rows<kIn, kOut, kFused, false, false>(
-                                px, py, n, count, a, prefetch);
-    }
-  }
   if (write.stream) {
-    return Rows<kIn, kOut, kFused, true, true>(px, py, n, count, a, prefetch);
+    return Rows<kIn, kOut, kFused, true>(px, py, n, count, a, prefetch);
   }
-  Rows<kIn, kOut, kFused, false, true>(px, py, n, count, a, prefetch);
+  Rows<kIn, kOut, kFused, false>(px, py, n, count, a, prefetch);
 }
 
 }  // namespace

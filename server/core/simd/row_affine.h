@@ -30,13 +30,11 @@ struct RowAffine {
 };
 
 // How a row is written: streaming stores (`stream`; the caller fences with
-// StreamFence, stream_copy.h) or ordinary ones; 16-bit outputs without the
-// canonical-NaN fix-up when `never_nan` (the caller proved no result is
-// NaN); `prefetch` (elements of prefetch_element_bytes) read
-// prefetch_ahead_bytes ahead of each line written, if not null.
+// StreamFence, stream_copy.h) or ordinary ones; `prefetch` (elements of
+// prefetch_element_bytes) read prefetch_ahead_bytes ahead of each line
+// written, if not null.
 struct RowWrite {
   bool stream = false;
-  bool never_nan = false;
   const void* prefetch = nullptr;
   int64_t prefetch_element_bytes = 0;
   int64_t prefetch_ahead_bytes = 0;

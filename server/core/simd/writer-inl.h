@@ -152,8 +152,8 @@ struct Elements {
 
   // The output vector of elements [j, j + count) from results(j', count'),
   // the values of elements [j', j' + count') (count' may be 0), narrowed
-  // (kCanonicalNaN as for NarrowToHalfBits) for 16-bit types.
-  template <bool kCanonicalNaN, class Results>
+  // for 16-bit types.
+  template <class Results>
   static HWY_INLINE hn::Vec<OutTag> Output(int64_t j, size_t count,
                                            const Results& results) {
     if constexpr (!kHalf) {
@@ -161,14 +161,14 @@ struct Elements {
     } else {
       const ValueTag d;
 #if HWY_TARGET == HWY_SCALAR
-      return NarrowToHalfBits<kType, kCanonicalNaN>(d, results(j, count));
+      return NarrowToHalfBits<kType>(d, results(j, count));
 #else
       const size_t lanes = hn::Lanes(d);
       const size_t low = std::min(count, lanes);
       // In this order: results may keep a position that moves by little.
       const auto first = results(j, low);
       const auto second = results(j + static_cast<int64_t>(lanes), count - low);
-      return NarrowPairToHalfBits<kType, kCanonicalNaN>(d, first, second);
+      return NarrowPairToHalfBits<kType>(d, first, second);
 #endif
     }
   }
