@@ -64,15 +64,13 @@ decltype(auto) VisitChannelDType(DType dtype, F&& f) {
 }
 
 // ChannelMoments / ChannelAffineKernel for element type T (contiguous).
-// `work` as for ChannelMoments.
 template <typename T>
 std::vector<Moments> ChannelMomentsOf(const Storage<T>* x,
-                                      const ChannelLayout& layout,
-                                      InterleavedWork* work = nullptr) {
+                                      const ChannelLayout& layout) {
   if constexpr (kIsHalf<T>) {
-    return HalfChannelMoments(T::kDType, x, layout, work);
+    return HalfChannelMoments(T::kDType, x, layout);
   } else {
-    return ChannelMoments(x, layout, work);
+    return ChannelMoments(x, layout);
   }
 }
 
@@ -167,10 +165,10 @@ struct GroupGeometry {
 // > 1. Channels-last: per-(sample, channel) moments with the channels-last
 // kernels, then each group's channels merged in order (Chan, fp64). Else a
 // sample is [sample_outer, groups, one group's values per outer index].
-// `work` as for ChannelMoments.
+// group[0..groups) starts empty.
 template <typename T>
 void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
-                        Moments* group, InterleavedWork* work = nullptr) {
+                        Moments* group) {
   const int64_t per_group = g.ChannelsPerGroup();
   const bool channels_last = g.layout.inner == 1;
   const ChannelLayout sample =
@@ -178,7 +176,7 @@ void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
           ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
           : ChannelLayout{g.sample_outer, g.groups, per_group * g.layout.inner};
   const std::vector<Moments> m =
-      ChannelMomentsOf<T>(x + n * g.SampleSize(), sample, work);
+      ChannelMomentsOf<T>(x + n * g.SampleSize(), sample);
   if (!channels_last) {
     std::copy(m.begin(), m.end(), group);
     return;
@@ -300,18 +298,10 @@ void FusedGroupRows(const Storage<T>* x, Storage<T>* y, const GroupGeometry& g,
 constexpr int64_t kFusedSamplesPerThread = 4;
 
 // Stateless GroupNorm / InstanceNorm with sample_outer > 1: each sample's
-// moments, then its output, on one thread. Channels-last samples of 2 MiB
-// or more (InterleavedSampleBytes) with 64 channels (ChannelMomentsStepWork),
-// where InterleavedChannelAffine can stream the output, each task takes a run
-// of samples and writes sample n's output while it reads sample n + 1's
-// moments, 16 rows of each in turn: a core's reads and streamed writes
-// overlap when they are interleaved, while a read-only pass and then a
-// write-only one cost about their sum (kernel_bench BM_GroupNorm NHWC
-// against BM_TwoPassFloor). Stepping chunks of NCHW groups the same way did
-// not pay. Elsewhere one sample per task, its output written backwards (see
-// Traversal::kBackwardsOnThisThread), so the part still in this core's
-// cache is read from there rather than from memory. Needs
-// kFusedSamplesPerThread samples per thread. The same moments and
+// moments, then its output, on one thread, one sample per task. The output
+// is written backwards (see Traversal::kBackwardsOnThisThread), so the part
+// still in this core's cache is read from there rather than from memory.
+// Needs kFusedSamplesPerThread samples per thread. The same moments and
 // per-element formula as the two-pass path: the same bits.
 template <typename T>
 void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
@@ -321,54 +311,26 @@ void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
   const int64_t channels = g.layout.channels;
   const int64_t total = g.layout.NumElements();
   const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
-  const bool interleave =
-      g.SampleSize() * static_cast<int64_t>(sizeof(Storage<T>)) >=
-          InterleavedSampleBytes() &&
-      ChannelMomentsStepWork(sample) &&
-      InterleavedChannelAffine::Supported(DTypeOf<T>(), total);
-  // Interleaved: runs of consecutive samples, about two per thread (a run's
-  // first sample is read alone and its last written alone).
-  const int64_t grain =
-      interleave
-          ? std::max<int64_t>(
-                2, g.samples / (2 * static_cast<int64_t>(ComputeConcurrency())))
-          : 1;
   ParallelFor(
-      tbb::blocked_range<int64_t>(0, g.samples, grain), total,
+      tbb::blocked_range<int64_t>(0, g.samples, 1), total,
       [&](const tbb::blocked_range<int64_t>& range) {
         // Several samples per thread (see the caller): each on its thread.
         const SerialLoopsScope serial;
-        std::vector<Moments> moments(g.groups), next(g.groups);
+        std::vector<Moments> moments(g.groups);
         std::vector<double> mean(channels), scale(channels), shift(channels);
-        SampleGroupMoments<T>(x, g, range.begin(), moments.data());
         for (int64_t n = range.begin(); n < range.end(); ++n) {
+          std::fill(moments.begin(), moments.end(), Moments{});
+          SampleGroupMoments<T>(x, g, n, moments.data());
           GroupParams(moments.data(), n * g.groups, g.groups, g, weight, bias,
                       eps, mean.data(), scale.data(), shift.data());
           const int64_t at = n * g.SampleSize();
-          const bool last = n + 1 == range.end();
-          std::fill(next.begin(), next.end(), Moments{});
-          std::unique_ptr<InterleavedChannelAffine> writer;
-          if (interleave && !last) {
-            writer = InterleavedChannelAffine::Create(
-                DTypeOf<T>(), x + at, y + at, sample, mean.data(), scale.data(),
-                shift.data(), total);
-          }
-          if (writer != nullptr) {
-            SampleGroupMoments<T>(x, g, n + 1, next.data(), writer.get());
-            writer->Finish();
-          } else {
-            ChannelAffineOf<T>(x + at, y + at, sample, mean.data(),
-                               scale.data(), shift.data(), total,
-                               Traversal::kBackwardsOnThisThread);
-            if (!last) SampleGroupMoments<T>(x, g, n + 1, next.data());
-          }
-          moments.swap(next);
+          ChannelAffineOf<T>(x + at, y + at, sample, mean.data(), scale.data(),
+                             shift.data(), total,
+                             Traversal::kBackwardsOnThisThread);
         }
       });
 }
 
-// y = (x - mean[n, c]) * scale[n, c] + shift[n, c] for every (sample n,
-// channel c); the arrays are sample-major with `channels` entries a sample.
 template <typename T>
 void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
                          const GroupGeometry& g, const double* mean,

@@ -3,7 +3,6 @@
 #include <tbb/blocked_range.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -570,86 +569,6 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                  write);
     return stream;
   });
-}
-
-namespace {
-
-// InterleavedChannelAffine: the pieces of ChannelAffineKernel<float>'s and
-// ChannelAffineHalfKernel's streaming writes, in order.
-class InterleavedChannelAffineImpl final : public InterleavedChannelAffine {
- public:
-  InterleavedChannelAffineImpl(DType dtype, const void* x, void* y,
-                               const ChannelLayout& layout, int64_t period,
-                               const double* mean, const double* scale,
-                               const double* shift)
-      : dtype_(dtype),
-        x_(static_cast<const char*>(x)),
-        y_(y),
-        layout_(layout),
-        period_(period),
-        params_(layout, period, mean, scale, shift) {}
-
-  void Step(int64_t elements) override {
-    const int64_t end = std::min(layout_.NumElements(), written_ + elements);
-    if (end > written_) Write(written_, end, /*prefetch_input=*/false);
-    written_ = end;
-  }
-
-  void Finish() override {
-    Write(written_, layout_.NumElements(), /*prefetch_input=*/true);
-    written_ = layout_.NumElements();
-    StreamFence();
-  }
-
- private:
-  // Elements [begin, end). Steps do not prefetch x ahead: beside the
-  // reduction's own stream of loads, that costs more than it saves.
-  void Write(int64_t begin, int64_t end, bool prefetch_input) {
-    if (begin >= end) return;
-    params_.Write(dtype_, x_ + begin * ElementSize(dtype_), y_, begin, end,
-                  layout_, period_,
-                  {.stream = true, .prefetch_input = prefetch_input});
-  }
-
-  const DType dtype_;
-  const char* const x_;
-  void* const y_;
-  const ChannelLayout layout_;
-  const int64_t period_;
-  const ChannelParams<float> params_;
-  int64_t written_ = 0;
-};
-
-std::atomic<int64_t> interleaved_sample_bytes{kDefaultInterleavedSampleBytes};
-
-}  // namespace
-
-int64_t InterleavedSampleBytes() {
-  return interleaved_sample_bytes.load(std::memory_order_relaxed);
-}
-
-void SetInterleavedSampleBytes(int64_t bytes) {
-  interleaved_sample_bytes.store(bytes, std::memory_order_relaxed);
-}
-
-bool InterleavedChannelAffine::Supported(DType dtype, int64_t output_elements) {
-  const bool dtype_supported = dtype == DType::kFloat32 ||
-                               dtype == DType::kBFloat16 ||
-                               dtype == DType::kFloat16;
-  return dtype_supported && StreamOutput(output_elements, ElementSize(dtype));
-}
-
-std::unique_ptr<InterleavedChannelAffine> InterleavedChannelAffine::Create(
-    DType dtype, const void* x, void* y, const ChannelLayout& layout,
-    const double* mean, const double* scale, const double* shift,
-    int64_t output_elements) {
-  const int64_t total = layout.NumElements();
-  if (total == 0 || !Supported(dtype, std::max(total, output_elements))) {
-    return nullptr;
-  }
-  const int64_t period = ParamsPeriod(layout);
-  return std::make_unique<InterleavedChannelAffineImpl>(
-      dtype, x, y, layout, period, mean, scale, shift);
 }
 
 template void LayerNormKernel<float>(const InputSource<float>&, float*,

@@ -6,7 +6,6 @@
 #define NORMD_SERVER_CORE_KERNELS_H_
 
 #include <cstdint>
-#include <memory>
 
 #include "server/core/layout.h"
 #include "server/core/moments.h"
@@ -117,41 +116,6 @@ void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                              const double* scale, const double* shift,
                              int64_t output_elements = 0,
                              Traversal traversal = Traversal::kParallel);
-
-// The streamed output of ChannelAffineKernel<float> (`dtype` float32) or
-// ChannelAffineHalfKernel (bfloat16, float16) of contiguous x, written as
-// the InterleavedWork of another tensor's reduction: Step(n) writes the
-// next n elements, Finish() what is left (and fences the streaming
-// stores). The same functions on the same elements as those kernels: the
-// same bits. Steps do not prefetch x ahead as those kernels do: beside the
-// reduction's own stream of loads, that prefetching costs more than it
-// saves. Owned and stepped by one thread.
-class InterleavedChannelAffine : public InterleavedWork {
- public:
-  // Whether Create gives a writer for `dtype` in an output of
-  // `output_elements`: a float32 or 16-bit output that streams.
-  static bool Supported(DType dtype, int64_t output_elements);
-
-  // Null unless Supported(dtype, max(x's elements, output_elements)). The
-  // arrays are read here, not kept.
-  static std::unique_ptr<InterleavedChannelAffine> Create(
-      DType dtype, const void* x, void* y, const ChannelLayout& layout,
-      const double* mean, const double* scale, const double* shift,
-      int64_t output_elements);
-
-  virtual void Finish() = 0;
-};
-
-// Samples (GroupNorm / InstanceNorm, channels-last) from which the engine
-// writes one sample while it reduces the next (see FusedGroupSamples):
-// twice a 1 MiB L2, since smaller samples are mostly still in L2 when
-// written backwards after their reduction, and interleaving them is slower
-// (kernel_bench BM_GroupNorm NHWC). Process-wide and thread-safe; tests
-// lower it to reach that path with small tensors (the bits are the same
-// either way).
-inline constexpr int64_t kDefaultInterleavedSampleBytes = 2 << 20;
-int64_t InterleavedSampleBytes();
-void SetInterleavedSampleBytes(int64_t bytes);
 
 }  // namespace normd
 

@@ -91,10 +91,9 @@ std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
 // (N, C)), in row blocks (simd/channel_moments.h). Work items are (channel
 // range, row group); the ranges and groups depend only on the shape. Each
 // item folds its row blocks in order; the groups are then folded per
-// channel in order. `work` as for ChannelMoments.
+// channel in order.
 std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
-                                             const ChannelLayout& layout,
-                                             InterleavedWork* work = nullptr) {
+                                             const ChannelLayout& layout) {
   // Elements of one row per block: channels-last, kMaxChannelsLastBlock
   // channels; runs of one channel (inner > 1),
   // 16 Ki elements. Runs read as strips of 1 Ki elements leave the hardware
@@ -118,10 +117,6 @@ std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
       (layout.outer + rows_per_block - 1) / rows_per_block;
   const int64_t num_groups = std::clamp<int64_t>(
       layout.PerChannel() / kMinPerGroup, 1, std::min(num_blocks, kMaxGroups));
-
-  // Only a serial reduction steps `work` (on this thread, in order).
-  const bool interleave = work != nullptr && ChannelMomentsStepWork(layout) &&
-                          SerialLoopsScope::Active();
   std::vector<Moments> per_group(num_groups * channels);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, num_ranges * num_groups),
@@ -140,8 +135,7 @@ std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
             const ChannelRowBlock block{
                 c0, c1, r0, std::min(layout.outer, r0 + rows_per_block)};
             ChannelRowBlockMoments(dtype, x, layout, block, scratch.data(),
-                                   block_moments.data(),
-                                   interleave ? work : nullptr);
+                                   block_moments.data());
             for (int64_t c = 0; c < c1 - c0; ++c) {
               MergeMoments(acc[c], block_moments[c]);
             }
@@ -250,8 +244,7 @@ std::vector<Moments> OneRunChannelMoments(const ChannelLayout& layout,
 }
 
 template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
-                                    InterleavedWork* work) {
+std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(x, layout);
@@ -263,13 +256,11 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
     }
   }
   return ChannelMomentsShortRuns(
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, layout,
-      work);
+      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, layout);
 }
 
 std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout,
-                                        InterleavedWork* work) {
+                                        const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) {
@@ -282,11 +273,7 @@ std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
           return static_cast<const float*>(buffer);
         });
   }
-  return ChannelMomentsShortRuns(dtype, x, layout, work);
-}
-
-bool ChannelMomentsStepWork(const ChannelLayout& layout) {
-  return layout.inner == 1 && layout.channels == 64;
+  return ChannelMomentsShortRuns(dtype, x, layout);
 }
 
 std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
@@ -333,10 +320,8 @@ Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n) {
 template Moments ContiguousMoments<float>(const float*, int64_t);
 template Moments ContiguousMoments<double>(const double*, int64_t);
 template std::vector<Moments> ChannelMoments<float>(const float*,
-                                                    const ChannelLayout&,
-                                                    InterleavedWork*);
+                                                    const ChannelLayout&);
 template std::vector<Moments> ChannelMoments<double>(const double*,
-                                                     const ChannelLayout&,
-                                                     InterleavedWork*);
+                                                     const ChannelLayout&);
 
 }  // namespace normd

@@ -83,42 +83,17 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 // computed from the 16-bit values again: no stores of the widened values.
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
 
-// Work that a reduction runs in step with its loads, so that one core
-// writes one tensor while it reads the next. Called on the reducing thread
-// only.
-class InterleavedWork {
- public:
-  virtual ~InterleavedWork() = default;
-  // The reduction has loaded `elements` more values.
-  virtual void Step(int64_t elements) = 0;
-};
-
 // Per-channel moments of a tensor laid out as [outer, channels, inner]
 // (see ChannelLayout): result[c] covers the outer x inner values of channel c.
-// `work`, if given, is stepped as the channels-last (inner == 1) tiles load
-// their rows (see ChannelMomentsStepWork), when the reduction runs on the
-// calling thread alone (SerialLoopsScope); elsewhere not at all. The same
-// moments either way.
 template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout,
-                                    InterleavedWork* work = nullptr);
-
-// Whether ChannelMoments / HalfChannelMoments of `layout` step their work
-// (see there) through its values as they come from memory: channels-last
-// (inner == 1) with 64 channels, one register tile that reads each row
-// once. With more tiles (or channels beside them) every row block is read
-// again per tile, from the cache that the interleaved work evicts, and
-// stepping would be slower (shape_survey's GroupNorm NHWC with 256
-// channels).
-bool ChannelMomentsStepWork(const ChannelLayout& layout);
+std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout);
 
 // ChannelMoments of a 16-bit tensor (`dtype` bfloat16 or float16): the
 // moments of its fp32 widening, bit for bit, without widening it in memory
 // (values are widened as they are loaded, or a block at a time into small
-// per-task buffers). `work` as for ChannelMoments.
+// per-task buffers).
 std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout,
-                                        InterleavedWork* work = nullptr);
+                                        const ChannelLayout& layout);
 
 }  // namespace normd
 

@@ -148,7 +148,6 @@ void CheckFusedSamplesMatchOneSampleRuns() {
                      << " streamed " << (threshold == 0) << " threads "
                      << threads);
         SetStreamingOutputBytes(threshold);
-        SetInterleavedSampleBytes(0);  // Small samples interleave too.
         Engine engine;
         auto run = [&](const T* input, Shape s, T* y) {
           NormalizeSpec spec;
@@ -179,7 +178,6 @@ void CheckFusedSamplesMatchOneSampleRuns() {
         EXPECT_LE(MaxAbsDiff(batch, ref), tolerance);
       }
       SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-      SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
     }
   }
 }

@@ -620,7 +620,6 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
         for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
           for (int64_t offset : {0, 1, -1}) {  // -1: in place.
             SetStreamingOutputBytes(threshold);
-            SetInterleavedSampleBytes(0);  // Small samples interleave too.
             std::vector<uint16_t> buffer = x;
             buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
             uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
@@ -628,7 +627,6 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
                 offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
                 y);
             SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-            SetInterleavedSampleBytes(kDefaultInterleavedSampleBytes);
             const std::string what = absl::StrCat(
                 DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
                 channels, " streamed ", threshold == 0, " offset ", offset);

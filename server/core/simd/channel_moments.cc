@@ -126,14 +126,12 @@ HWY_INLINE void Accumulate(D d, V e, int64_t remaining, V& dev, V& sq) {
 // `c` over rows [r0, r1), each channel in its own lane, kept in panels of 4
 // vectors (64, 32, 16 or 4 lanes by target) over each flush interval of
 // kTileFlush rows (from L1 after the first panel). Rows before
-// `prefetch_end` are prefetched `prefetch_bytes` wide. `work` is stepped
-// by the values of each interval.
+// `prefetch_end` are prefetched `prefetch_bytes` wide.
 template <DType kType, typename Stored>
 void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
               int64_t tiled, int64_t r0, int64_t r1, int64_t prefetch_end,
               int64_t prefetch_bytes, double* HWY_RESTRICT center_out,
-              double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out,
-              InterleavedWork* work) {
+              double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out) {
   using E = Elements<kType>;
   const FloatTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -181,7 +179,6 @@ void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       AddWidened(acc, dev_out + p, panel);
       AddWidened(acc + kTile, sq_out + p, panel);
     }
-    if (work != nullptr) work->Step((f_end - f) * tiled);
   }
   for (int64_t j = 0; j < tiled; ++j) {
     center_out[j] = static_cast<double>(center[j]);
@@ -368,8 +365,7 @@ bool PrefetchesRows(int64_t width) {
 template <DType kType, typename Stored = typename Elements<kType>::Stored>
 bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                const ChannelRowBlock& block, bool fast,
-               double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out,
-               InterleavedWork* work) {
+               double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out) {
   using E = Elements<kType>;
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
@@ -385,8 +381,7 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
     const bool prefetch = PrefetchesRows(width);
     TileSums<kType>(x, stride, block.c0, tiled, block.r0, block.r1,
                     prefetch ? layout.outer : 0,
-                    width * static_cast<int64_t>(sizeof(Stored)), sum, dev, sq,
-                    work);
+                    width * static_cast<int64_t>(sizeof(Stored)), sum, dev, sq);
     for (int64_t w = kTile / 2; w >= 1; w /= 2) {
       if (width - tiled - done >= w) {
         const int64_t at = tiled + done;
@@ -436,35 +431,29 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
 template <DType kType>
 void TypedBlockMoments(const void* x, const ChannelLayout& layout,
                        const ChannelRowBlock& block, double* scratch,
-                       Moments* out, InterleavedWork* work) {
+                       Moments* out) {
   const auto* values = static_cast<const typename Elements<kType>::Stored*>(x);
-  if (kType != DType::kFloat64 &&
-      BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out,
-                       work)) {
-    return;
+  if (kType == DType::kFloat64 ||
+      !BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out)) {
+    BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
   }
-  BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out,
-                   nullptr);
 }
 
 }  // namespace
 
 void RowBlockMoments(DType dtype, const void* x, const ChannelLayout& layout,
                      const ChannelRowBlock& block, double* scratch,
-                     Moments* out, InterleavedWork* work) {
+                     Moments* out) {
   switch (dtype) {
     case DType::kFloat32:
-      return TypedBlockMoments<DType::kFloat32>(x, layout, block, scratch, out,
-                                                work);
+      return TypedBlockMoments<DType::kFloat32>(x, layout, block, scratch, out);
     case DType::kFloat64:
-      return TypedBlockMoments<DType::kFloat64>(x, layout, block, scratch, out,
-                                                work);
+      return TypedBlockMoments<DType::kFloat64>(x, layout, block, scratch, out);
     case DType::kBFloat16:
-      return TypedBlockMoments<DType::kBFloat16>(x, layout, block, scratch, out,
-                                                 work);
+      return TypedBlockMoments<DType::kBFloat16>(x, layout, block, scratch,
+                                                 out);
     case DType::kFloat16:
-      return TypedBlockMoments<DType::kFloat16>(x, layout, block, scratch, out,
-                                                work);
+      return TypedBlockMoments<DType::kFloat16>(x, layout, block, scratch, out);
   }
 }
 
@@ -480,9 +469,8 @@ HWY_EXPORT(RowBlockMoments);
 void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
-                            Moments* out, InterleavedWork* work) {
-  HWY_DYNAMIC_DISPATCH(RowBlockMoments)
-  (dtype, x, layout, block, scratch, out, work);
+                            Moments* out) {
+  HWY_DYNAMIC_DISPATCH(RowBlockMoments)(dtype, x, layout, block, scratch, out);
 }
 
 }  // namespace normd

@@ -19,7 +19,7 @@
 //   values.
 // A block where the fast sums lost accuracy (fold::NeedsExactPath), fp64
 // data, and runs of 2 to 15 values take the exact two-pass fp64 loops.
-// Thread-safe (pure functions; `work` is stepped on the calling thread).
+// Thread-safe (pure functions).
 #ifndef NORMD_SERVER_CORE_SIMD_CHANNEL_MOMENTS_H_
 #define NORMD_SERVER_CORE_SIMD_CHANNEL_MOMENTS_H_
 
@@ -41,14 +41,11 @@ struct ChannelRowBlock {
 inline constexpr int64_t kMaxChannelsLastBlock = 1024;
 
 // The moments of each channel of `block` of x (`dtype` any) into
-// out[0, width). `scratch` holds 3 * width doubles. `work`, if not null, is
-// stepped by the values loaded when the block is one whole tile of 64
-// channels-last channels (ChannelMomentsStepWork), and not by the exact
-// redo.
+// out[0, width). `scratch` holds 3 * width doubles.
 void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
-                            Moments* out, InterleavedWork* work);
+                            Moments* out);
 
 }  // namespace normd
 
