@@ -15,12 +15,22 @@
 namespace normd {
 namespace {
 
-// ContiguousMoments' block of x[0..n), n <= kMomentsBlock.
-Moments BlockMoments(const float* x, int64_t n) {
-  return FloatBlockMoments(x, n);
-}
-Moments BlockMoments(const double* x, int64_t n) {
-  return DoubleBlockMoments(x, n);
+// ContiguousMoments' block of `dtype`'s elements x[at, at + n), n <=
+// kMomentsBlock; 16-bit values widened as loaded (a per-thread buffer holds
+// what the scalar parts read).
+Moments BlockMoments(DType dtype, const void* x, int64_t at, int64_t n) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return FloatBlockMoments(static_cast<const float*>(x) + at, n);
+    case DType::kFloat64:
+      return DoubleBlockMoments(static_cast<const double*>(x) + at, n);
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      break;
+  }
+  thread_local std::vector<float> scratch(kMomentsBlock);
+  return HalfBlockMoments(dtype, static_cast<const uint16_t*>(x) + at,
+                          scratch.data(), n, /*store_widened=*/false);
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -30,49 +40,21 @@ Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
 }
 
 // Channel moments when each channel's values come in contiguous runs of at
-// least kMinRun (e.g. NCHW): one ContiguousMoments per (outer, channel) run,
-// folded over outer in order.
-template <typename T>
-std::vector<Moments> ChannelMomentsLongRuns(const T* x,
+// least kMinRun (e.g. NCHW): the ContiguousMoments blocks of every run in
+// parallel, folded in order per run, and the runs in order per channel.
+std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
                                             const ChannelLayout& layout) {
   const int64_t runs = layout.outer * layout.channels;
-  std::vector<Moments> per_run(runs);
-  ParallelFor(tbb::blocked_range<int64_t>(0, runs), layout.NumElements(),
-              [&](const tbb::blocked_range<int64_t>& range) {
-                for (int64_t r = range.begin(); r < range.end(); ++r) {
-                  per_run[r] =
-                      ContiguousMoments(x + r * layout.inner, layout.inner);
-                }
-              });
-  std::vector<Moments> result(layout.channels);
-  ParallelFor(tbb::blocked_range<int64_t>(0, layout.channels), runs * 4,
-              [&](const tbb::blocked_range<int64_t>& range) {
-                for (int64_t c = range.begin(); c < range.end(); ++c) {
-                  result[c] = FoldInOrder(per_run.data() + c, layout.outer,
-                                          layout.channels);
-                }
-              });
-  return result;
-}
-
-// ChannelMomentsLongRuns of a 16-bit tensor, as of its fp32 widening: each
-// run in ContiguousMoments' blocks, widened a block at a time into a
-// per-task buffer; the blocks of all runs in parallel, folded in order.
-std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
-                                                const ChannelLayout& layout) {
-  const int64_t runs = layout.outer * layout.channels;
   const int64_t per_run = (layout.inner + kMomentsBlock - 1) / kMomentsBlock;
-  std::vector<Moments> per_block(runs * per_run);
+  std::vector<Moments> blocks(runs * per_run);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, runs * per_run), layout.NumElements(),
       [&](const tbb::blocked_range<int64_t>& range) {
-        thread_local std::vector<float> buffer(kMomentsBlock);
         for (int64_t i = range.begin(); i < range.end(); ++i) {
           const int64_t begin = (i % per_run) * kMomentsBlock;
-          per_block[i] = HalfBlockMoments(
-              dtype, x + (i / per_run) * layout.inner + begin, buffer.data(),
-              std::min(kMomentsBlock, layout.inner - begin),
-              /*store_widened=*/false);
+          blocks[i] =
+              BlockMoments(dtype, x, (i / per_run) * layout.inner + begin,
+                           std::min(kMomentsBlock, layout.inner - begin));
         }
       });
   std::vector<Moments> result(layout.channels);
@@ -80,7 +62,7 @@ std::vector<Moments> HalfChannelMomentsLongRuns(DType dtype, const uint16_t* x,
     for (int64_t o = 0; o < layout.outer; ++o) {
       MergeMoments(
           result[c],
-          FoldInOrder(per_block.data() + (o * layout.channels + c) * per_run,
+          FoldInOrder(blocks.data() + (o * layout.channels + c) * per_run,
                       per_run, 1));
     }
   }
@@ -186,7 +168,9 @@ Moments ContiguousMoments(const T* x, int64_t n) {
   const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
   auto block = [&](int64_t b) {
     const int64_t begin = b * kMomentsBlock;
-    return BlockMoments(x + begin, std::min(kMomentsBlock, n - begin));
+    return BlockMoments(
+        std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, begin,
+        std::min(kMomentsBlock, n - begin));
   };
   if (num_blocks < 2) {
     Moments total;
@@ -247,7 +231,9 @@ template <typename T>
 std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(x, layout);
+  constexpr DType kType =
+      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+  if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(kType, x, layout);
   if constexpr (std::is_same_v<T, float>) {
     if (OneShortRunPerChannel(layout)) {
       return OneRunChannelMoments(layout, [&](int64_t c0, int count, float*) {
@@ -255,17 +241,14 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
       });
     }
   }
-  return ChannelMomentsShortRuns(
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, layout);
+  return ChannelMomentsShortRuns(kType, x, layout);
 }
 
 std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
                                         const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  if (layout.inner >= kMinRun) {
-    return HalfChannelMomentsLongRuns(dtype, x, layout);
-  }
+  if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(dtype, x, layout);
   if (OneShortRunPerChannel(layout)) {
     return OneRunChannelMoments(
         layout, [&](int64_t c0, int count, float* buffer) {
