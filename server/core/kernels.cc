@@ -190,39 +190,210 @@ RowAffine RowConstants(const Moments& moments, double eps, LayerNormStyle style,
                    .bias = affine.bias};
 }
 
-// The LayerNorm of `count` rows of T from x to y, streamed (`stream`; the
-// caller fences) or stored: short fp32 rows sixteen at a time, their
-// moments with ShortRowMoments16 and their outputs in one call (the same
-// bits as a row at a time, without its per-row folds and calls, which
-// dominate rows of 16-128 values: shape_survey's short-row LayerNorm). Each
-// row is written as the one after its batch is prefetched (the next input
-// row this thread reads: `after` past the last one), so that it comes from
-// memory while this one's stores drain.
-template <typename T>
-void WriteRows(const T* x, T* y, int64_t count, int64_t n, double eps,
-               LayerNormStyle style, const AffineParams<T>& affine, bool stream,
-               const T* after) {
-  constexpr DType kType =
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
-  const int64_t batch =
-      std::is_same_v<T, float> && HasShortRowMoments16(n) ? 16 : 1;
-  Moments moments[16];
-  RowAffine constants[16];
-  for (int64_t r0 = 0; r0 < count; r0 += batch) {
-    const int rows = static_cast<int>(std::min(batch, count - r0));
-    if constexpr (std::is_same_v<T, float>) {
-      if (batch > 1) ShortRowMoments16(x + r0 * n, n, rows, moments);
-    }
-    if (batch == 1) moments[0] = ContiguousMoments(x + r0 * n, n);
-    for (int k = 0; k < rows; ++k) {
-      constants[k] = RowConstants(moments[k], eps, style, affine);
-    }
-    const T* next = r0 + batch < count ? x + (r0 + batch) * n : after;
-    // Into the cache, no prefetching: the rows of a work item are in L2.
-    RowsAffineWrite(
-        kType, kType, x + r0 * n, y + r0 * n, n, rows, constants,
-        stream ? RowPrefetch(stream, x + r0 * n, next, sizeof(T)) : RowWrite{});
+// True when the 16-bit rows x -> y should be computed from x itself rather
+// than from a widened copy, which saves the copy's traffic (kernel_bench
+// BM_HalfRows and BM_HalfLayerNormAffine): unless y sits less than 512
+// bytes above x modulo 4 KiB, where loads of x look like (4K-aliasing)
+// overlaps of the streaming stores just issued to y and wait for them (the
+// widened copy is not affected).
+bool ReadsHalfRowsDirectly(const void* x, const void* y) {
+  constexpr uintptr_t kPage = 4096;
+  constexpr uintptr_t kAliasWindow = 512;
+  const uintptr_t y_above_x =
+      (reinterpret_cast<uintptr_t>(y) - reinterpret_cast<uintptr_t>(x)) % kPage;
+  return y_above_x == 0 || y_above_x >= kAliasWindow;
+}
+
+// The rows of one LayerNorm call, whatever their dtype: fp32 and fp64 rows
+// computed in their own type, 16-bit rows in fp32 (widened exactly, as
+// loaded or into a buffer, and narrowed as written). P is the type of the
+// affine parameters: double for fp64, else float.
+template <typename P>
+struct RowsJob {
+  DType dtype;
+  int64_t n;  // Row length.
+  double eps;
+  LayerNormStyle style;
+  const AffineParams<P>& affine;
+  bool stream;  // Streaming stores (large outputs, see StreamOutput).
+  // 16-bit rows computed from x itself (see ReadsHalfRowsDirectly).
+  bool direct;
+
+  int64_t RowBytes() const { return n * ElementSize(dtype); }
+
+  // Rows per batch: short fp32 rows (and widened 16-bit ones) sixteen at a
+  // time, their moments with ShortRowMoments16 and their outputs in one
+  // call (the same bits as a row at a time, without its per-row folds and
+  // calls, which dominate rows of 16-128 values: shape_survey's short-row
+  // LayerNorm).
+  int Batch() const {
+    const bool widened = IsHalf(dtype) && !direct;
+    return (dtype == DType::kFloat32 || widened) && HasShortRowMoments16(n) ? 16
+                                                                            : 1;
   }
+
+  // Floats of the per-thread buffer of WriteRows (16-bit rows): a batch
+  // widened, or (direct) one statistics block's scratch.
+  int64_t BufferFloats() const {
+    if (!IsHalf(dtype)) return 0;
+    return direct ? std::min(n, kMomentsBlock) : Batch() * n;
+  }
+
+  // `count` rows from x to y, a batch at a time. Each batch is written as
+  // the next one is prefetched (the next input row this thread reads:
+  // `after` past the last one), so that it comes from memory while this
+  // one's stores drain; fp32 and fp64 rows written into the cache do not
+  // prefetch (a work item's rows are in L2).
+  void WriteRows(const char* x, char* y, int64_t count, const char* after,
+                 float* buffer) const {
+    const int batch = Batch();
+    Moments moments[16];
+    RowAffine constants[16];
+    for (int64_t r0 = 0; r0 < count; r0 += batch) {
+      const int rows = static_cast<int>(std::min<int64_t>(batch, count - r0));
+      const char* in = x + r0 * RowBytes();
+      const char* next = r0 + batch < count ? in + batch * RowBytes() : after;
+      const void* values = in;
+      DType values_type = dtype;
+      if (!IsHalf(dtype)) {
+        if (batch > 1) {
+          ShortRowMoments16(reinterpret_cast<const float*>(in), n, rows,
+                            moments);
+        } else {
+          moments[0] = ContiguousMoments(dtype, in, n);
+        }
+      } else if (direct) {
+        moments[0] = HalfMoments(dtype, reinterpret_cast<const uint16_t*>(in),
+                                 buffer, n);
+      } else {
+        if (batch > 1) {
+          WidenHalf(dtype, reinterpret_cast<const uint16_t*>(in), buffer,
+                    rows * n);
+          ShortRowMoments16(buffer, n, rows, moments);
+        } else {
+          moments[0] = WidenWithMoments(
+              dtype, reinterpret_cast<const uint16_t*>(in), buffer, n);
+        }
+        values = buffer;
+        values_type = DType::kFloat32;
+      }
+      for (int k = 0; k < rows; ++k) {
+        constants[k] = RowConstants(moments[k], eps, style, affine);
+      }
+      RowsAffineWrite(
+          values_type, dtype, values, y + r0 * RowBytes(), n, rows, constants,
+          stream || IsHalf(dtype)
+              ? RowPrefetch(stream, values, next, ElementSize(dtype))
+              : RowWrite{});
+    }
+  }
+
+  // One row, reduced and then written by every thread in pieces: its
+  // blocks' moments in parallel, merged in order (the same moments), its
+  // outputs in kApplyChunk pieces; 16-bit rows that are not direct are
+  // widened a staging buffer at a time.
+  void WriteLongRow(const char* x, char* y) const {
+    const RowAffine row =
+        RowConstants(ContiguousMoments(dtype, x, n), eps, style, affine);
+    const int64_t size = ElementSize(dtype);
+    ParallelFor(
+        tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
+        [&](const tbb::blocked_range<int64_t>& range) {
+          for (int64_t j = range.begin(); j < range.end();
+               j += kStagingElements) {
+            const int64_t len = std::min(range.end() - j, kStagingElements);
+            RowAffine piece = row;
+            piece.weight = OffsetOrNull(affine.weight, j);
+            piece.bias = OffsetOrNull(affine.bias, j);
+            const void* values = x + j * size;
+            DType values_type = dtype;
+            if (IsHalf(dtype) && !direct) {
+              float* const wide = Staging<float, kInputSlot>(kStagingElements);
+              WidenHalf(dtype, reinterpret_cast<const uint16_t*>(values), wide,
+                        len);
+              values = wide;
+              values_type = DType::kFloat32;
+            }
+            RowAffineWrite(values_type, dtype, values, y + j * size, len, piece,
+                           {.stream = stream});
+          }
+          if (stream) StreamFence();
+        });
+  }
+};
+
+// LayerNormKernel and LayerNormHalfKernel: contiguous x (`data`) or
+// scattered (fp32 and fp64 only).
+template <typename P>
+void LayerNormRows(DType dtype, const void* data,
+                   const ScatteredBytes* scattered, void* y,
+                   const RowLayout& rows, double eps, LayerNormStyle style,
+                   const double* weight, const double* bias) {
+  const int64_t n = rows.row_size;
+  if (rows.rows == 0 || n == 0) return;
+  const AffineParams<P> affine(weight, bias, n);
+  const RowsJob<P> job{
+      .dtype = dtype,
+      .n = n,
+      .eps = eps,
+      .style = style,
+      .affine = affine,
+      .stream = StreamOutput(rows.rows * n, ElementSize(dtype)),
+      .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(data, y)};
+  const auto* x = static_cast<const char*>(data);
+  auto* out = static_cast<char*>(y);
+  // Long rows one at a time, each spread over every thread: two parallel
+  // loops per row, and a row reduced on one core is written by another.
+  // With enough rows, whole rows per work item instead, so that a row is
+  // reduced and written by the same core (shape_survey's long LayerNorm
+  // rows), unless a row is too large for the per-thread buffers.
+  const bool whole_long_rows =
+      x != nullptr && job.RowBytes() <= kMaxWholeLongRowBytes &&
+      rows.rows >= kWholeLongRowsPerThread * ComputeConcurrency() &&
+      job.BufferFloats() <= kMaxHalfKernelRow;
+  if (n >= kLongLayerNormRow && !whole_long_rows) {
+    for (int64_t r = 0; r < rows.rows; ++r) {
+      job.WriteLongRow(x + r * job.RowBytes(), out + r * job.RowBytes());
+    }
+    return;
+  }
+  // Whole rows per work item, in pieces of as many rows as fit the input
+  // staging buffer (scattered input is copied in).
+  const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
+  const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
+      [&](const tbb::blocked_range<int64_t>& range) {
+        // Long rows' statistics on this thread too (whole_long_rows: every
+        // thread has rows of its own).
+        const SerialLoopsScope serial;
+        char* staging =
+            x != nullptr
+                ? nullptr
+                : Staging<char, kInputSlot>(rows_per_piece * job.RowBytes());
+        // 64-byte aligned, so that full-vector loads never split lines.
+        float* buffer = Staging<float>(job.BufferFloats() + 16);
+        buffer = reinterpret_cast<float*>(
+            (reinterpret_cast<uintptr_t>(buffer) + 63) & ~uintptr_t{63});
+        for (int64_t r0 = range.begin(); r0 < range.end();
+             r0 += rows_per_piece) {
+          const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
+          const int64_t bytes = (r1 - r0) * job.RowBytes();
+          const char* in = x + r0 * job.RowBytes();
+          if (x == nullptr) {
+            scattered->CopyOut(r0 * job.RowBytes(), bytes, staging);
+            in = staging;
+          }
+          job.WriteRows(in, out + r0 * job.RowBytes(), r1 - r0,
+                        x != nullptr && r1 < range.end()
+                            ? x + r1 * job.RowBytes()
+                            : nullptr,
+                        buffer);
+        }
+        // One fence per work item: fencing every few rows stalls on the
+        // write-combining buffers.
+        if (job.stream) StreamFence();
+      });
 }
 
 }  // namespace
@@ -231,230 +402,17 @@ template <typename T>
 void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
                      double eps, LayerNormStyle style, const double* weight,
                      const double* bias) {
-  const int64_t n = rows.row_size;
-  if (rows.rows == 0 || n == 0) return;
-  const AffineParams<T> affine(weight, bias, n);
-  const bool stream = StreamOutput(rows.rows * n, sizeof(T));
-  // Long rows one at a time, each spread over every thread: two parallel
-  // loops per row, and a row reduced on one core is written by another.
-  // With enough rows, whole rows per work item instead, so that a row is
-  // reduced and written by the same core (shape_survey's long LayerNorm
-  // rows).
-  const bool whole_long_rows =
-      source.data != nullptr &&
-      n * static_cast<int64_t>(sizeof(T)) <= kMaxWholeLongRowBytes &&
-      rows.rows >= kWholeLongRowsPerThread * ComputeConcurrency();
   constexpr DType kType =
       std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
-  if (n >= kLongLayerNormRow && !whole_long_rows) {
-    const T* x = source.data;
-    for (int64_t r = 0; r < rows.rows; ++r) {
-      const T* xr = x + r * n;
-      T* yr = y + r * n;
-      const RowAffine row =
-          RowConstants(ContiguousMoments(xr, n), eps, style, affine);
-      ParallelFor(tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
-                  [&](const tbb::blocked_range<int64_t>& range) {
-                    RowAffine piece = row;
-                    piece.weight = OffsetOrNull(affine.weight, range.begin());
-                    piece.bias = OffsetOrNull(affine.bias, range.begin());
-                    RowAffineWrite(kType, kType, xr + range.begin(),
-                                   yr + range.begin(), range.size(), piece,
-                                   {.stream = stream});
-                    if (stream) StreamFence();
-                  });
-    }
-    return;
-  }
-  // Short rows: whole rows per work item, in pieces of as many rows as fit
-  // the input staging buffer (scattered input is copied in).
-  const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
-  const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
-  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item),
-              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
-                // Long rows' statistics on this thread too (whole_long_rows:
-                // every thread has rows of its own).
-                const SerialLoopsScope serial;
-                T* in = source.data != nullptr
-                            ? nullptr
-                            : Staging<T, kInputSlot>(rows_per_piece * n);
-                for (int64_t r0 = range.begin(); r0 < range.end();
-                     r0 += rows_per_piece) {
-                  const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
-                  WriteRows(source.Read(r0 * n, (r1 - r0) * n, in), y + r0 * n,
-                            r1 - r0, n, eps, style, affine, stream,
-                            source.data != nullptr && r1 < range.end()
-                                ? source.data + r1 * n
-                                : nullptr);
-                }
-                // One fence per work item: fencing every few rows stalls on the
-                // write-combining buffers.
-                if (stream) StreamFence();
-              });
-}
-
-namespace {
-
-// What every work item of LayerNormHalfKernel needs.
-struct HalfRowsJob {
-  DType dtype;
-  const uint16_t* x;
-  uint16_t* y;
-  int64_t n;  // Row length.
-  double eps;
-  LayerNormStyle style;
-  const AffineParams<float>& affine;
-  int64_t rows_per_piece;
-  // Streaming stores (large outputs, see StreamOutput), else ordinary ones.
-  bool stream;
-  // Computed from the 16-bit rows themselves (see ReadsHalfRowsDirectly)
-  // rather than from a widened copy.
-  bool direct;
-
-  // Rows [begin, end): each row's moments, then its outputs widened and
-  // narrowed in registers. Short rows (HasShortRowMoments16) sixteen at a
-  // time: widened together, their moments with ShortRowMoments16 (the same
-  // bits as a row at a time, without its per-row folds and calls, which
-  // dominate short rows: shape_survey's 16-bit short rows), each row
-  // written while the row sixteen on is read into cache.
-  void Run(int64_t begin, int64_t end) const {
-    const bool short_rows = !direct && HasShortRowMoments16(n);
-    // Sixteen widened rows, one widened row, or (direct) one statistics
-    // block's scratch; 64-byte aligned, so that full-vector loads never
-    // split lines.
-    const int64_t piece = short_rows ? 16 * n
-                          : direct   ? std::min(n, kMomentsBlock)
-                                     : n;
-    thread_local std::vector<float> storage;
-    if (static_cast<int64_t>(storage.size()) < piece + 16) {
-      storage.resize(piece + 16);
-    }
-    float* const buffer = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-    const int64_t step = short_rows ? 16 : 1;
-    Moments moments[16];
-    RowAffine constants[16];
-    for (int64_t r0 = begin; r0 < end; r0 += step) {
-      const int rows = static_cast<int>(std::min(step, end - r0));
-      const int64_t next = r0 + step;
-      const uint16_t* const next_row = next < end ? x + next * n : nullptr;
-      const uint16_t* const in = x + r0 * n;
-      if (short_rows) {
-        WidenHalf(dtype, in, buffer, rows * n);
-        ShortRowMoments16(buffer, n, rows, moments);
-      } else if (direct) {
-        moments[0] = HalfMoments(dtype, in, buffer, n);
-      } else {
-        moments[0] = WidenWithMoments(dtype, in, buffer, n);
-      }
-      for (int k = 0; k < rows; ++k) {
-        constants[k] = RowConstants(moments[k], eps, style, affine);
-      }
-      const void* values = direct ? static_cast<const void*>(in) : buffer;
-      RowsAffineWrite(direct ? dtype : DType::kFloat32, dtype, values,
-                      y + r0 * n, n, rows, constants,
-                      RowPrefetch(stream, values, next_row, sizeof(uint16_t)));
-    }
-    // One fence per work item, as in LayerNormKernel.
-    if (stream) StreamFence();
-  }
-};
-
-}  // namespace
-
-// True when the 16-bit rows x -> y should be computed from x itself rather
-// than from a widened copy, which saves the copy's traffic (kernel_bench
-// BM_HalfRows and BM_HalfLayerNormAffine): unless y sits less than 512
-// bytes above x modulo 4 KiB, where loads of x look like (4K-aliasing)
-// overlaps of the streaming stores just issued to y and wait for them (the
-// widened copy is not affected).
-bool ReadsHalfRowsDirectly(const uint16_t* x, const uint16_t* y) {
-  constexpr uintptr_t kPage = 4096;
-  constexpr uintptr_t kAliasWindow = 512;
-  const uintptr_t y_above_x =
-      (reinterpret_cast<uintptr_t>(y) - reinterpret_cast<uintptr_t>(x)) % kPage;
-  return y_above_x == 0 || y_above_x >= kAliasWindow;
-}
-
-// 16-bit rows one at a time, each spread over every thread (rows too long
-// for HalfRowsJob's per-thread buffers, or long and too few to give every
-// thread several): the row's HalfMoments blocks in parallel, merged in
-// order (the same moments), then its outputs in parallel pieces, each
-// widened a staging buffer at a time and narrowed as written; the same
-// per-element operations as HalfRowsJob. (Widening such rows whole into a
-// fresh fp32 tensor, as before, cost many times a copy: shape_survey's
-// 16-bit long rows.)
-void LongHalfRows(const HalfRowsJob& job, int64_t num_rows) {
-  const int64_t n = job.n;
-  const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
-  std::vector<Moments> parts(num_blocks);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const uint16_t* const xr = job.x + r * n;
-    uint16_t* const yr = job.y + r * n;
-    ParallelFor(tbb::blocked_range<int64_t>(0, num_blocks), n,
-                [&](const tbb::blocked_range<int64_t>& range) {
-                  float* const scratch = Staging<float>(kMomentsBlock);
-                  for (int64_t b = range.begin(); b < range.end(); ++b) {
-                    const int64_t begin = b * kMomentsBlock;
-                    parts[b] = HalfMoments(job.dtype, xr + begin, scratch,
-                                           std::min(kMomentsBlock, n - begin));
-                  }
-                });
-    Moments moments;
-    for (const Moments& part : parts) MergeMoments(moments, part);
-    const RowAffine run = RowConstants(moments, job.eps, job.style, job.affine);
-    const RowWrite write{.stream = job.stream};
-    ParallelFor(
-        tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,
-        [&](const tbb::blocked_range<int64_t>& range) {
-          float* const wide = Staging<float, kInputSlot>(kStagingElements);
-          for (int64_t j = range.begin(); j < range.end();
-               j += kStagingElements) {
-            const int64_t len = std::min(range.end() - j, kStagingElements);
-            RowAffine piece = run;
-            piece.weight = OffsetOrNull(job.affine.weight, j);
-            piece.bias = OffsetOrNull(job.affine.bias, j);
-            WidenHalf(job.dtype, xr + j, wide, len);
-            RowAffineWrite(DType::kFloat32, job.dtype, wide, yr + j, len, piece,
-                           write);
-          }
-          if (job.stream) StreamFence();
-        });
-  }
+  LayerNormRows<T>(kType, source.data, source.scattered, y, rows, eps, style,
+                   weight, bias);
 }
 
 void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                          const RowLayout& rows, double eps,
                          LayerNormStyle style, const double* weight,
                          const double* bias) {
-  const int64_t n = rows.row_size;
-  if (rows.rows == 0 || n == 0) return;
-  const AffineParams<float> affine(weight, bias, n);
-  const bool direct = ReadsHalfRowsDirectly(x, y);
-  // Whole rows need a widened row per thread unless direct.
-  const bool one_at_a_time =
-      (n > kMaxHalfKernelRow && !direct) ||
-      (n >= kLongLayerNormRow &&
-       rows.rows < kWholeLongRowsPerThread * ComputeConcurrency());
-  const HalfRowsJob job{
-      .dtype = dtype,
-      .x = x,
-      .y = y,
-      .n = n,
-      .eps = eps,
-      .style = style,
-      .affine = affine,
-      .rows_per_piece = std::max<int64_t>(1, kStagingElements / n),
-      .stream = StreamOutput(rows.rows * n, sizeof(uint16_t)),
-      .direct = direct && !one_at_a_time};
-  if (one_at_a_time) {
-    LongHalfRows(job, rows.rows);
-    return;
-  }
-  ParallelFor(tbb::blocked_range<int64_t>(0, rows.rows, job.rows_per_piece),
-              rows.rows * n, [&](const tbb::blocked_range<int64_t>& range) {
-                job.Run(range.begin(), range.end());
-              });
+  LayerNormRows<float>(dtype, x, nullptr, y, rows, eps, style, weight, bias);
 }
 
 namespace {

@@ -162,21 +162,14 @@ void MergeMoments(Moments& into, const Moments& other) {
   into.count += other.count;
 }
 
-template <typename T>
-Moments ContiguousMoments(const T* x, int64_t n) {
+Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
   if (n <= 0) return Moments{};
   const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
   auto block = [&](int64_t b) {
     const int64_t begin = b * kMomentsBlock;
-    return BlockMoments(
-        std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, begin,
-        std::min(kMomentsBlock, n - begin));
+    return BlockMoments(dtype, x, begin, std::min(kMomentsBlock, n - begin));
   };
-  if (num_blocks < 2) {
-    Moments total;
-    for (int64_t b = 0; b < num_blocks; ++b) MergeMoments(total, block(b));
-    return total;
-  }
+  if (num_blocks < 2) return block(0);
   std::vector<Moments> parts(num_blocks);
   ParallelFor(tbb::blocked_range<int64_t>(0, num_blocks), n,
               [&](const tbb::blocked_range<int64_t>& range) {
@@ -185,6 +178,12 @@ Moments ContiguousMoments(const T* x, int64_t n) {
                 }
               });
   return FoldInOrder(parts.data(), num_blocks, 1);
+}
+
+template <typename T>
+Moments ContiguousMoments(const T* x, int64_t n) {
+  return ContiguousMoments(
+      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, n);
 }
 
 // Channels whose runs are at least this long are reduced run by run

@@ -54,6 +54,8 @@ inline constexpr int64_t kMomentsBlock = 32768;
 // (oneTBB) when n spans two blocks or more.
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n);
+// The same of `dtype`'s x[0..n) (16-bit values widened exactly as loaded).
+Moments ContiguousMoments(DType dtype, const void* x, int64_t n);
 
 // FloatBlockMoments(x + k n, n) of `count` consecutive rows of n values
 // into out[0..count), in one call (simd/block_moments.h). Callers batch rows
