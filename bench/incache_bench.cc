@@ -124,16 +124,6 @@ void RegisterAll() {
           }
           Report(state);
         });
-    benchmark::RegisterBenchmark(
-        (std::string("NarrowToHalf/") + Name(dtype)).c_str(),
-        [dtype](auto& state) {
-          std::vector<uint16_t> out(kValues);
-          for (auto _ : state) {
-            NarrowToHalf(dtype, Floats().data(), out.data(), kValues);
-            benchmark::ClobberMemory();
-          }
-          Report(state);
-        });
   }
   for (const char* layout_name : {"nchw", "nchw49", "nhwc"}) {
     const ChannelLayout layout = Fitted(Layout(layout_name));

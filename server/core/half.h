@@ -4,8 +4,7 @@
 // as PyTorch and NumPy do. Every NaN narrows to one canonical quiet NaN
 // (payloads and signs of NaNs depend on operand order, which compilers are
 // free to change); infinities and signed zeros are kept, float16 subnormals
-// are handled exactly. Pure functions,
-// safe from any thread; the bulk forms are vectorized for the widest ISA.
+// are handled exactly. Pure functions, safe from any thread.
 #ifndef NORMD_SERVER_CORE_HALF_H_
 #define NORMD_SERVER_CORE_HALF_H_
 
@@ -96,20 +95,9 @@ inline uint16_t FloatToHalf(DType dtype, float f) {
 // decides the second rounding.
 uint16_t DoubleToHalf(DType dtype, double value);
 
-// The bulk conversions below run on Highway (simd/convert.cc), on the
-// SIMD target dispatch picks, with the bits of the scalar ones above.
-
-// n elements of `dtype` (16-bit) at src widened to fp32 at dst.
+// n elements of `dtype` (16-bit) at src widened to fp32 at dst, on Highway
+// (simd/convert.cc) with the bits of HalfToFloat.
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n);
-
-// n fp32 values narrowed to `dtype` (16-bit), round to nearest even.
-void NarrowToHalf(DType dtype, const float* src, uint16_t* dst, int64_t n);
-
-// The same with streaming stores (whole 64-byte lines of dst are written
-// without being read into the cache; for large outputs), then a store
-// fence. Bitwise the same result.
-void NarrowToHalfStreaming(DType dtype, const float* src, uint16_t* dst,
-                           int64_t n);
 
 }  // namespace normd
 

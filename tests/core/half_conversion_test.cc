@@ -14,11 +14,24 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
+#include "server/core/simd/row_affine.h"
+#include "server/core/simd/stream_copy.h"
 #include "tests/testing/core_cases.h"
 #include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
+
+// n fp32 values narrowed to `dtype` the way every kernel narrows its
+// results: the row writer with the identity affine (fma(x - 0, 1, -0) is
+// x), cached or with streaming stores.
+void NarrowAsWritten(DType dtype, const float* src, uint16_t* dst, int64_t n,
+                     bool stream = false) {
+  const RowAffine identity{.hi = 0.0, .lo = 0.0, .scale = 1.0, .fused = true};
+  RowAffineWrite(DType::kFloat32, dtype, src, dst, n, identity,
+                 {.stream = stream});
+  if (stream) StreamFence();
+}
 
 using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::HalfValue;
@@ -136,8 +149,8 @@ void CheckNarrowing() {
       }
     }
     std::vector<uint16_t> out(probes.size());
-    NarrowToHalf(dtype, probes.data(), out.data(),
-                 static_cast<int64_t>(probes.size()));
+    NarrowAsWritten(dtype, probes.data(), out.data(),
+                    static_cast<int64_t>(probes.size()));
     for (size_t i = 0; i < probes.size(); ++i) {
       ASSERT_EQ(out[i], nearest(probes[i]))
           << "value " << probes[i] << " bits " << std::hex
@@ -155,11 +168,11 @@ void CheckNarrowing() {
       }
     }
     std::vector<uint16_t> narrowed(nans.size());
-    NarrowToHalf(dtype, nans.data(), narrowed.data(),
-                 static_cast<int64_t>(nans.size()));
+    NarrowAsWritten(dtype, nans.data(), narrowed.data(),
+                    static_cast<int64_t>(nans.size()));
     std::vector<uint16_t> streamed(nans.size());
-    NarrowToHalfStreaming(dtype, nans.data(), streamed.data(),
-                          static_cast<int64_t>(nans.size()));
+    NarrowAsWritten(dtype, nans.data(), streamed.data(),
+                    static_cast<int64_t>(nans.size()), /*stream=*/true);
     for (size_t i = 0; i < nans.size(); ++i) {
       EXPECT_EQ(narrowed[i], canonical) << std::bit_cast<uint32_t>(nans[i]);
       EXPECT_EQ(streamed[i], canonical) << std::bit_cast<uint32_t>(nans[i]);
@@ -179,8 +192,9 @@ TEST(HalfTest, StreamingNarrowingWritesTheSameBitsOnEveryTarget) {
       for (int64_t offset = 0; offset < 40; ++offset) {
         for (int64_t n : {0, 1, 31, 32, 33, 64, 95, 200}) {
           std::vector<uint16_t> plain(300, 7), streamed(300, 7);
-          NarrowToHalf(dtype, x.data(), plain.data() + offset, n);
-          NarrowToHalfStreaming(dtype, x.data(), streamed.data() + offset, n);
+          NarrowAsWritten(dtype, x.data(), plain.data() + offset, n);
+          NarrowAsWritten(dtype, x.data(), streamed.data() + offset, n,
+                          /*stream=*/true);
           ASSERT_EQ(plain, streamed)
               << DTypeName(dtype) << " offset " << offset << " n " << n;
           for (int64_t i = 0; i < 300; ++i) {

@@ -244,7 +244,7 @@ void OnEverySimdTarget(const Body& body) {
 
 // Large 16-bit row outputs are narrowed in registers and streamed out;
 // they must carry exactly the bits of the cached path (fp32
-// results narrowed by NarrowToHalf), for every style, with and without
+// results narrowed by FloatToHalf), for every style, with and without
 // affine parameters, at aligned and misaligned outputs, for rows that start
 // mid-line, and for rows holding a NaN or an infinity. The rows are
 // computed from a widened copy or from the input itself, by where the output
@@ -527,7 +527,7 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 // and with a model, BatchNorm training and eval, Fit) reads the 16-bit values
 // in place (HalfChannelMoments, ChannelAffineHalfKernel): outputs and models
 // must be the bits of the whole tensor widened to fp32, run as fp32 and
-// narrowed (the test does that through the fp32 API and NarrowToHalf), in
+// narrowed (the test does that through the fp32 API and FloatToHalf), in
 // every layout and channel count (the kernels' register paths and their
 // per-element fallback), streamed or not, into aligned, unaligned and
 // in-place outputs, on every SIMD target, and weights that give results of
@@ -612,7 +612,9 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       const std::optional<BatchNormModel> model_wide =
           run(View(wide, shape), y_wide.data());
       std::vector<uint16_t> expected(n);
-      NarrowToHalf(dtype, y_wide.data(), expected.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        expected[i] = FloatToHalf(dtype, y_wide[i]);
+      }
       if (dtype == DType::kBFloat16 && channels > 4) {
         ExpectExtremeBFloat16Results(expected);
       }
