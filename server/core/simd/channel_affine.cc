@@ -22,7 +22,9 @@ namespace {
 
 // Runs of [kMinCursorRun, kMaxCursorRun) values are written line by line
 // across channels (a vector spans at most two of them: no partial stores at
-// every run's ends, 7x7 images), others run by run (constants hoisted).
+// every run's ends, 7x7 images), others run by run (constants hoisted). The
+// cursor is a specialization kept on measurement (AVX3 and AVX2,
+// bench/HISTORY.md, "Specializations measured").
 constexpr int64_t kMinCursorRun = 16;
 constexpr int64_t kMaxCursorRun = 256;
 
@@ -92,8 +94,9 @@ void Range(const typename Elements<kType>::Stored* x,
     // out) elements: 1-4, 6, 8, 12, 16, 32, 48 or 64 channels with 16
     // lanes) are held in registers over the whole lines from the first
     // line boundary: per-element loads kept the loop from the copy's speed
-    // in cache (kernel_bench BM_GroupNorm and BM_BatchNorm NHWC). The same
-    // operations on the same values, so the same bits.
+    // in cache. A specialization kept on measurement (AVX3 and AVX2,
+    // bench/HISTORY.md, "Specializations measured"). The same operations on
+    // the same values, so the same bits.
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(Stored));
     const int64_t repeat = std::lcm(channels, kLine);

@@ -185,7 +185,9 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
 // order two shifts, a mask and an or: no lane permutes, which cost AVX2
 // most. For kernels whose per-element constants do not depend on the
 // order (one channel's), or are put in pair order once (ConcatEven /
-// ConcatOdd of natural-order vectors).
+// ConcatOdd of natural-order vectors). A specialization kept on
+// measurement: it brought bf16 BatchNorm within the AVX2 bound (per-target
+// rows, bench/HISTORY.md, session 26).
 template <class DF>
 HWY_INLINE hn::Vec<DF> EvenBFloat16(DF df,
                                     hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
