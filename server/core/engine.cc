@@ -79,10 +79,8 @@ template <typename T>
 constexpr DType DTypeOf() {
   if constexpr (kIsHalf<T>) {
     return T::kDType;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return DType::kFloat32;
   } else {
-    return DType::kFloat64;
+    return FloatingDType<T>();
   }
 }
 template <typename T>

@@ -322,11 +322,10 @@ struct RowsJob {
   }
 };
 
-// LayerNormKernel and LayerNormHalfKernel: contiguous x (`data`) or
-// scattered (fp32 and fp64 only).
+// LayerNormKernel and LayerNormHalfKernel, `source` read in bytes:
+// contiguous, or scattered (fp32 and fp64 only).
 template <typename P>
-void LayerNormRows(DType dtype, const void* data,
-                   const ScatteredBytes* scattered, void* y,
+void LayerNormRows(DType dtype, const InputSource<char>& source, void* y,
                    const RowLayout& rows, double eps, LayerNormStyle style,
                    const double* weight, const double* bias) {
   const int64_t n = rows.row_size;
@@ -339,8 +338,8 @@ void LayerNormRows(DType dtype, const void* data,
       .style = style,
       .affine = affine,
       .stream = StreamOutput(rows.rows * n, ElementSize(dtype)),
-      .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(data, y)};
-  const auto* x = static_cast<const char*>(data);
+      .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(source.data, y)};
+  const char* const x = source.data;
   auto* out = static_cast<char*>(y);
   // Long rows one at a time, each spread over every thread: two parallel
   // loops per row, and a row reduced on one core is written by another.
@@ -378,13 +377,9 @@ void LayerNormRows(DType dtype, const void* data,
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
           const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
-          const int64_t bytes = (r1 - r0) * job.RowBytes();
-          const char* in = x + r0 * job.RowBytes();
-          if (x == nullptr) {
-            scattered->CopyOut(r0 * job.RowBytes(), bytes, staging);
-            in = staging;
-          }
-          job.WriteRows(in, out + r0 * job.RowBytes(), r1 - r0,
+          job.WriteRows(source.Read(r0 * job.RowBytes(),
+                                    (r1 - r0) * job.RowBytes(), staging),
+                        out + r0 * job.RowBytes(), r1 - r0,
                         x != nullptr && r1 < range.end()
                             ? x + r1 * job.RowBytes()
                             : nullptr,
@@ -402,17 +397,18 @@ template <typename T>
 void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
                      double eps, LayerNormStyle style, const double* weight,
                      const double* bias) {
-  constexpr DType kType =
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
-  LayerNormRows<T>(kType, source.data, source.scattered, y, rows, eps, style,
-                   weight, bias);
+  LayerNormRows<T>(
+      FloatingDType<T>(),
+      {reinterpret_cast<const char*>(source.data), source.scattered}, y, rows,
+      eps, style, weight, bias);
 }
 
 void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
                          const RowLayout& rows, double eps,
                          LayerNormStyle style, const double* weight,
                          const double* bias) {
-  LayerNormRows<float>(dtype, x, nullptr, y, rows, eps, style, weight, bias);
+  LayerNormRows<float>(dtype, {reinterpret_cast<const char*>(x), nullptr}, y,
+                       rows, eps, style, weight, bias);
 }
 
 namespace {
@@ -491,8 +487,7 @@ void ChannelAffineKernel(const InputSource<T>& source, T* y,
       StreamOutput(std::max(layout.NumElements(), output_elements), sizeof(T));
   const int64_t period = ParamsPeriod(layout);
   const ChannelParams<T> params(layout, period, mean, scale, shift);
-  constexpr DType kType =
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+  constexpr DType kType = FloatingDType<T>();
   // Elements per piece: a whole work item for contiguous input, else what
   // the input staging buffer holds.
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;

@@ -182,8 +182,7 @@ Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
 
 template <typename T>
 Moments ContiguousMoments(const T* x, int64_t n) {
-  return ContiguousMoments(
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64, x, n);
+  return ContiguousMoments(FloatingDType<T>(), x, n);
 }
 
 // Channels whose runs are at least this long are reduced run by run
@@ -230,8 +229,7 @@ template <typename T>
 std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  constexpr DType kType =
-      std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+  constexpr DType kType = FloatingDType<T>();
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(kType, x, layout);
   if constexpr (std::is_same_v<T, float>) {
     if (OneShortRunPerChannel(layout)) {

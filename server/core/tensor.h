@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,13 @@ static_assert(std::endian::native == std::endian::little,
 // Element types of tensors. The core computes in fp32 and fp64; the 16-bit
 // formats are stored as uint16_t bits and computed in fp32 (see half.h).
 enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
+
+// The DType of the floating-point element type T (float or double).
+template <typename T>
+constexpr DType FloatingDType() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  return std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+}
 
 // Bytes per element of `dtype`.
 constexpr int64_t ElementSize(DType dtype) {

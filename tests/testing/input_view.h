@@ -3,7 +3,6 @@
 #define NORMD_TESTS_TESTING_INPUT_VIEW_H_
 
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -15,7 +14,7 @@ namespace normd::testing {
 // and name their dtype).
 template <typename T>
 constexpr DType DTypeOf() {
-  return std::is_same_v<T, float> ? DType::kFloat32 : DType::kFloat64;
+  return FloatingDType<T>();
 }
 
 // x seen as a tensor of `shape` (x.size() elements of `dtype`).

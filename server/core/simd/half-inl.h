@@ -195,7 +195,7 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
 // order (one channel's), or are put in pair order once (ConcatEven /
 // ConcatOdd of natural-order vectors). A specialization kept on
 // measurement: it brought bf16 BatchNorm within the AVX2 bound (per-target
-// rows, bench/HISTORY.md, session 26).
+// rows in bench/HISTORY.md, "The core on Highway").
 template <class DF>
 HWY_INLINE hn::Vec<DF> EvenBFloat16(DF df,
                                     hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
