@@ -20,7 +20,8 @@ namespace {
 
 // Elements per parallel work item of the elementwise passes.
 constexpr int64_t kApplyChunk = 16384;
-// Elements computed into the per-thread staging buffer per StreamCopy.
+// Elements per piece of a per-thread staging buffer (scattered input copied
+// in, 16-bit values widened).
 constexpr int64_t kStagingElements = 4096;
 // Rows at least this long (kLongLayerNormRow) are reduced and written in
 // parallel one at a time (ContiguousMoments reduces rows of two blocks or
@@ -139,8 +140,8 @@ std::vector<T> ExpandChannelsLast(std::vector<T> values, int64_t period) {
   return values;
 }
 
-// Per-thread buffers: outputs are computed into kOutputSlot before
-// StreamCopy; scattered inputs are copied into kInputSlot.
+// Per-thread buffers: kInputSlot holds input copied or widened for a piece,
+// kOutputSlot the 16-bit rows' widened batch or statistics scratch.
 enum StagingSlot { kOutputSlot, kInputSlot };
 template <typename T, StagingSlot kSlot = kOutputSlot>
 T* Staging(int64_t elements) {
