@@ -186,8 +186,17 @@ TEST(OverloadTest, AnOpenStreamWaitingOnItsClientHoldsNoSlot) {
     *fit.mutable_input() = MakeTensor({2, 1}, {1, 2}, v1::FLOAT64);
     return fit;
   }()));
-  // The step is applied (and its message's slot released) before long;
-  // until then a call may find the model missing, or the one slot taken.
+  // Wait for the step from the metrics endpoint, which takes no slot: a
+  // GetModel polled meanwhile could hold the one slot just as the step
+  // arrives, and the step would then be refused.
+  bool applied = false;
+  for (int i = 0; i < 500 && !applied; ++i) {
+    applied = testing::HttpGet(limited.metrics_port(), "/metrics")
+                  .find("\nnormd_models 1\n") != std::string::npos;
+    if (!applied) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(applied) << limited.log();
+  // The step's slot is released just after the model is stored.
   v1::GetModelRequest get;
   get.set_name("m");
   v1::ModelState state;
@@ -195,10 +204,7 @@ TEST(OverloadTest, AnOpenStreamWaitingOnItsClientHoldsNoSlot) {
   for (int i = 0; i < 100; ++i) {
     grpc::ClientContext get_context;
     served = limited_stub->GetModel(&get_context, get, &state);
-    if (served.ok()) break;
-    ASSERT_TRUE(served.error_code() == grpc::StatusCode::NOT_FOUND ||
-                served.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << served.error_message();
+    if (served.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(served.ok()) << served.error_message();
