@@ -16,8 +16,7 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "server/core/simd/fma-inl.h"
-#include "server/core/simd/fold-inl.h"
+#include "server/core/simd/ops-inl.h"
 #include "server/core/simd/half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -62,22 +61,14 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   };
   const int64_t whole = n / kExactLanes * kExactLanes;
   double sum[kExactLanes];
+  double unused[kExactLanes];
   for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
-    auto s0 = hn::Zero(dd), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t i = p; i < whole; i += kExactLanes) {
-      s0 = hn::Add(s0, load(i));
-      if (vectors > 1) s1 = hn::Add(s1, load(i + lanes));
-      if (vectors > 2) {
-        s2 = hn::Add(s2, load(i + 2 * lanes));
-        s3 = hn::Add(s3, load(i + 3 * lanes));
-      }
-    }
-    hn::StoreU(s0, dd, sum + p);
-    if (vectors > 1) hn::StoreU(s1, dd, sum + p + lanes);
-    if (vectors > 2) {
-      hn::StoreU(s2, dd, sum + p + 2 * lanes);
-      hn::StoreU(s3, dd, sum + p + 3 * lanes);
-    }
+    PanelSums(
+        dd, vectors, p, whole, kExactLanes,
+        [&](int64_t i, int k, auto& s, auto&) NORMD_LAMBDA_INLINE {
+          s = hn::Add(s, load(i + k * lanes));
+        },
+        sum + p, unused + p);
   }
   for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
     sum[j] += static_cast<double>(x[i]);
@@ -87,38 +78,13 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   double dev[kExactLanes];
   double sq[kExactLanes];
   for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
-    auto d0 = hn::Zero(dd), d1 = d0, d2 = d0, d3 = d0;
-    auto q0 = d0, q1 = d0, q2 = d0, q3 = d0;
-    for (int64_t i = p; i < whole; i += kExactLanes) {
-      const auto e0 = hn::Sub(load(i), center);
-      d0 = hn::Add(d0, e0);
-      q0 = hn::Add(q0, hn::Mul(e0, e0));
-      if (vectors > 1) {
-        const auto e1 = hn::Sub(load(i + lanes), center);
-        d1 = hn::Add(d1, e1);
-        q1 = hn::Add(q1, hn::Mul(e1, e1));
-      }
-      if (vectors > 2) {
-        const auto e2 = hn::Sub(load(i + 2 * lanes), center);
-        d2 = hn::Add(d2, e2);
-        q2 = hn::Add(q2, hn::Mul(e2, e2));
-        const auto e3 = hn::Sub(load(i + 3 * lanes), center);
-        d3 = hn::Add(d3, e3);
-        q3 = hn::Add(q3, hn::Mul(e3, e3));
-      }
-    }
-    hn::StoreU(d0, dd, dev + p);
-    hn::StoreU(q0, dd, sq + p);
-    if (vectors > 1) {
-      hn::StoreU(d1, dd, dev + p + lanes);
-      hn::StoreU(q1, dd, sq + p + lanes);
-    }
-    if (vectors > 2) {
-      hn::StoreU(d2, dd, dev + p + 2 * lanes);
-      hn::StoreU(q2, dd, sq + p + 2 * lanes);
-      hn::StoreU(d3, dd, dev + p + 3 * lanes);
-      hn::StoreU(q3, dd, sq + p + 3 * lanes);
-    }
+    PanelSums(
+        dd, vectors, p, whole, kExactLanes,
+        [&](int64_t i, int k, auto& dev_k, auto& sq_k) NORMD_LAMBDA_INLINE {
+          AddDeviation<false>(dd, hn::Sub(load(i + k * lanes), center), dev_k,
+                              sq_k);
+        },
+        dev + p, sq + p);
   }
   for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
     const double d = static_cast<double>(x[i]) - mean0;
@@ -310,7 +276,6 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
   constexpr bool kFloat = kType == DType::kFloat32;
   const FloatTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t panel = 4 * lanes;
   const float* values = out;  // What the scalar parts read.
   if constexpr (kFloat) {
     values = src.x;
@@ -331,43 +296,24 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
   while (i + kFloatLanes <= n) {
     const int64_t len =
         std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
-    for (int64_t p = 0; p < kFloatLanes; p += panel) {
-      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
-      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
-      for (int64_t k = i + p; k < i + p + len; k += kFloatLanes) {
-        if constexpr (!kFloat) {
-          if (p == 0) {
-            const char* ahead =
-                reinterpret_cast<const char*>(src.x + k) + kHalfPrefetchBytes;
-            hwy::Prefetch(ahead);
-            hwy::Prefetch(ahead + 64);
-          }
-        }
-        const auto f0 = src.Load(d, k);
-        const auto f1 = src.Load(d, k + lanes);
-        const auto f2 = src.Load(d, k + 2 * lanes);
-        const auto f3 = src.Load(d, k + 3 * lanes);
-        if constexpr (!kFloat && kStore) {
-          hn::StoreU(f0, d, out + k);
-          hn::StoreU(f1, d, out + k + lanes);
-          hn::StoreU(f2, d, out + k + 2 * lanes);
-          hn::StoreU(f3, d, out + k + 3 * lanes);
-        }
-        const auto e0 = hn::Sub(f0, shift);
-        const auto e1 = hn::Sub(f1, shift);
-        const auto e2 = hn::Sub(f2, shift);
-        const auto e3 = hn::Sub(f3, shift);
-        dev0 = hn::Add(dev0, e0);
-        dev1 = hn::Add(dev1, e1);
-        dev2 = hn::Add(dev2, e2);
-        dev3 = hn::Add(dev3, e3);
-        sq0 = ExactMulAdd(d, e0, e0, sq0);
-        sq1 = ExactMulAdd(d, e1, e1, sq1);
-        sq2 = ExactMulAdd(d, e2, e2, sq2);
-        sq3 = ExactMulAdd(d, e3, e3, sq3);
-      }
-      StorePanel(d, dev0, dev1, dev2, dev3, dev + p);
-      StorePanel(d, sq0, sq1, sq2, sq3, sq + p);
+    for (int64_t p = 0; p < kFloatLanes; p += 4 * lanes) {
+      PanelSums(
+          d, 4, i + p, i + p + len, kFloatLanes,
+          [&](int64_t k, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+            const int64_t at = k + v * lanes;
+            if constexpr (!kFloat) {
+              if (p == 0 && v == 0) {
+                const char* ahead = reinterpret_cast<const char*>(src.x + k) +
+                                    kHalfPrefetchBytes;
+                hwy::Prefetch(ahead);
+                hwy::Prefetch(ahead + 64);
+              }
+            }
+            const auto f = src.Load(d, at);
+            if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + at);
+            AddDeviation<true>(d, hn::Sub(f, shift), dev_v, sq_v);
+          },
+          dev + p, sq + p);
     }
     // The flush: lane j + 32 onto lane j in fp32, then into fp64.
     for (int64_t j = 0; j < kWideLanes; j += hn::Lanes(dd)) {

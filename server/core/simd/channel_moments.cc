@@ -15,8 +15,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
-#include "server/core/simd/fma-inl.h"
-#include "server/core/simd/fold-inl.h"
+#include "server/core/simd/ops-inl.h"
 #include "server/core/simd/half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -108,20 +107,6 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   }
 }
 
-// Adds e and e^2 (fused) into dev and sq: all lanes when `remaining` is at
-// least the lane count, else the first `remaining`.
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE void Accumulate(D d, V e, int64_t remaining, V& dev, V& sq) {
-  if (remaining >= static_cast<int64_t>(hn::Lanes(d))) {
-    dev = hn::Add(dev, e);
-    sq = ExactMulAdd(d, e, e, sq);
-  } else if (remaining > 0) {
-    const auto in = hn::FirstN(d, static_cast<size_t>(remaining));
-    dev = hn::IfThenElse(in, hn::Add(dev, e), dev);
-    sq = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq), sq);
-  }
-}
-
 // Whole tiles: `tiled` (a multiple of kTile) channels-last channels from
 // `c` over rows [r0, r1), each channel in its own lane, kept in panels of 4
 // vectors (64, 32, 16 or 4 lanes by target) over each flush interval of
@@ -153,29 +138,16 @@ void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       }
     }
     for (int64_t p = 0; p < tiled; p += panel) {
-      const auto c0 = hn::Load(d, center + p);
-      const auto c1 = hn::Load(d, center + p + lanes);
-      const auto c2 = hn::Load(d, center + p + 2 * lanes);
-      const auto c3 = hn::Load(d, center + p + 3 * lanes);
-      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
-      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
-      for (int64_t r = f; r < f_end; ++r) {
-        const Stored* row = x + r * stride + c + p;
-        const auto e0 = hn::Sub(E::Load(d, row), c0);
-        const auto e1 = hn::Sub(E::Load(d, row + lanes), c1);
-        const auto e2 = hn::Sub(E::Load(d, row + 2 * lanes), c2);
-        const auto e3 = hn::Sub(E::Load(d, row + 3 * lanes), c3);
-        dev0 = hn::Add(dev0, e0);
-        dev1 = hn::Add(dev1, e1);
-        dev2 = hn::Add(dev2, e2);
-        dev3 = hn::Add(dev3, e3);
-        sq0 = ExactMulAdd(d, e0, e0, sq0);
-        sq1 = ExactMulAdd(d, e1, e1, sq1);
-        sq2 = ExactMulAdd(d, e2, e2, sq2);
-        sq3 = ExactMulAdd(d, e3, e3, sq3);
-      }
-      StorePanel(d, dev0, dev1, dev2, dev3, acc);
-      StorePanel(d, sq0, sq1, sq2, sq3, acc + kTile);
+      PanelSums(
+          d, 4, f, f_end, 1,
+          [&](int64_t r, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+            const int64_t at = p + v * lanes;
+            AddDeviation<true>(d,
+                               hn::Sub(E::Load(d, x + r * stride + c + at),
+                                       hn::Load(d, center + at)),
+                               dev_v, sq_v);
+          },
+          acc, acc + kTile);
       AddWidened(acc, dev_out + p, panel);
       AddWidened(acc + kTile, sq_out + p, panel);
     }
@@ -222,24 +194,16 @@ void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       for (; j < width; ++j) to[j] = E::Scalar(from[j]);
     }
     for (int64_t p = 0; p < kTile; p += panel) {
-      const auto c0 = hn::Load(d, lane_center + p);
-      const auto c1 = hn::Load(d, lane_center + p + lanes);
-      const auto c2 = hn::Load(d, lane_center + p + 2 * lanes);
-      const auto c3 = hn::Load(d, lane_center + p + 3 * lanes);
-      auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
-      auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
-      for (int64_t s = p; s < values; s += kTile) {
-        const float* at = staged + s;
-        Accumulate(d, hn::Sub(hn::Load(d, at), c0), values - s, dev0, sq0);
-        Accumulate(d, hn::Sub(hn::Load(d, at + lanes), c1), values - s - lanes,
-                   dev1, sq1);
-        Accumulate(d, hn::Sub(hn::Load(d, at + 2 * lanes), c2),
-                   values - s - 2 * lanes, dev2, sq2);
-        Accumulate(d, hn::Sub(hn::Load(d, at + 3 * lanes), c3),
-                   values - s - 3 * lanes, dev3, sq3);
-      }
-      StorePanel(d, dev0, dev1, dev2, dev3, acc);
-      StorePanel(d, sq0, sq1, sq2, sq3, acc + kTile);
+      PanelSums(
+          d, 4, p, values, kTile,
+          [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+            const int64_t at = s + v * lanes;
+            AddDeviation<true>(d,
+                               hn::Sub(hn::Load(d, staged + at),
+                                       hn::Load(d, lane_center + p + v * lanes)),
+                               dev_v, sq_v, values - at);
+          },
+          acc, acc + kTile);
       AddWidened(acc, dev + p, panel);
       AddWidened(acc + kTile, sq + p, panel);
     }
@@ -299,51 +263,20 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
       double dev[kRunLanes];
       double sq[kRunLanes];
       for (int64_t p = 0; p < kRunLanes; p += vectors * lanes) {
-        auto dev0 = hn::Zero(dd), dev1 = dev0, dev2 = dev0, dev3 = dev0;
-        auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
-        for (int64_t i = p; i < whole; i += kRunLanes) {
-          const auto e0 = hn::Sub(load(run + i), center);
-          dev0 = hn::Add(dev0, e0);
-          sq0 = hn::Add(sq0, hn::Mul(e0, e0));
-          if (vectors > 1) {
-            const auto e1 = hn::Sub(load(run + i + lanes), center);
-            dev1 = hn::Add(dev1, e1);
-            sq1 = hn::Add(sq1, hn::Mul(e1, e1));
-          }
-          if (vectors > 2) {
-            const auto e2 = hn::Sub(load(run + i + 2 * lanes), center);
-            dev2 = hn::Add(dev2, e2);
-            sq2 = hn::Add(sq2, hn::Mul(e2, e2));
-            const auto e3 = hn::Sub(load(run + i + 3 * lanes), center);
-            dev3 = hn::Add(dev3, e3);
-            sq3 = hn::Add(sq3, hn::Mul(e3, e3));
-          }
-        }
-        // The tail (value whole + j in lane j < rest), unfused as above.
-        auto add_tail = [&](int64_t k, auto& dev_k, auto& sq_k) {
-          const int64_t remaining = rest - p - k * lanes;
-          if (k >= vectors || remaining <= 0) return;
-          const auto e = hn::Sub(load(tail + p + k * lanes), center);
-          const auto in = hn::FirstN(dd, static_cast<size_t>(remaining));
-          dev_k = hn::IfThenElse(in, hn::Add(dev_k, e), dev_k);
-          sq_k = hn::IfThenElse(in, hn::Add(sq_k, hn::Mul(e, e)), sq_k);
-        };
-        add_tail(0, dev0, sq0);
-        add_tail(1, dev1, sq1);
-        add_tail(2, dev2, sq2);
-        add_tail(3, dev3, sq3);
-        hn::StoreU(dev0, dd, dev + p);
-        hn::StoreU(sq0, dd, sq + p);
-        if (vectors > 1) {
-          hn::StoreU(dev1, dd, dev + p + lanes);
-          hn::StoreU(sq1, dd, sq + p + lanes);
-        }
-        if (vectors > 2) {
-          hn::StoreU(dev2, dd, dev + p + 2 * lanes);
-          hn::StoreU(sq2, dd, sq + p + 2 * lanes);
-          hn::StoreU(dev3, dd, dev + p + 3 * lanes);
-          hn::StoreU(sq3, dd, sq + p + 3 * lanes);
-        }
+        PanelSums(
+            dd, vectors, p, whole, kRunLanes,
+            [&](int64_t i, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+              AddDeviation<false>(
+                  dd, hn::Sub(load(run + i + v * lanes), center), dev_v, sq_v);
+            },
+            dev + p, sq + p,
+            // The tail: value whole + j in lane j < rest.
+            [&](int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+              const int64_t at = p + v * lanes;
+              if (at >= rest) return;
+              AddDeviation<false>(dd, hn::Sub(load(tail + at), center), dev_v,
+                                  sq_v, rest - at);
+            });
       }
       dev_out[c] += FoldArray<kRunLanes>(dev);
       sq_out[c] += FoldArray<kRunLanes>(sq);

@@ -11,7 +11,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
-#include "server/core/simd/fma-inl.h"
+#include "server/core/simd/ops-inl.h"
 #include "server/core/simd/writer-inl.h"
 
 HWY_BEFORE_NAMESPACE();

@@ -21,33 +21,13 @@
 
 #include "hwy/highway.h"
 #include "server/core/simd/half-inl.h"
-#include "server/core/simd/tail-inl.h"
+#include "server/core/simd/ops-inl.h"
 #include "server/core/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// For the lambdas of the elementwise loops: inlined into their loops, so
-// that what they capture stays in registers (a vector store may alias any
-// memory, and would make a called lambda reload its captures).
-// Not in sanitizer builds, where forced inlining of every loop's lambdas
-// makes functions that take the compiler many minutes to instrument.
-#ifndef NORMD_LAMBDA_INLINE
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define NORMD_SANITIZED_BUILD 1
-#elif defined(__has_feature)  // Clang (the fuzz build).
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define NORMD_SANITIZED_BUILD 1
-#endif
-#endif
-#ifdef NORMD_SANITIZED_BUILD
-#define NORMD_LAMBDA_INLINE
-#else
-#define NORMD_LAMBDA_INLINE __attribute__((always_inline))
-#endif
-#endif
 
 // The fp32 vectors of the elementwise kernels: at most 16 lanes (a 64-byte
 // line), so that a line is a whole number of vectors on every target.

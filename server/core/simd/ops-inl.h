@@ -1,0 +1,304 @@
+// The operations normd's Highway kernels build from Highway 1.0.3's portable
+// ones, the same bits on every target: a fused multiply-add that rounds
+// once (SSE4 and scalar have no FMA instruction), loads and stores of a
+// vector's first lanes that touch no memory past them, fold::FoldHalves in
+// vector registers, and the lane sums of a panel of vectors. Include inside
+// a file compiled per target (foreach_target.h), after hwy/highway.h. Pure
+// functions.
+
+// Per-target include guard: toggled for each pass of foreach_target.h.
+#if defined(NORMD_SERVER_CORE_SIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef NORMD_SERVER_CORE_SIMD_OPS_INL_H_
+#undef NORMD_SERVER_CORE_SIMD_OPS_INL_H_
+#else
+#define NORMD_SERVER_CORE_SIMD_OPS_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "server/core/simd/fold.h"
+
+// For the lambdas of the kernels' loops: inlined into their loops, so
+// that what they capture stays in registers (a vector store may alias any
+// memory, and would make a called lambda reload its captures).
+// Not in sanitizer builds, where forced inlining of every loop's lambdas
+// makes functions that take the compiler many minutes to instrument.
+#ifndef NORMD_LAMBDA_INLINE
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define NORMD_SANITIZED_BUILD 1
+#elif defined(__has_feature)  // Clang (the fuzz build).
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define NORMD_SANITIZED_BUILD 1
+#endif
+#endif
+#ifdef NORMD_SANITIZED_BUILD
+#define NORMD_LAMBDA_INLINE
+#else
+#define NORMD_LAMBDA_INLINE __attribute__((always_inline))
+#endif
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace normd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A fused multiply-add that rounds once on every target. Targets with FMA
+// instructions (AVX2, AVX3, NEON, SVE) use them; on SSE4 and the scalar
+// target, Highway's MulAdd multiplies and adds with two roundings, so fp32
+// a * b + c is computed there in fp64 (the product is exact) with the sum
+// rounded to odd, which the final rounding to fp32 turns into the correctly
+// rounded result: the bits of the instruction.
+#if !HWY_NATIVE_FMA
+// a + b in fp64, rounded to odd: rounded to nearest, then, when that was
+// inexact and its last mantissa bit is even, moved one unit toward the
+// exact sum. Rounding the result once more to a format at least two bits
+// narrower (fp32) gives the correctly rounded a + b. Non-finite sums are
+// left as they are.
+template <class DD>
+HWY_INLINE hn::Vec<DD> AddRoundToOdd(DD dd, hn::Vec<DD> a, hn::Vec<DD> b) {
+  const hn::RebindToUnsigned<DD> du;
+  const auto sum = hn::Add(a, b);
+  // TwoSum: the exact error of the rounded sum.
+  const auto b_part = hn::Sub(sum, a);
+  const auto error =
+      hn::Add(hn::Sub(a, hn::Sub(sum, b_part)), hn::Sub(b, b_part));
+  const auto bits = hn::BitCast(du, sum);
+  const auto even = hn::Eq(hn::And(bits, hn::Set(du, 1)), hn::Zero(du));
+  const auto inexact = hn::Ne(error, hn::Zero(dd));
+  // Toward the exact sum: away from zero when the error has the sum's sign.
+  const auto same_sign = hn::Eq(hn::ShiftRight<63>(hn::BitCast(du, error)),
+                                hn::ShiftRight<63>(bits));
+  const auto odd = hn::IfThenElse(same_sign, hn::Add(bits, hn::Set(du, 1)),
+                                  hn::Sub(bits, hn::Set(du, 1)));
+  const auto adjust = hn::And(hn::And(even, hn::RebindMask(du, inexact)),
+                              hn::RebindMask(du, hn::IsFinite(sum)));
+  return hn::BitCast(dd, hn::IfThenElse(adjust, odd, bits));
+}
+
+// fp64 lanes rounded to fp32 to nearest, overflowing to infinity. The
+// scalar target's DemoteTo saturates at the largest float instead.
+template <class DD>
+HWY_INLINE hn::Vec<hn::Rebind<float, DD>> RoundToFloat(DD dd, hn::Vec<DD> v) {
+  const hn::Rebind<float, DD> df;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(df, static_cast<float>(hn::GetLane(v)));
+#else
+  return hn::DemoteTo(df, v);
+#endif
+}
+
+// fp32 mul * x + add of Rebind<float, DD> lanes, rounded once.
+template <class DD, class VF>
+HWY_INLINE VF MulAddViaDouble(DD dd, VF mul, VF x, VF add) {
+  const auto product =
+      hn::Mul(hn::PromoteTo(dd, mul), hn::PromoteTo(dd, x));  // Exact.
+  return RoundToFloat(dd, AddRoundToOdd(dd, product, hn::PromoteTo(dd, add)));
+}
+#endif  // !HWY_NATIVE_FMA
+
+// mul * x + add with one rounding, as FMA instructions compute it.
+template <class D>
+HWY_INLINE hn::Vec<D> ExactMulAdd(D d, hn::Vec<D> mul, hn::Vec<D> x,
+                                  hn::Vec<D> add) {
+#if HWY_NATIVE_FMA
+  return hn::MulAdd(mul, x, add);
+#elif HWY_TARGET == HWY_SCALAR
+  const hn::Rebind<double, D> dd;
+  return MulAddViaDouble(dd, mul, x, add);
+#else
+  // fp32 lanes in two halves of fp64 lanes.
+  static_assert(sizeof(hn::TFromD<D>) == 4, "fp32 only");
+  const hn::Half<D> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  const auto low = MulAddViaDouble(
+      dd, hn::LowerHalf(dh, mul), hn::LowerHalf(dh, x), hn::LowerHalf(dh, add));
+  const auto high = MulAddViaDouble(
+      dd, hn::UpperHalf(dh, mul), hn::UpperHalf(dh, x), hn::UpperHalf(dh, add));
+  return hn::Combine(d, high, low);
+#endif
+}
+
+// Loads and stores of the first `count` lanes of a vector (count below the
+// lane count), touching no memory past them: the partial vectors at the
+// ends of a run. Masked instructions where the target has them for the lane
+// size (AVX2 32- and 64-bit lanes, AVX3 and SVE all); elsewhere (Highway's
+// MaskedLoad and BlendedStore there read or write the whole vector) through
+// a zero-padded copy. 16-, 32- and 64-bit lanes.
+#undef NORMD_HWY_MASKED_TAIL
+#undef NORMD_HWY_MASKED_TAIL16
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_HAVE_SCALABLE
+#define NORMD_HWY_MASKED_TAIL 1
+#else
+#define NORMD_HWY_MASKED_TAIL 0
+#endif
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_HAVE_SCALABLE
+#define NORMD_HWY_MASKED_TAIL16 1
+#else
+#define NORMD_HWY_MASKED_TAIL16 0
+#endif
+
+// Whether lanes of T take the masked instructions.
+template <typename T>
+constexpr bool MaskedTail() {
+  return sizeof(T) >= 4 ? NORMD_HWY_MASKED_TAIL : NORMD_HWY_MASKED_TAIL16;
+}
+
+// p[0..count) in the first lanes, zeros in the rest.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> LoadHead(D d, const T* p, size_t count) {
+  static_assert(sizeof(T) >= 2, "16-, 32- and 64-bit lanes");
+  if constexpr (MaskedTail<T>()) {
+    return hn::MaskedLoad(hn::FirstN(d, count), d, p);
+  } else {
+    HWY_ALIGN T padded[hn::MaxLanes(D())] = {};
+    std::copy(p, p + count, padded);
+    return hn::Load(d, padded);
+  }
+}
+
+// p[0..count) as LoadHead, or a whole vector's worth (count the lane
+// count) as LoadU.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count) {
+  return count == hn::Lanes(d) ? hn::LoadU(d, p) : LoadHead(d, p, count);
+}
+
+// The first count lanes of v into p[0..count).
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE void StoreHead(D d, hn::Vec<D> v, T* p, size_t count) {
+  static_assert(sizeof(T) >= 2, "16-, 32- and 64-bit lanes");
+  if constexpr (MaskedTail<T>()) {
+    hn::BlendedStore(v, hn::FirstN(d, count), d, p);
+  } else {
+    HWY_ALIGN T padded[hn::MaxLanes(D())];
+    hn::Store(v, d, padded);
+    std::copy(padded, padded + count, p);
+  }
+}
+
+// fold::FoldHalves (fold.h) of lane sums in vector registers: the same
+// additions in the same order, so the same bits, in a handful of vector
+// operations instead of a scalar chain.
+// Whether this target folds with vector halves: fixed-width targets with
+// more than one lane (scalable SVE and the scalar target use fold.h).
+#undef NORMD_HWY_VECTOR_FOLD
+#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
+#define NORMD_HWY_VECTOR_FOLD 0
+#else
+#define NORMD_HWY_VECTOR_FOLD 1
+#endif
+
+#if NORMD_HWY_VECTOR_FOLD
+// FoldHalves of the lanes of v: the upper half added onto the lower half,
+// recursively, down to lane 0.
+template <class D>
+HWY_INLINE hn::TFromD<D> FoldLanes(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) == 1) {
+    return hn::GetLane(v);
+  } else {
+    const hn::Half<D> half;
+    return FoldLanes(half,
+                     hn::Add(hn::LowerHalf(half, v), hn::UpperHalf(half, v)));
+  }
+}
+#endif
+
+// fold::FoldHalves<N> of t[0..N) (N a power of two): the result, t[0]
+// afterwards (t is clobbered).
+template <int N, typename T>
+HWY_INLINE T FoldArray(T* HWY_RESTRICT t) {
+#if NORMD_HWY_VECTOR_FOLD
+  const hn::CappedTag<T, N> d;
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(decltype(d)()));
+  if constexpr (kLanes == N) {
+    return FoldLanes(d, hn::LoadU(d, t));
+  } else {
+    for (int j = 0; j < N / 2; j += kLanes) {
+      hn::StoreU(hn::Add(hn::LoadU(d, t + j), hn::LoadU(d, t + j + N / 2)), d,
+                 t + j);
+    }
+    return FoldArray<N / 2>(t);
+  }
+#else
+  fold::FoldHalves<N>(t);
+  return t[0];
+#endif
+}
+
+// dev += e and sq += e^2 (fused, rounded once, when kFused) in the first
+// `count` lanes, all of them when count is at least the lane count.
+template <bool kFused, class D, class V = hn::Vec<D>>
+HWY_INLINE void AddDeviation(D d, V e, V& dev, V& sq,
+                             int64_t count = INT64_MAX) {
+  V square;
+  if constexpr (kFused) {
+    square = ExactMulAdd(d, e, e, sq);
+  } else {
+    square = hn::Add(sq, hn::Mul(e, e));
+  }
+  if (count >= static_cast<int64_t>(hn::Lanes(d))) {
+    dev = hn::Add(dev, e);
+    sq = square;
+  } else if (count > 0) {
+    const auto in = hn::FirstN(d, static_cast<size_t>(count));
+    dev = hn::IfThenElse(in, hn::Add(dev, e), dev);
+    sq = hn::IfThenElse(in, square, sq);
+  }
+}
+
+// Does nothing: PanelSums without a tail.
+struct NoPanelTail {
+  template <class V>
+  HWY_INLINE void operator()(int, V&, V&) const {}
+};
+
+// The lane sums of a panel of `vectors` (1, 2 or 4) vectors, held in
+// registers: for i in [begin, end) by `step`, add(i, k, dev_k, sq_k) for
+// each vector k; then tail(k, dev_k, sq_k); then the sums stored one vector
+// after the other at dev and sq.
+template <class D, class Add, class Tail = NoPanelTail>
+HWY_INLINE void PanelSums(D d, int64_t vectors, int64_t begin, int64_t end,
+                          int64_t step, const Add& add,
+                          hn::TFromD<D>* HWY_RESTRICT dev,
+                          hn::TFromD<D>* HWY_RESTRICT sq,
+                          const Tail& tail = {}) {
+  const size_t lanes = hn::Lanes(d);
+  auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
+  auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
+  for (int64_t i = begin; i < end; i += step) {
+    add(i, 0, dev0, sq0);
+    if (vectors > 1) add(i, 1, dev1, sq1);
+    if (vectors > 2) {
+      add(i, 2, dev2, sq2);
+      add(i, 3, dev3, sq3);
+    }
+  }
+  tail(0, dev0, sq0);
+  if (vectors > 1) tail(1, dev1, sq1);
+  if (vectors > 2) {
+    tail(2, dev2, sq2);
+    tail(3, dev3, sq3);
+  }
+  hn::StoreU(dev0, d, dev);
+  hn::StoreU(sq0, d, sq);
+  if (vectors > 1) {
+    hn::StoreU(dev1, d, dev + lanes);
+    hn::StoreU(sq1, d, sq + lanes);
+  }
+  if (vectors > 2) {
+    hn::StoreU(dev2, d, dev + 2 * lanes);
+    hn::StoreU(sq2, d, sq + 2 * lanes);
+    hn::StoreU(dev3, d, dev + 3 * lanes);
+    hn::StoreU(sq3, d, sq + 3 * lanes);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace normd
+HWY_AFTER_NAMESPACE();
+
+#endif  // NORMD_SERVER_CORE_SIMD_OPS_INL_H_
