@@ -28,7 +28,7 @@ decltype(auto) VisitDType(DType dtype, F&& f) {
 // The element types of the channel paths (BatchNorm, GroupNorm,
 // InstanceNorm, Fit): fp32, fp64, and the 16-bit dtypes, stored as their
 // bits (Storage<Half<...>> is uint16_t) and computed as their fp32 widening
-// by HalfChannelMoments and ChannelAffineHalfKernel, so that a 16-bit tensor
+// by ChannelMoments and ChannelAffineHalfKernel, so that a 16-bit tensor
 // gets the bits of a widened copy normalized and narrowed, without the copy.
 template <DType kType>
 struct Half {
@@ -61,17 +61,6 @@ decltype(auto) VisitChannelDType(DType dtype, F&& f) {
       break;
   }
   return f(static_cast<double*>(nullptr));
-}
-
-// ChannelMoments / ChannelAffineKernel for element type T (contiguous).
-template <typename T>
-std::vector<Moments> ChannelMomentsOf(const Storage<T>* x,
-                                      const ChannelLayout& layout) {
-  if constexpr (kIsHalf<T>) {
-    return HalfChannelMoments(T::kDType, x, layout);
-  } else {
-    return ChannelMoments(x, layout);
-  }
 }
 
 // The DType of element type T.
@@ -174,7 +163,7 @@ void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
           ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
           : ChannelLayout{g.sample_outer, g.groups, per_group * g.layout.inner};
   const std::vector<Moments> m =
-      ChannelMomentsOf<T>(x + n * g.SampleSize(), sample);
+      ChannelMoments(DTypeOf<T>(), x + n * g.SampleSize(), sample);
   if (!channels_last) {
     std::copy(m.begin(), m.end(), group);
     return;
@@ -190,9 +179,9 @@ void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
 template <typename T>
 std::vector<Moments> GroupMoments(const Storage<T>* x, const GroupGeometry& g) {
   if (g.sample_outer == 1) {
-    return ChannelMomentsOf<T>(
-        x, ChannelLayout{1, g.samples * g.groups,
-                         g.ChannelsPerGroup() * g.layout.inner});
+    return ChannelMoments(DTypeOf<T>(), x,
+                          ChannelLayout{1, g.samples * g.groups,
+                                        g.ChannelsPerGroup() * g.layout.inner});
   }
   std::vector<Moments> out(g.samples * g.groups);
   ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
@@ -244,7 +233,7 @@ void GroupRowsChunk(const Storage<T>* xs, Storage<T>* ys,
                     std::vector<double>& shift) {
   const int64_t per_group = g.ChannelsPerGroup();
   const std::vector<Moments> m =
-      ChannelMomentsOf<T>(xs, ChannelLayout{1, count, g.PerGroup()});
+      ChannelMoments(DTypeOf<T>(), xs, ChannelLayout{1, count, g.PerGroup()});
   mean.resize(count * per_group);
   scale.resize(mean.size());
   shift.resize(mean.size());
@@ -374,8 +363,8 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
   std::vector<Moments> moments =
       VisitChannelDType(input.dtype, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
-        return ChannelMomentsOf<T>(static_cast<const Storage<T>*>(input.data),
-                                   layout);
+        return ChannelMoments(
+            DTypeOf<T>(), static_cast<const Storage<T>*>(input.data), layout);
       });
   for (size_t c = 0; c < moments.size(); ++c) {
     if (!moments[c].IsFinite()) {

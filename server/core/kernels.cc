@@ -11,6 +11,7 @@
 #include "server/core/half.h"
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
+#include "server/core/simd/block_moments.h"
 #include "server/core/simd/channel_affine.h"
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/stream_copy.h"
@@ -223,14 +224,13 @@ struct RowsJob {
   int64_t RowBytes() const { return n * ElementSize(dtype); }
 
   // Rows per batch: short fp32 rows (and widened 16-bit ones) sixteen at a
-  // time, their moments with ShortRowMoments16 and their outputs in one
+  // time, their moments with FloatRowsMoments and their outputs in one
   // call (the same bits as a row at a time, without its per-row folds and
   // calls, which dominate rows of 16-128 values: shape_survey's short-row
   // LayerNorm).
   int Batch() const {
     const bool widened = IsHalf(dtype) && !direct;
-    return (dtype == DType::kFloat32 || widened) && HasShortRowMoments16(n) ? 16
-                                                                            : 1;
+    return (dtype == DType::kFloat32 || widened) && n <= kShortRow ? 16 : 1;
   }
 
   // Floats of the per-thread buffer of WriteRows (16-bit rows): a batch
@@ -258,8 +258,8 @@ struct RowsJob {
       DType values_type = dtype;
       if (!IsHalf(dtype)) {
         if (batch > 1) {
-          ShortRowMoments16(reinterpret_cast<const float*>(in), n, rows,
-                            moments);
+          FloatRowsMoments(reinterpret_cast<const float*>(in), n, rows,
+                           moments);
         } else {
           moments[0] = ContiguousMoments(dtype, in, n);
         }
@@ -270,7 +270,7 @@ struct RowsJob {
         if (batch > 1) {
           WidenHalf(dtype, reinterpret_cast<const uint16_t*>(in), buffer,
                     rows * n);
-          ShortRowMoments16(buffer, n, rows, moments);
+          FloatRowsMoments(buffer, n, rows, moments);
         } else {
           moments[0] = WidenWithMoments(
               dtype, reinterpret_cast<const uint16_t*>(in), buffer, n);

@@ -131,6 +131,56 @@ std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
   return result;
 }
 
+// Channels whose runs are at least this long are reduced run by run
+// (ChannelMomentsLongRuns), shorter ones in row blocks across channels.
+constexpr int64_t kMinRun = 256;
+
+// The moments of channels that are one run each (fp32 or 16-bit), as
+// ChannelMomentsLongRuns reduces runs (ContiguousMoments), sixteen runs at
+// a time with FloatRowsMoments (16-bit runs widened into a per-thread
+// buffer first): the short-run sums spent ~70 operations per run on fp64
+// lanes, a shift sample and folds.
+std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
+                                          const ChannelLayout& layout) {
+  const int64_t inner = layout.inner;
+  const int64_t batches = (layout.channels + 15) / 16;
+  std::vector<Moments> result(layout.channels);
+  ParallelFor(
+      tbb::blocked_range<int64_t>(0, batches), layout.NumElements(),
+      [&](const tbb::blocked_range<int64_t>& range) {
+        thread_local std::vector<float> buffer;
+        if (static_cast<int64_t>(buffer.size()) < 16 * inner) {
+          buffer.resize(16 * inner);
+        }
+        for (int64_t b = range.begin(); b < range.end(); ++b) {
+          const int64_t c0 = 16 * b;
+          const int count =
+              static_cast<int>(std::min<int64_t>(16, layout.channels - c0));
+          const float* runs = static_cast<const float*>(x) + c0 * inner;
+          if (IsHalf(dtype)) {
+            WidenHalf(dtype, static_cast<const uint16_t*>(x) + c0 * inner,
+                      buffer.data(), count * inner);
+            runs = buffer.data();
+          }
+          FloatRowsMoments(runs, inner, count, result.data() + c0);
+        }
+      });
+  return result;
+}
+
+// ContiguousMoments' blocks of the widened x, merged in the same order
+// (kStore: widened into out[0..n); else out is one block's scratch).
+template <bool kStore>
+Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
+  Moments total;
+  for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
+    MergeMoments(total,
+                 HalfBlockMoments(dtype, x + begin, kStore ? out + begin : out,
+                                  std::min(kMomentsBlock, n - begin), kStore));
+  }
+  return total;
+}
+
 }  // namespace
 
 double Moments::BiasedVariance() const {
@@ -180,78 +230,13 @@ Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
   return FoldInOrder(parts.data(), num_blocks, 1);
 }
 
-template <typename T>
-Moments ContiguousMoments(const T* x, int64_t n) {
-  return ContiguousMoments(FloatingDType<T>(), x, n);
-}
-
-// Channels whose runs are at least this long are reduced run by run
-// (ChannelMomentsLongRuns), shorter ones in row blocks across channels.
-constexpr int64_t kMinRun = 256;
-
-// Whether every channel is one run of 16-255 values (outer == 1: the sets of
-// GroupNorm / InstanceNorm chunks of small images), reduced as rows by
-// OneRunChannelMoments.
-bool OneShortRunPerChannel(const ChannelLayout& layout) {
-  return layout.outer == 1 && layout.inner >= 16 && layout.inner < kMinRun;
-}
-
-// The moments of channels that are one run each, as ChannelMomentsLongRuns
-// reduces runs (ContiguousMoments), sixteen runs at a time with
-// ShortRowMoments16: the short-run sums (ShortRunSums) spent ~70 operations
-// per run on fp64 lanes, a shift sample and folds. `runs(c0, count,
-// buffer)` gives the fp32 values of channels [c0, c0 + count) (count <=
-// 16), in place or widened into `buffer` (16 inner floats).
-template <typename Runs>
-std::vector<Moments> OneRunChannelMoments(const ChannelLayout& layout,
-                                          const Runs& runs) {
-  const int64_t inner = layout.inner;
-  const int64_t batches = (layout.channels + 15) / 16;
-  std::vector<Moments> result(layout.channels);
-  ParallelFor(tbb::blocked_range<int64_t>(0, batches), layout.NumElements(),
-              [&](const tbb::blocked_range<int64_t>& range) {
-                thread_local std::vector<float> buffer;
-                if (static_cast<int64_t>(buffer.size()) < 16 * inner) {
-                  buffer.resize(16 * inner);
-                }
-                for (int64_t b = range.begin(); b < range.end(); ++b) {
-                  const int64_t c0 = 16 * b;
-                  const int count = static_cast<int>(
-                      std::min<int64_t>(16, layout.channels - c0));
-                  ShortRowMoments16(runs(c0, count, buffer.data()), inner,
-                                    count, result.data() + c0);
-                }
-              });
-  return result;
-}
-
-template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
-  if (layout.channels == 0) return {};
-  if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  constexpr DType kType = FloatingDType<T>();
-  if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(kType, x, layout);
-  if constexpr (std::is_same_v<T, float>) {
-    if (OneShortRunPerChannel(layout)) {
-      return OneRunChannelMoments(layout, [&](int64_t c0, int count, float*) {
-        return x + c0 * layout.inner;
-      });
-    }
-  }
-  return ChannelMomentsShortRuns(kType, x, layout);
-}
-
-std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout) {
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout) {
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(dtype, x, layout);
-  if (OneShortRunPerChannel(layout)) {
-    return OneRunChannelMoments(
-        layout, [&](int64_t c0, int count, float* buffer) {
-          WidenHalf(dtype, x + c0 * layout.inner, buffer, count * layout.inner);
-          return static_cast<const float*>(buffer);
-        });
+  if (dtype != DType::kFloat64 && layout.outer == 1 && layout.inner >= 16) {
+    return OneRunChannelMoments(dtype, x, layout);
   }
   return ChannelMomentsShortRuns(dtype, x, layout);
 }
@@ -263,31 +248,6 @@ std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
   return ChannelMomentsShortRuns(dtype, x, layout);
 }
 
-bool HasShortRowMoments16(int64_t n) {
-  return n > 0 && n % 16 == 0 && n <= 128;
-}
-
-void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out) {
-  FloatRowsMoments(x, n, count, out);
-}
-
-namespace {
-
-// ContiguousMoments' blocks of the widened x, merged in the same order
-// (kStore: widened into out[0..n); else out is one block's scratch).
-template <bool kStore>
-Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
-  Moments total;
-  for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total,
-                 HalfBlockMoments(dtype, x + begin, kStore ? out + begin : out,
-                                  std::min(kMomentsBlock, n - begin), kStore));
-  }
-  return total;
-}
-
-}  // namespace
-
 Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
                          int64_t n) {
   return WidenedMoments</*kStore=*/true>(dtype, x, out, n);
@@ -296,12 +256,5 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n) {
   return WidenedMoments</*kStore=*/false>(dtype, x, scratch, n);
 }
-
-template Moments ContiguousMoments<float>(const float*, int64_t);
-template Moments ContiguousMoments<double>(const double*, int64_t);
-template std::vector<Moments> ChannelMoments<float>(const float*,
-                                                    const ChannelLayout&);
-template std::vector<Moments> ChannelMoments<double>(const double*,
-                                                     const ChannelLayout&);
 
 }  // namespace normd

@@ -50,24 +50,19 @@ void MergeMoments(Moments& into, const Moments& other);
 // BM_HalfFit and BM_HalfGroupNorm NCHW).
 inline constexpr int64_t kMomentsBlock = 32768;
 
-// Moments of x[0..n), blocked by kMomentsBlock and merged in order; parallel
-// (oneTBB) when n spans two blocks or more.
-template <typename T>
-Moments ContiguousMoments(const T* x, int64_t n);
-// The same of `dtype`'s x[0..n) (16-bit values widened exactly as loaded).
+// Moments of `dtype`'s x[0..n) (16-bit values widened exactly as loaded),
+// blocked by kMomentsBlock and merged in order; parallel (oneTBB) when n
+// spans two blocks or more.
 Moments ContiguousMoments(DType dtype, const void* x, int64_t n);
+template <typename T>
+Moments ContiguousMoments(const T* x, int64_t n) {
+  return ContiguousMoments(FloatingDType<T>(), x, n);
+}
 
-// FloatBlockMoments(x + k n, n) of `count` consecutive rows of n values
-// into out[0..count), in one call (simd/block_moments.h). Callers batch rows
-// sixteen at a time where HasShortRowMoments16(n) (n a multiple of 16, at
-// most 128): rows so short that a call per row costs more than its values.
-bool HasShortRowMoments16(int64_t n);
-void ShortRowMoments16(const float* x, int64_t n, int count, Moments* out);
-
-// ChannelMoments / HalfChannelMoments of x (`dtype` float32, bfloat16 or
-// float16) as the row blocks of channels in short runs (inner < 256)
-// reduce them (simd/channel_moments.h), whatever the layout: exposed so
-// that tests can compare channels-last blocks of different widths.
+// ChannelMoments of x (`dtype` float32, bfloat16 or float16) as the row blocks
+// of channels in short runs (inner < 256) reduce them (simd/channel_moments.h),
+// whatever the layout: exposed so that tests can compare channels-last blocks
+// of different widths.
 std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
                                             const ChannelLayout& layout);
 
@@ -85,17 +80,17 @@ Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
 // computed from the 16-bit values again: no stores of the widened values.
 Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
 
-// Per-channel moments of a tensor laid out as [outer, channels, inner]
-// (see ChannelLayout): result[c] covers the outer x inner values of channel c.
+// Per-channel moments of a tensor of `dtype` laid out as [outer, channels,
+// inner] (see ChannelLayout): result[c] covers the outer x inner values of
+// channel c. 16-bit data: the moments of its fp32 widening, bit for bit,
+// without widening it in memory (values are widened as they are loaded, or
+// a block at a time into small per-task buffers).
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout);
 template <typename T>
-std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout);
-
-// ChannelMoments of a 16-bit tensor (`dtype` bfloat16 or float16): the
-// moments of its fp32 widening, bit for bit, without widening it in memory
-// (values are widened as they are loaded, or a block at a time into small
-// per-task buffers).
-std::vector<Moments> HalfChannelMoments(DType dtype, const uint16_t* x,
-                                        const ChannelLayout& layout);
+std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
+  return ChannelMoments(FloatingDType<T>(), x, layout);
+}
 
 }  // namespace normd
 

@@ -278,8 +278,7 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
   const Moments stored =
       WidenWithMoments(DType::kBFloat16, x.data(), fused.data(), kN);
   const ChannelLayout run{1, 1, kN};
-  const Moments in_place =
-      HalfChannelMoments(DType::kBFloat16, x.data(), run)[0];
+  const Moments in_place = ChannelMoments(DType::kBFloat16, x.data(), run)[0];
   const Moments fp32 = ChannelMoments(plain.data(), run)[0];
   for (const Moments* got : {&stored, &in_place, &fp32}) {
     EXPECT_EQ(std::bit_cast<uint64_t>(got->mean),

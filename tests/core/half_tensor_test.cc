@@ -525,7 +525,7 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 
 // Every channel mode of a 16-bit tensor (GroupNorm, InstanceNorm stateless
 // and with a model, BatchNorm training and eval, Fit) reads the 16-bit values
-// in place (HalfChannelMoments, ChannelAffineHalfKernel): outputs and models
+// in place (ChannelMoments, ChannelAffineHalfKernel): outputs and models
 // must be the bits of the whole tensor widened to fp32, run as fp32 and
 // narrowed (the test does that through the fp32 API and FloatToHalf), in
 // every layout and channel count (the kernels' register paths and their

@@ -197,7 +197,7 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
 // row of a batch it is, including rows that take the exact path and a last
 // batch of fewer than 16 rows.
 TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
-  for (int64_t n : {16, 32, 48, 64, 80, 128}) {
+  for (int64_t n : {16, 17, 32, 48, 64, 80, 100, 128}) {
     constexpr int kRows = 37;  // Two whole batches and 5 rows.
     std::vector<float> x = RandomValues<float>(kRows * n, 11 + n, 3.0, 2.0);
     const auto offset = RandomValues<float>(n, 12 + n, 1e4, 1.0);
@@ -211,7 +211,7 @@ TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
     for (int64_t r0 = 0; r0 < kRows; r0 += 16) {
       const int count = static_cast<int>(std::min<int64_t>(16, kRows - r0));
       Moments batch[16];
-      ShortRowMoments16(x.data() + r0 * n, n, count, batch);
+      FloatRowsMoments(x.data() + r0 * n, n, count, batch);
       for (int k = 0; k < count; ++k) {
         const float* row = x.data() + (r0 + k) * n;
         const Moments one = FloatBlockMoments(row, n);

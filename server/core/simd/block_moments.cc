@@ -16,8 +16,8 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "server/core/simd/ops-inl.h"
 #include "server/core/simd/half-inl.h"
+#include "server/core/simd/ops-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
@@ -29,7 +29,6 @@ constexpr int kFloatLanes = 64;
 constexpr int kWideLanes = kFloatLanes / 2;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kShiftSample = 32;
-constexpr int64_t kShortBlock = 128;
 constexpr int kShortLanes = 16;
 constexpr int kExactLanes = 8;
 // How far ahead of its loads the 16-bit block loop prefetches; the fp32
@@ -65,9 +64,8 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
     PanelSums(
         dd, vectors, p, whole, kExactLanes,
-        [&](int64_t i, int k, auto& s, auto&) NORMD_LAMBDA_INLINE {
-          s = hn::Add(s, load(i + k * lanes));
-        },
+        [&](int64_t i, int k, auto& s, auto&)
+            NORMD_LAMBDA_INLINE { s = hn::Add(s, load(i + k * lanes)); },
         sum + p, unused + p);
   }
   for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
@@ -350,7 +348,7 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
 template <DType kType>
 Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
                     int64_t n, bool store_widened) {
-  if (n <= kShortBlock) {
+  if (n <= kShortRow) {
     const FloatTag d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     int64_t i = 0;
@@ -369,7 +367,7 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
 }  // namespace
 
 Moments FloatBlock(const float* x, int64_t n) {
-  if (n <= kShortBlock) {
+  if (n <= kShortRow) {
     Moments result;
     ShortMoments(x, n, 1, &result);
     return result;
@@ -378,7 +376,7 @@ Moments FloatBlock(const float* x, int64_t n) {
 }
 
 void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
-  if (n > kShortBlock) {
+  if (n > kShortRow) {
     for (int64_t k = 0; k < count; ++k) out[k] = FloatBlock(x + k * n, n);
     return;
   }

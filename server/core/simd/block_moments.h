@@ -28,6 +28,11 @@ namespace normd {
 Moments FloatBlockMoments(const float* x, int64_t n);
 Moments DoubleBlockMoments(const double* x, int64_t n);
 
+// Rows of at most this many values are reduced many at a time by
+// FloatRowsMoments (see ShortMoments in block_moments.cc): a call per row
+// costs more than its values.
+inline constexpr int64_t kShortRow = 128;
+
 // FloatBlockMoments(x + k n, n) of `count` rows into out[0..count).
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
 

@@ -33,24 +33,6 @@ void ChannelAffineWrite(DType dtype, const void* x, void* out, int64_t begin,
                         int64_t period, const void* a, const void* b,
                         const void* c, const ChannelWrite& write);
 
-// The cached fp32 and fp64 ranges.
-inline void FloatChannelAffineRange(const float* x, float* out, int64_t begin,
-                                    int64_t end, int64_t channels,
-                                    int64_t inner, int64_t period,
-                                    const float* hi, const float* scale,
-                                    const float* shift) {
-  ChannelAffineWrite(DType::kFloat32, x, out, begin, end, channels, inner,
-                     period, hi, scale, shift, {});
-}
-inline void DoubleChannelAffineRange(const double* x, double* out,
-                                     int64_t begin, int64_t end,
-                                     int64_t channels, int64_t inner,
-                                     int64_t period, const double* mean,
-                                     const double* scale, const double* shift) {
-  ChannelAffineWrite(DType::kFloat64, x, out, begin, end, channels, inner,
-                     period, mean, scale, shift, {});
-}
-
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_SIMD_CHANNEL_AFFINE_H_

@@ -15,8 +15,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
-#include "server/core/simd/ops-inl.h"
 #include "server/core/simd/half-inl.h"
+#include "server/core/simd/ops-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
@@ -198,10 +198,11 @@ void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
           d, 4, p, values, kTile,
           [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
             const int64_t at = s + v * lanes;
-            AddDeviation<true>(d,
-                               hn::Sub(hn::Load(d, staged + at),
-                                       hn::Load(d, lane_center + p + v * lanes)),
-                               dev_v, sq_v, values - at);
+            AddDeviation<true>(
+                d,
+                hn::Sub(hn::Load(d, staged + at),
+                        hn::Load(d, lane_center + p + v * lanes)),
+                dev_v, sq_v, values - at);
           },
           acc, acc + kTile);
       AddWidened(acc, dev + p, panel);
