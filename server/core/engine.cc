@@ -17,18 +17,10 @@ namespace {
 
 constexpr double kBertDefaultEps = 1e-6;
 
-// Calls f with a null pointer of the element type of `dtype` (fp32 or fp64:
-// 16-bit inputs are widened before they reach a kernel).
-template <typename F>
-decltype(auto) VisitDType(DType dtype, F&& f) {
-  if (dtype == DType::kFloat32) return f(static_cast<float*>(nullptr));
-  return f(static_cast<double*>(nullptr));
-}
-
 // The element types of the channel paths (BatchNorm, GroupNorm,
 // InstanceNorm, Fit): fp32, fp64, and the 16-bit dtypes, stored as their
 // bits (Storage<Half<...>> is uint16_t) and computed as their fp32 widening
-// by ChannelMoments and ChannelAffineHalfKernel, so that a 16-bit tensor
+// by ChannelMoments and ChannelAffineKernel, so that a 16-bit tensor
 // gets the bits of a widened copy normalized and narrowed, without the copy.
 template <DType kType>
 struct Half {
@@ -72,19 +64,15 @@ constexpr DType DTypeOf() {
     return FloatingDType<T>();
   }
 }
+// ChannelAffineKernel of contiguous elements of type T.
 template <typename T>
 void ChannelAffineOf(const Storage<T>* x, Storage<T>* y,
                      const ChannelLayout& layout, const double* mean,
                      const double* scale, const double* shift,
                      int64_t output_elements = 0,
                      Traversal traversal = Traversal::kParallel) {
-  if constexpr (kIsHalf<T>) {
-    ChannelAffineHalfKernel(T::kDType, x, y, layout, mean, scale, shift,
-                            output_elements, traversal);
-  } else {
-    ChannelAffineKernel(x, y, layout, mean, scale, shift, output_elements,
-                        traversal);
-  }
+  ChannelAffineKernel(DTypeOf<T>(), {reinterpret_cast<const char*>(x)}, y,
+                      layout, mean, scale, shift, output_elements, traversal);
 }
 
 // INVALID_ARGUMENT naming `field` unless the parameter has shape `expected`.
@@ -124,9 +112,9 @@ InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage) {
   return out;
 }
 
-template <typename T>
-InputSource<T> SourceOf(const InputTensor& input) {
-  return InputSource<T>{static_cast<const T*>(input.data), input.scattered};
+// Where a kernel reads `input`: in place or scattered.
+InputSource SourceOf(const InputTensor& input) {
+  return InputSource{static_cast<const char*>(input.data), input.scattered};
 }
 
 // GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
@@ -485,17 +473,8 @@ absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
     }
   }
   if (in.size == 0) return absl::OkStatus();
-  if (IsHalf(in.dtype)) {
-    LayerNormHalfKernel(in.dtype, static_cast<const uint16_t*>(in.data),
-                        static_cast<uint16_t*>(output), *rows, *eps, style,
-                        ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
-    return absl::OkStatus();
-  }
-  VisitDType(in.dtype, [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    LayerNormKernel(SourceOf<T>(in), static_cast<T*>(output), *rows, *eps,
-                    style, ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
-  });
+  LayerNormKernel(in.dtype, SourceOf(in), output, *rows, *eps, style,
+                  ValuesOrNull(spec.weight), ValuesOrNull(spec.bias));
   return absl::OkStatus();
 }
 
@@ -560,18 +539,9 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
     scale[c] = weight[c] / std::sqrt(var[c] + eps);
   }
   if (in.size > 0) {
-    VisitChannelDType(in.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      if constexpr (kIsHalf<T>) {
-        ChannelAffineHalfKernel(
-            T::kDType, static_cast<const uint16_t*>(in.data),
-            static_cast<uint16_t*>(output), *layout, mean.data(), scale.data(),
-            bias.data(), 0, Traversal::kParallel);
-      } else {  // Contiguous or scattered (ReadsScatteredInPlace).
-        ChannelAffineKernel(SourceOf<T>(in), static_cast<T*>(output), *layout,
-                            mean.data(), scale.data(), bias.data());
-      }
-    });
+    // Contiguous, or scattered fp32 / fp64 (ReadsScatteredInPlace).
+    ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, mean.data(),
+                        scale.data(), bias.data());
   }
   return model;
 }

@@ -323,10 +323,9 @@ struct RowsJob {
   }
 };
 
-// LayerNormKernel and LayerNormHalfKernel, `source` read in bytes:
-// contiguous, or scattered (fp32 and fp64 only).
+// LayerNormKernel with affine parameters of type P.
 template <typename P>
-void LayerNormRows(DType dtype, const InputSource<char>& source, void* y,
+void LayerNormRows(DType dtype, const InputSource& source, void* y,
                    const RowLayout& rows, double eps, LayerNormStyle style,
                    const double* weight, const double* bias) {
   const int64_t n = rows.row_size;
@@ -394,22 +393,14 @@ void LayerNormRows(DType dtype, const InputSource<char>& source, void* y,
 
 }  // namespace
 
-template <typename T>
-void LayerNormKernel(const InputSource<T>& source, T* y, const RowLayout& rows,
-                     double eps, LayerNormStyle style, const double* weight,
-                     const double* bias) {
-  LayerNormRows<T>(
-      FloatingDType<T>(),
-      {reinterpret_cast<const char*>(source.data), source.scattered}, y, rows,
-      eps, style, weight, bias);
-}
-
-void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
-                         const RowLayout& rows, double eps,
-                         LayerNormStyle style, const double* weight,
-                         const double* bias) {
-  LayerNormRows<float>(dtype, {reinterpret_cast<const char*>(x), nullptr}, y,
-                       rows, eps, style, weight, bias);
+void LayerNormKernel(DType dtype, const InputSource& x, void* y,
+                     const RowLayout& rows, double eps, LayerNormStyle style,
+                     const double* weight, const double* bias) {
+  if (dtype == DType::kFloat64) {
+    LayerNormRows<double>(dtype, x, y, rows, eps, style, weight, bias);
+  } else {
+    LayerNormRows<float>(dtype, x, y, rows, eps, style, weight, bias);
+  }
 }
 
 namespace {
@@ -477,67 +468,47 @@ struct ChannelParams {
   std::vector<T> a, b, c;
 };
 
-}  // namespace
-
-template <typename T>
-void ChannelAffineKernel(const InputSource<T>& source, T* y,
-                         const ChannelLayout& layout, const double* mean,
-                         const double* scale, const double* shift,
-                         int64_t output_elements, Traversal traversal) {
-  const bool stream =
-      StreamOutput(std::max(layout.NumElements(), output_elements), sizeof(T));
-  const int64_t period = ParamsPeriod(layout);
-  const ChannelParams<T> params(layout, period, mean, scale, shift);
-  constexpr DType kType = FloatingDType<T>();
-  // Elements per piece: a whole work item for contiguous input, else what
-  // the input staging buffer holds.
-  const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
-  TraversePieces(
-      layout.NumElements(), traversal,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        T* in = source.data != nullptr
-                    ? nullptr
-                    : Staging<T, kInputSlot>(kStagingElements);
-        for (int64_t b = range.begin(); b < range.end(); b += piece) {
-          const int64_t e = std::min(range.end(), b + piece);
-          params.Write(kType, source.Read(b, e - b, in), y, b, e, layout,
-                       period, {.stream = stream, .prefetch_input = true});
-        }
-        return stream;
-      });
-}
-
-void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
-                             const ChannelLayout& layout, const double* mean,
-                             const double* scale, const double* shift,
-                             int64_t output_elements, Traversal traversal) {
+// ChannelAffineKernel with parameters of type P. Pieces of a whole work
+// item for contiguous input, else of what the input staging buffer holds.
+template <typename P>
+void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
+                        const ChannelLayout& layout, const double* mean,
+                        const double* scale, const double* shift,
+                        int64_t output_elements, Traversal traversal) {
   const int64_t total = layout.NumElements();
   if (total == 0) return;
-  const bool stream =
-      StreamOutput(std::max(total, output_elements), sizeof(uint16_t));
+  const int64_t size = ElementSize(dtype);
+  const bool stream = StreamOutput(std::max(total, output_elements), size);
   const int64_t period = ParamsPeriod(layout);
-  const ChannelParams<float> params(layout, period, mean, scale, shift);
-  const ChannelWrite write{.stream = stream, .prefetch_input = true};
+  const ChannelParams<P> params(layout, period, mean, scale, shift);
+  const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
-    params.Write(dtype, x + r.begin(), y, r.begin(), r.end(), layout, period,
-                 write);
+    char* staging = source.data != nullptr
+                        ? nullptr
+                        : Staging<char, kInputSlot>(kStagingElements * size);
+    for (int64_t b = r.begin(); b < r.end(); b += piece) {
+      const int64_t e = std::min(r.end(), b + piece);
+      params.Write(dtype, source.Read(b * size, (e - b) * size, staging), y, b,
+                   e, layout, period,
+                   {.stream = stream, .prefetch_input = true});
+    }
     return stream;
   });
 }
 
-template void LayerNormKernel<float>(const InputSource<float>&, float*,
-                                     const RowLayout&, double, LayerNormStyle,
-                                     const double*, const double*);
-template void LayerNormKernel<double>(const InputSource<double>&, double*,
-                                      const RowLayout&, double, LayerNormStyle,
-                                      const double*, const double*);
-template void ChannelAffineKernel<float>(const InputSource<float>&, float*,
-                                         const ChannelLayout&, const double*,
-                                         const double*, const double*, int64_t,
-                                         Traversal);
-template void ChannelAffineKernel<double>(const InputSource<double>&, double*,
-                                          const ChannelLayout&, const double*,
-                                          const double*, const double*, int64_t,
-                                          Traversal);
+}  // namespace
+
+void ChannelAffineKernel(DType dtype, const InputSource& x, void* y,
+                         const ChannelLayout& layout, const double* mean,
+                         const double* scale, const double* shift,
+                         int64_t output_elements, Traversal traversal) {
+  if (dtype == DType::kFloat64) {
+    ChannelAffineRange<double>(dtype, x, y, layout, mean, scale, shift,
+                               output_elements, traversal);
+  } else {
+    ChannelAffineRange<float>(dtype, x, y, layout, mean, scale, shift,
+                              output_elements, traversal);
+  }
+}
 
 }  // namespace normd

@@ -20,57 +20,50 @@ enum class LayerNormStyle {
   kRms,  // RMSNorm: x (no centering), times 1 / sqrt(mean(x^2) + eps)
 };
 
-// Where a kernel reads its input: contiguous memory, or a ScatteredBytes
-// whose pieces are copied into a per-thread staging buffer as they are
-// needed. A plain value.
-template <typename T>
+// Where a kernel reads its input: contiguous memory, or (fp32 and fp64
+// only) a ScatteredBytes whose pieces are copied into a per-thread staging
+// buffer as they are needed. A plain value.
 struct InputSource {
-  const T* data = nullptr;                    // Contiguous input, or null.
+  const char* data = nullptr;                 // Contiguous input, or null.
   const ScatteredBytes* scattered = nullptr;  // Used when data is null.
 
-  // Elements [begin, begin + n): in place, or copied into `staging`.
-  const T* Read(int64_t begin, int64_t n, T* staging) const {
+  // Bytes [begin, begin + n): in place, or copied into `staging`.
+  const char* Read(int64_t begin, int64_t n, char* staging) const {
     if (data != nullptr) return data + begin;
-    scattered->CopyOut(begin * static_cast<int64_t>(sizeof(T)),
-                       n * static_cast<int64_t>(sizeof(T)), staging);
+    scattered->CopyOut(begin, n, staging);
     return staging;
   }
 };
 
-// LayerNorm (or RMSNorm, by `style`) of x into y (x == y allowed for
-// contiguous x): per row of `rows.row_size` values,
+// LayerNorm (or RMSNorm, by `style`) of x into y, elements of `dtype` (x ==
+// y allowed for contiguous x): per row of `rows.row_size` values,
 // y = (x - center(row)) * scale(row) * weight[j] + bias[j].
 // weight/bias have row_size entries or are null (= 1 / 0). The moments are
-// exact (see moments.h). Scattered input is read a few rows at a time and
-// needs rows shorter than kLongLayerNormRow (Engine gathers longer ones; see
+// exact (see moments.h). 16-bit rows are computed in fp32 with fp64
+// statistics and rounded once: widened as loaded or a few rows at a time
+// into a per-thread buffer, narrowed as written (streaming stores for large
+// outputs), so the tensor crosses memory once each way. Rows long and too
+// few for the threads go one at a time, each reduced and written by every
+// thread in pieces. Scattered input is read a few rows at a time and needs
+// rows shorter than kLongLayerNormRow (Engine gathers longer ones; see
 // Engine::ReadsScatteredInPlace).
-template <typename T>
-void LayerNormKernel(const InputSource<T>& x, T* y, const RowLayout& rows,
-                     double eps, LayerNormStyle style, const double* weight,
-                     const double* bias);
+void LayerNormKernel(DType dtype, const InputSource& x, void* y,
+                     const RowLayout& rows, double eps, LayerNormStyle style,
+                     const double* weight, const double* bias);
 template <typename T>
 void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                      LayerNormStyle style, const double* weight,
                      const double* bias) {
-  LayerNormKernel(InputSource<T>{x, nullptr}, y, rows, eps, style, weight,
-                  bias);
+  LayerNormKernel(FloatingDType<T>(), {reinterpret_cast<const char*>(x)}, y,
+                  rows, eps, style, weight, bias);
 }
 
 // Rows at least this long are reduced and written in parallel one at a time
 // when there are too few of them to give every thread several.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
-// LayerNormKernel for contiguous 16-bit rows (`dtype` bfloat16 or float16;
-// y may be x), computed in fp32 with fp64 statistics and rounded once: a few
-// rows at a time are widened into a per-thread buffer, reduced there, and their
-// results narrowed as they are written (streaming stores for large outputs),
-// so the tensor crosses memory once each way. Rows longer than
-// kMaxHalfKernelRow values (or long and too few for the threads) go one at
-// a time, each reduced and written by every thread in pieces.
-void LayerNormHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
-                         const RowLayout& rows, double eps,
-                         LayerNormStyle style, const double* weight,
-                         const double* bias);
+// 16-bit rows longer than this go one at a time (the per-thread buffers
+// hold whole rows).
 inline constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 
 // How ChannelAffineKernel walks its tensor. The output is the same.
@@ -84,15 +77,17 @@ enum class Traversal {
 };
 
 // y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
-// tensor laid out as `layout` (x == y allowed for contiguous x). Scattered
-// input is read in cache-sized pieces. `output_elements`, when larger, is
-// the size of the whole output this call writes a part of: it decides
-// whether stores bypass the cache, as for one call over all of it. fp32:
-// y = fma(x - hi, scale, shift - (mean - hi) * scale), hi the mean rounded to
-// float and the third operand folded in fp64: one rounding after an exact
-// subtraction near the mean, the same bits on every CPU.
-template <typename T>
-void ChannelAffineKernel(const InputSource<T>& x, T* y,
+// tensor of `dtype` laid out as `layout` (x == y allowed for contiguous x).
+// Scattered input is read in cache-sized pieces. `output_elements`, when
+// larger, is the size of the whole output this call writes a part of: it
+// decides whether stores bypass the cache, as for one call over all of it.
+// fp32: y = fma(x - hi, scale, shift - (mean - hi) * scale), hi the mean
+// rounded to float and the third operand folded in fp64: one rounding
+// after an exact subtraction near the mean, the same bits on every CPU.
+// 16-bit: the bits of widening x to fp32, running the fp32 affine and
+// narrowing (round to nearest even, canonical NaN), computed in registers
+// (simd/channel_affine.h).
+void ChannelAffineKernel(DType dtype, const InputSource& x, void* y,
                          const ChannelLayout& layout, const double* mean,
                          const double* scale, const double* shift,
                          int64_t output_elements = 0,
@@ -100,22 +95,10 @@ void ChannelAffineKernel(const InputSource<T>& x, T* y,
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
-                         const double* shift, int64_t output_elements = 0,
-                         Traversal traversal = Traversal::kParallel) {
-  ChannelAffineKernel(InputSource<T>{x, nullptr}, y, layout, mean, scale, shift,
-                      output_elements, traversal);
+                         const double* shift) {
+  ChannelAffineKernel(FloatingDType<T>(), {reinterpret_cast<const char*>(x)}, y,
+                      layout, mean, scale, shift);
 }
-
-// ChannelAffineKernel<float> of a contiguous 16-bit tensor (`dtype`
-// bfloat16 or float16; x == y allowed): the bits of widening x to fp32,
-// running ChannelAffineKernel<float> and narrowing (round to nearest even,
-// canonical NaN), without an fp32 copy: values are widened, computed and
-// narrowed in registers (simd/channel_affine.h), large outputs streamed.
-void ChannelAffineHalfKernel(DType dtype, const uint16_t* x, uint16_t* y,
-                             const ChannelLayout& layout, const double* mean,
-                             const double* scale, const double* shift,
-                             int64_t output_elements = 0,
-                             Traversal traversal = Traversal::kParallel);
 
 }  // namespace normd
 

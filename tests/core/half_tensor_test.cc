@@ -164,7 +164,7 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
 
 TEST(HalfTensorTest, ShortAndLongRowsAlike) {
   // Rows up to 64Ki elements go through per-thread fp32 buffers a few rows
-  // at a time (LayerNormHalfKernel); longer ones one at a time, in pieces
+  // at a time (LayerNormKernel); longer ones one at a time, in pieces
   // over the threads. Both stay within one rounding of the reference, for
   // every piece boundary.
   Engine engine;
@@ -525,7 +525,7 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 
 // Every channel mode of a 16-bit tensor (GroupNorm, InstanceNorm stateless
 // and with a model, BatchNorm training and eval, Fit) reads the 16-bit values
-// in place (ChannelMoments, ChannelAffineHalfKernel): outputs and models
+// in place (ChannelMoments, ChannelAffineKernel): outputs and models
 // must be the bits of the whole tensor widened to fp32, run as fp32 and
 // narrowed (the test does that through the fp32 API and FloatToHalf), in
 // every layout and channel count (the kernels' register paths and their
