@@ -36,10 +36,6 @@ constexpr int kExactLanes = 8;
 // (kernel_bench BM_Fit, BM_HalfFit NCHW).
 constexpr int64_t kHalfPrefetchBytes = 8192;
 
-// The fp32 vectors every loop below reads: at most 16 lanes, so that 64
-// lanes are at most 4 vectors.
-using FloatTag = hn::CappedTag<float, 16>;
-
 // Exact two-pass moments of x[0..n), n >= 1, in fp64: a first pass for the
 // mean, a second for d = x - mean0 and d^2 (not fused); the residual sum
 // of d corrects both for rounding in mean0. Lane j of 8 sums values j, j +
@@ -241,28 +237,6 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   }
 }
 
-// Reads fp32 values as stored (kType kFloat32) or 16-bit patterns widened.
-template <DType kType>
-struct Source {
-  using Stored = std::conditional_t<kType == DType::kFloat32, float, uint16_t>;
-  const Stored* x;
-
-  hn::Vec<FloatTag> Load(FloatTag d, int64_t i) const {
-    if constexpr (kType == DType::kFloat32) {
-      return hn::LoadU(d, x + i);
-    } else {
-      return WidenHalfBits<kType>(d, hn::LoadU(HalfBitsTag<FloatTag>(), x + i));
-    }
-  }
-  float Scalar(int64_t i) const {
-    if constexpr (kType == DType::kFloat32) {
-      return x[i];
-    } else {
-      return HalfToFloat(kType, x[i]);
-    }
-  }
-};
-
 // The fast path of a block of n > 128 values (see block_moments.h). The 64
 // lanes are kept in panels of 4 vectors (64, 32, 16 or 4 lanes by target),
 // each summed over the whole flush interval in turn (from L1 after the
@@ -270,16 +244,18 @@ struct Source {
 // values with kStore, else only what the scalar parts read (the shift
 // sample, the tail, and all of them on the exact path).
 template <DType kType, bool kStore>
-Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
+Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
+                    float* HWY_RESTRICT out, int64_t n) {
+  using E = Elements<kType>;
   constexpr bool kFloat = kType == DType::kFloat32;
-  const FloatTag d;
+  const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const float* values = out;  // What the scalar parts read.
   if constexpr (kFloat) {
-    values = src.x;
+    values = x;
   } else {
     for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
-      out[i] = src.Scalar(i);
+      out[i] = E::Scalar(x[i]);
     }
   }
   const float center = ShiftCenter(values, n);
@@ -301,13 +277,13 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
             const int64_t at = k + v * lanes;
             if constexpr (!kFloat) {
               if (p == 0 && v == 0) {
-                const char* ahead = reinterpret_cast<const char*>(src.x + k) +
-                                    kHalfPrefetchBytes;
+                const char* ahead =
+                    reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
                 hwy::Prefetch(ahead);
                 hwy::Prefetch(ahead + 64);
               }
             }
-            const auto f = src.Load(d, at);
+            const auto f = E::Load(d, x + at);
             if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + at);
             AddDeviation<true>(d, hn::Sub(f, shift), dev_v, sq_v);
           },
@@ -335,11 +311,11 @@ Moments LongMoments(Source<kType> src, float* HWY_RESTRICT out, int64_t n) {
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
   if constexpr (!kFloat) {
-    for (int64_t k = i; k < n; ++k) out[k] = src.Scalar(k);
+    for (int64_t k = i; k < n; ++k) out[k] = E::Scalar(x[k]);
   }
   return FinishFast(values, i, n, center, lanes_dev, lanes_sq, [&] {
     if constexpr (!kFloat && !kStore) {
-      for (int64_t k = 0; k < i; ++k) out[k] = src.Scalar(k);
+      for (int64_t k = 0; k < i; ++k) out[k] = E::Scalar(x[k]);
     }
     return ExactMoments(values, n);
   });
@@ -349,19 +325,19 @@ template <DType kType>
 Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
                     int64_t n, bool store_widened) {
   if (n <= kShortRow) {
-    const FloatTag d;
+    const FloatVectorTag d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     int64_t i = 0;
     for (; i + lanes <= n; i += lanes) {
-      hn::StoreU(Source<kType>{x}.Load(d, i), d, out + i);
+      hn::StoreU(Elements<kType>::Load(d, x + i), d, out + i);
     }
     for (; i < n; ++i) out[i] = HalfToFloat(kType, x[i]);
     Moments result;
     ShortMoments(out, n, 1, &result);
     return result;
   }
-  return store_widened ? LongMoments<kType, true>({x}, out, n)
-                       : LongMoments<kType, false>({x}, out, n);
+  return store_widened ? LongMoments<kType, true>(x, out, n)
+                       : LongMoments<kType, false>(x, out, n);
 }
 
 }  // namespace
@@ -372,7 +348,7 @@ Moments FloatBlock(const float* x, int64_t n) {
     ShortMoments(x, n, 1, &result);
     return result;
   }
-  return LongMoments<DType::kFloat32, false>({x}, nullptr, n);
+  return LongMoments<DType::kFloat32, false>(x, nullptr, n);
 }
 
 void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {

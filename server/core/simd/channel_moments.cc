@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <type_traits>
 
-#include "server/core/half.h"
 #include "server/core/simd/fold.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -33,36 +31,6 @@ constexpr int kRunLanes = 16;
 // rows (shape_survey's channels-last BatchNorm training, 256 channels).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
 
-// The fp32 vectors the channels-last loops read: at most 16 lanes, so that
-// a tile is at most 4 vectors.
-using FloatTag = hn::CappedTag<float, 16>;
-
-// How the loops read elements of kType: fp32 as stored, 16-bit patterns
-// widened exactly to fp32, fp64 (exact loops only) as stored.
-template <DType kType>
-struct Elements {
-  using Stored = std::conditional_t<
-      kType == DType::kFloat32, float,
-      std::conditional_t<kType == DType::kFloat64, double, uint16_t>>;
-  using Value = std::conditional_t<kType == DType::kFloat64, double, float>;
-
-  static Value Scalar(Stored v) {
-    if constexpr (std::is_same_v<Stored, uint16_t>) {
-      return HalfToFloat(kType, v);
-    } else {
-      return v;
-    }
-  }
-  template <class DF>
-  static hn::Vec<DF> Load(DF df, const Stored* p) {
-    if constexpr (kType == DType::kFloat32) {
-      return hn::LoadU(df, p);
-    } else {
-      return WidenHalfBits<kType>(df, hn::LoadU(HalfBitsTag<DF>(), p));
-    }
-  }
-};
-
 // into[j] += acc[j] in fp64, j < count.
 void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
                 int64_t count) {
@@ -86,7 +54,7 @@ template <DType kType, typename Stored>
 void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
             int64_t count, int64_t r0, int64_t r1, float* HWY_RESTRICT center) {
   using E = Elements<kType>;
-  const FloatTag d;
+  const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
   const float inverse = 1.0f / static_cast<float>(sample_end - r0);
@@ -118,7 +86,7 @@ void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
               int64_t prefetch_bytes, double* HWY_RESTRICT center_out,
               double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out) {
   using E = Elements<kType>;
-  const FloatTag d;
+  const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t panel = 4 * lanes;
   HWY_ALIGN float center[kMaxChannelsLastBlock];
@@ -169,7 +137,7 @@ void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                 double* HWY_RESTRICT center_out, double* HWY_RESTRICT dev_out,
                 double* HWY_RESTRICT sq_out) {
   using E = Elements<kType>;
-  const FloatTag d;
+  const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t panel = 4 * lanes;
   const int64_t group_rows = kTileFlush * (kTile / width);

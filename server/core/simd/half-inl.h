@@ -3,7 +3,8 @@
 // target (foreach_target.h), after hwy/highway.h. They give the bits of
 // half.h's scalar conversions on every target: widening is exact (float16
 // NaNs come out quiet, as the CPUs' own instructions make them), narrowing
-// rounds to nearest even, and every NaN narrows to the canonical NaN.
+// rounds to nearest even, and every NaN narrows to the canonical NaN. Also
+// how the kernels read and write elements of each dtype (Elements).
 // Where a target's instructions do this (F16C on AVX2 and AVX3, NEON and
 // SVE) float16 uses them; elsewhere, and for bfloat16 everywhere (Highway
 // 1.0.3's DemoteTo truncates), the same integer and fp32 steps as half.h.
@@ -17,10 +18,15 @@
 #define NORMD_SERVER_CORE_SIMD_HALF_INL_H_
 #endif
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "server/core/half.h"
+#include "server/core/simd/ops-inl.h"
+#include "server/core/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
@@ -219,6 +225,85 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
       hn::ShiftRight<16>(BFloat16InHighHalves(df, even)));
 }
 #endif
+
+// The fp32 vectors of the elementwise kernels: at most 16 lanes (a 64-byte
+// line), so that a line is a whole number of vectors on every target.
+using FloatVectorTag = hn::CappedTag<float, 16>;
+
+// How the kernels read and write elements of kType: its stored values, and
+// the values they are computed in (fp64 for fp64, else fp32: 16-bit values
+// are widened exactly as loaded and narrowed as written).
+template <DType kType>
+struct Elements {
+  static constexpr bool kHalf =
+      kType == DType::kBFloat16 || kType == DType::kFloat16;
+  using Stored = std::conditional_t<
+      kType == DType::kFloat32, float,
+      std::conditional_t<kType == DType::kFloat64, double, uint16_t>>;
+  using Value = std::conditional_t<kType == DType::kFloat64, double, float>;
+  using ValueTag = std::conditional_t<kType == DType::kFloat64,
+                                      hn::CappedTag<double, 8>, FloatVectorTag>;
+  // The output vectors: for 16-bit types two fp32 vectors' worth (one on
+  // the scalar target, which has no pairs).
+#if HWY_TARGET == HWY_SCALAR
+  using OutTag =
+      std::conditional_t<kHalf, hn::Rebind<uint16_t, ValueTag>, ValueTag>;
+#else
+  using OutTag =
+      std::conditional_t<kHalf, hn::Repartition<uint16_t, ValueTag>, ValueTag>;
+#endif
+
+  static HWY_INLINE Value Scalar(Stored v) {
+    if constexpr (kHalf) {
+      return HalfToFloat(kType, v);
+    } else {
+      return v;
+    }
+  }
+  // A whole vector of fp32 values (tag df) from p (fp32 and 16-bit).
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const Stored* p) {
+    if constexpr (kHalf) {
+      return WidenHalfBits<kType>(df, hn::LoadU(HalfBitsTag<DF>(), p));
+    } else {
+      return hn::LoadU(df, p);
+    }
+  }
+  // Elements [j, j + count) of x as values (count <= the value lanes).
+  static HWY_INLINE hn::Vec<ValueTag> Load(const Stored* x, int64_t j,
+                                           size_t count) {
+    const ValueTag d;
+    if constexpr (kHalf) {
+      return WidenHalfBits<kType>(
+          d, LoadPart(HalfBitsTag<ValueTag>(), x + j, count));
+    } else {
+      return LoadPart(d, x + j, count);
+    }
+  }
+
+  // The output vector of elements [j, j + count) from results(j', count'),
+  // the values of elements [j', j' + count') (count' may be 0), narrowed
+  // for 16-bit types.
+  template <class Results>
+  static HWY_INLINE hn::Vec<OutTag> Output(int64_t j, size_t count,
+                                           const Results& results) {
+    if constexpr (!kHalf) {
+      return results(j, count);
+    } else {
+      const ValueTag d;
+#if HWY_TARGET == HWY_SCALAR
+      return NarrowToHalfBits<kType>(d, results(j, count));
+#else
+      const size_t lanes = hn::Lanes(d);
+      const size_t low = std::min(count, lanes);
+      // In this order: results may keep a position that moves by little.
+      const auto first = results(j, low);
+      const auto second = results(j + static_cast<int64_t>(lanes), count - low);
+      return NarrowPairToHalfBits<kType>(d, first, second);
+#endif
+    }
+  }
+};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace normd

@@ -2,8 +2,7 @@
 // a vector at a time, whole 64-byte lines with streaming stores (large
 // outputs, which would only evict the cache; the caller fences with
 // StreamFence) or ordinary ones, the partial lines at either end touching
-// only their elements (tail-inl.h); and 16-bit outputs narrowed from fp32
-// results in registers. Include inside a file compiled per target
+// only their elements (ops-inl.h). Include inside a file compiled per target
 // (foreach_target.h), after hwy/highway.h.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
@@ -17,21 +16,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "hwy/highway.h"
 #include "server/core/simd/half-inl.h"
 #include "server/core/simd/ops-inl.h"
-#include "server/core/tensor.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// The fp32 vectors of the elementwise kernels: at most 16 lanes (a 64-byte
-// line), so that a line is a whole number of vectors on every target.
-using FloatVectorTag = hn::CappedTag<float, 16>;
 
 // How far ahead of the element it writes a kernel prefetches its input
 // (PrefetchedInput). With a dozen operations a line between the loads, the
@@ -94,65 +87,6 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
   }
   partial(j, n);
 }
-
-// The element types of the elementwise kernels: kType's stored values, and
-// the vectors they are computed in (fp64 for fp64, else fp32: 16-bit
-// values are widened as loaded and narrowed as written).
-template <DType kType>
-struct Elements {
-  static constexpr bool kHalf =
-      kType == DType::kBFloat16 || kType == DType::kFloat16;
-  using Stored = std::conditional_t<
-      kType == DType::kFloat32, float,
-      std::conditional_t<kType == DType::kFloat64, double, uint16_t>>;
-  using Value = std::conditional_t<kType == DType::kFloat64, double, float>;
-  using ValueTag = std::conditional_t<kType == DType::kFloat64,
-                                      hn::CappedTag<double, 8>, FloatVectorTag>;
-  // The output vectors: for 16-bit types two fp32 vectors' worth (one on
-  // the scalar target, which has no pairs).
-#if HWY_TARGET == HWY_SCALAR
-  using OutTag =
-      std::conditional_t<kHalf, hn::Rebind<uint16_t, ValueTag>, ValueTag>;
-#else
-  using OutTag =
-      std::conditional_t<kHalf, hn::Repartition<uint16_t, ValueTag>, ValueTag>;
-#endif
-
-  // Elements [j, j + count) of x as values (count <= the value lanes).
-  static HWY_INLINE hn::Vec<ValueTag> Load(const Stored* x, int64_t j,
-                                           size_t count) {
-    const ValueTag d;
-    if constexpr (kHalf) {
-      return WidenHalfBits<kType>(
-          d, LoadPart(HalfBitsTag<ValueTag>(), x + j, count));
-    } else {
-      return LoadPart(d, x + j, count);
-    }
-  }
-
-  // The output vector of elements [j, j + count) from results(j', count'),
-  // the values of elements [j', j' + count') (count' may be 0), narrowed
-  // for 16-bit types.
-  template <class Results>
-  static HWY_INLINE hn::Vec<OutTag> Output(int64_t j, size_t count,
-                                           const Results& results) {
-    if constexpr (!kHalf) {
-      return results(j, count);
-    } else {
-      const ValueTag d;
-#if HWY_TARGET == HWY_SCALAR
-      return NarrowToHalfBits<kType>(d, results(j, count));
-#else
-      const size_t lanes = hn::Lanes(d);
-      const size_t low = std::min(count, lanes);
-      // In this order: results may keep a position that moves by little.
-      const auto first = results(j, low);
-      const auto second = results(j + static_cast<int64_t>(lanes), count - low);
-      return NarrowPairToHalfBits<kType>(d, first, second);
-#endif
-    }
-  }
-};
 
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
