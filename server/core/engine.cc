@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "server/core/half.h"
 #include "server/core/parallel.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 
 namespace normd {
 namespace {

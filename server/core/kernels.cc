@@ -14,7 +14,7 @@
 #include "server/core/simd/block_moments.h"
 #include "server/core/simd/channel_affine.h"
 #include "server/core/simd/row_affine.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 
 namespace normd {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "server/core/engine.h"
 #include "server/core/half.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 #include "tests/testing/core_cases.h"
 #include "tests/testing/input_view.h"
 #include "tests/testing/simd_targets.h"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "server/core/parallel.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 #include "tests/testing/core_cases.h"
 
 namespace normd {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "server/core/engine.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 #include "tests/testing/core_cases.h"
 
 namespace normd {

@@ -15,7 +15,7 @@
 #include "server/core/engine.h"
 #include "server/core/half.h"
 #include "server/core/simd/row_affine.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 #include "tests/testing/core_cases.h"
 #include "tests/testing/simd_targets.h"
 

@@ -1,8 +1,6 @@
 // The fp32 and fp64 row affines on every SIMD target: the bits of their
 // formulas computed one value at a time (each step rounded, nothing fused),
 // at every tail length, with and without weight / bias, in place too.
-#include "server/core/simd/row_affine.h"
-
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "tests/testing/core_cases.h"
+#include "tests/testing/row_affine_calls.h"
 #include "tests/testing/simd_targets.h"
 
 namespace normd {

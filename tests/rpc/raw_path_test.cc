@@ -14,7 +14,7 @@
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/half.h"
-#include "server/core/simd/stream_copy.h"
+#include "server/core/simd/streaming.h"
 #include "server/rpc/buffer_pool.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"

@@ -363,10 +363,6 @@ void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
 
 Moments DoubleBlock(const double* x, int64_t n) { return ExactMoments(x, n); }
 
-Moments ExactFloatBlock(const float* x, int64_t n) {
-  return ExactMoments(x, n);
-}
-
 Moments HalfBlock(DType dtype, const uint16_t* x, float* out, int64_t n,
                   bool store_widened) {
   if (dtype == DType::kBFloat16) {
@@ -385,7 +381,6 @@ namespace normd {
 HWY_EXPORT(FloatBlock);
 HWY_EXPORT(FloatRows);
 HWY_EXPORT(DoubleBlock);
-HWY_EXPORT(ExactFloatBlock);
 HWY_EXPORT(HalfBlock);
 
 Moments FloatBlockMoments(const float* x, int64_t n) {
@@ -398,10 +393,6 @@ void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
 
 Moments DoubleBlockMoments(const double* x, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DoubleBlock)(x, n);
-}
-
-Moments ExactFloatBlockMoments(const float* x, int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(ExactFloatBlock)(x, n);
 }
 
 Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* out, int64_t n,

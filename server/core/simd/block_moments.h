@@ -36,10 +36,6 @@ inline constexpr int64_t kShortRow = 128;
 // FloatBlockMoments(x + k n, n) of `count` rows into out[0..count).
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
 
-// The exact two-pass moments of fp32 x[0..n), n >= 1 (what the fast path
-// falls back to).
-Moments ExactFloatBlockMoments(const float* x, int64_t n);
-
 // FloatBlockMoments of the 16-bit block x[0..n) (`dtype` bfloat16 or
 // float16) widened to fp32, bit for bit, widening as it loads.
 // `store_widened`: out[0..n) is left holding the widening; otherwise out

@@ -12,7 +12,7 @@
 namespace normd {
 
 // How a range is written: streaming stores (`stream`; the caller fences
-// with StreamFence, stream_copy.h) or ordinary ones; x prefetched ahead of
+// with StreamFence, streaming.h) or ordinary ones; x prefetched ahead of
 // the loads when `prefetch_input`.
 struct ChannelWrite {
   bool stream = false;

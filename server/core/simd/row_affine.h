@@ -30,7 +30,7 @@ struct RowAffine {
 };
 
 // How a row is written: streaming stores (`stream`; the caller fences with
-// StreamFence, stream_copy.h) or ordinary ones; `prefetch` (elements of
+// StreamFence, streaming.h) or ordinary ones; `prefetch` (elements of
 // prefetch_element_bytes) read prefetch_ahead_bytes ahead of each line
 // written, if not null.
 struct RowWrite {
@@ -56,26 +56,6 @@ inline void RowAffineWrite(DType in, DType out, const void* x, void* y,
                            int64_t n, const RowAffine& a,
                            const RowWrite& write) {
   RowsAffineWrite(in, out, x, y, n, 1, &a, write);
-}
-
-// The cached fp32, fp64 and fused-fp32 rows.
-inline void FloatRowAffine(const float* x, float* y, int64_t n, float hi,
-                           float lo, float scale, const float* weight,
-                           const float* bias) {
-  RowAffineWrite(DType::kFloat32, DType::kFloat32, x, y, n,
-                 {hi, lo, scale, weight, bias, /*fused=*/false}, {});
-}
-inline void DoubleRowAffine(const double* x, double* y, int64_t n, double mean,
-                            double scale, const double* weight,
-                            const double* bias) {
-  RowAffineWrite(DType::kFloat64, DType::kFloat64, x, y, n,
-                 {mean, 0.0, scale, weight, bias, /*fused=*/false}, {});
-}
-inline void HalfRowAffine(const float* x, float* y, int64_t n, float hi,
-                          float lo, float scale, const float* weight,
-                          const float* bias) {
-  RowAffineWrite(DType::kFloat32, DType::kFloat32, x, y, n,
-                 {hi, lo, scale, weight, bias, /*fused=*/true}, {});
 }
 
 }  // namespace normd

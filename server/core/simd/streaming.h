@@ -1,10 +1,10 @@
-// Copies with non-temporal (streaming) stores: the destination lines are
-// written without first being read into the cache, which raises the
-// bandwidth of large outputs on x86 well above memcpy's (kernel_bench
-// BM_StreamCopy against BM_Copy). Kernels compute an output piece into a
-// small cache-resident buffer and stream it out. Stateless; thread-safe.
-#ifndef NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_
-#define NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_
+// When and how the kernels write large outputs with streaming
+// (non-temporal) stores: the destination lines are written without first
+// being read into the cache, which raises the bandwidth of large outputs on
+// x86 well above ordinary stores' (kernel_bench BM_StreamCopy against
+// BM_Copy). Process-wide setting; thread-safe.
+#ifndef NORMD_SERVER_CORE_SIMD_STREAMING_H_
+#define NORMD_SERVER_CORE_SIMD_STREAMING_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -27,14 +27,10 @@ inline bool StreamOutput(int64_t elements, size_t element_size) {
          StreamingOutputBytes();
 }
 
-// memcpy(dst, src, bytes) with streaming stores where the CPU has them, then a
-// store fence so that the data is visible to other threads afterwards.
-void StreamCopy(void* dst, const void* src, size_t bytes);
-
 // Orders this thread's streaming stores (the kernels' stream writes) before
 // its later stores: called once after a run of them.
 void StreamFence();
 
 }  // namespace normd
 
-#endif  // NORMD_SERVER_CORE_SIMD_STREAM_COPY_H_
+#endif  // NORMD_SERVER_CORE_SIMD_STREAMING_H_
