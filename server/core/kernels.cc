@@ -36,17 +36,6 @@ static_assert(kLongLayerNormRow >= kMomentsBlock);
 constexpr int64_t kWholeLongRowsPerThread = 4;
 constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
 
-// A fp64 mean split into two floats, mean ~= hi + lo, so that fp32 lanes can
-// subtract it first: (x - hi) is exact near the mean (Sterbenz), and lo
-// restores the bits hi dropped.
-struct SplitMean {
-  float hi;
-  float lo;
-  explicit SplitMean(double mean)
-      : hi(static_cast<float>(mean)),
-        lo(static_cast<float>(mean - static_cast<double>(hi))) {}
-};
-
 // How far ahead of the element it writes a stream writer prefetches its
 // own input when it has no next row to prefetch (see RowPrefetch).
 constexpr int64_t kStreamPrefetchBytes = 2048;
@@ -65,33 +54,6 @@ RowWrite RowPrefetch(bool stream, const void* current, const void* next_row,
       .prefetch = next_row != nullptr ? next_row : current,
       .prefetch_element_bytes = element_bytes,
       .prefetch_ahead_bytes = next_row != nullptr ? 0 : kStreamPrefetchBytes};
-}
-
-// One channel's fp32 constants: y = fma(x - hi, scale, shift) in fp32,
-// rounded once after the subtraction (see simd/channel_affine.h).
-struct ChannelConstants {
-  float hi, scale, shift;
-};
-
-// The fp32 constants of y = (x - mean) * scale + shift (fp64 parameters) for
-// ChannelConstants: hi = mean rounded to float, so x - hi is exact near the
-// mean (Sterbenz); the rest of the mean, (mean - hi) * scale, is taken from
-// the shift in fp64. One rounding after the subtraction, where ((x - hi) -
-// lo) * scale + shift had three. With a scale that is not finite in fp32
-// (an infinite or NaN weight, or one that overflows) the rest is left out:
-// each value's sign against hi decides, as with an fp32 mean.
-ChannelConstants ChannelConstantsOf(double mean, double scale, double shift) {
-  const float hi = static_cast<float>(mean);
-  const float scale32 = static_cast<float>(scale);
-  const double rest = (mean - static_cast<double>(hi)) * scale;
-  const bool fold = std::isfinite(scale32) && std::isfinite(rest);
-  return {hi, scale32, static_cast<float>(fold ? shift - rest : shift)};
-}
-
-// p + j, or null for a null p (optional per-element parameters).
-template <typename T>
-const T* OffsetOrNull(const T* p, int64_t j) {
-  return p == nullptr ? nullptr : p + j;
 }
 
 // The per-call affine parameters in the element type of the data.
@@ -113,33 +75,6 @@ struct AffineParams {
   const T* weight;
   const T* bias;
 };
-
-// Elements per channels-last period: a multiple of the channel count, long
-// enough that the loop over one period vectorizes well.
-int64_t ChannelsLastPeriod(int64_t channels, int64_t outer) {
-  constexpr int64_t kMinPeriod = 1024;
-  return channels *
-         std::max<int64_t>(1, std::min(kMinPeriod / channels, outer));
-}
-
-// The period of the channel kernels' parameter arrays for `layout`:
-// ChannelsLastPeriod channels-last, else the channel count.
-int64_t ParamsPeriod(const ChannelLayout& layout) {
-  return layout.inner == 1 ? ChannelsLastPeriod(layout.channels, layout.outer)
-                           : layout.channels;
-}
-
-// values[c] repeated over period + channels entries: entry i is
-// values[i % channels].
-template <typename T>
-std::vector<T> ExpandChannelsLast(std::vector<T> values, int64_t period) {
-  const int64_t channels = static_cast<int64_t>(values.size());
-  values.resize(period + channels);
-  for (int64_t i = channels; i < period + channels; ++i) {
-    values[i] = values[i - channels];
-  }
-  return values;
-}
 
 // Per-thread buffers: kInputSlot holds input copied or widened for a piece,
 // kOutputSlot the 16-bit rows' widened batch or statistics scratch.
@@ -184,9 +119,12 @@ RowAffine RowConstants(const Moments& moments, double eps, LayerNormStyle style,
                      .weight = affine.weight,
                      .bias = affine.bias};
   }
-  const SplitMean mean(center);
-  return RowAffine{.hi = mean.hi,
-                   .lo = mean.lo,
+  // The mean split into two floats, mean ~= hi + lo, so that fp32 lanes can
+  // subtract it first: (x - hi) is exact near the mean (Sterbenz), and lo
+  // restores the bits hi dropped.
+  const float hi = static_cast<float>(center);
+  return RowAffine{.hi = hi,
+                   .lo = static_cast<float>(center - static_cast<double>(hi)),
                    .scale = static_cast<float>(scale),
                    .weight = affine.weight,
                    .bias = affine.bias};
@@ -304,8 +242,8 @@ struct RowsJob {
                j += kStagingElements) {
             const int64_t len = std::min(range.end() - j, kStagingElements);
             RowAffine piece = row;
-            piece.weight = OffsetOrNull(affine.weight, j);
-            piece.bias = OffsetOrNull(affine.bias, j);
+            if (affine.weight != nullptr) piece.weight = affine.weight + j;
+            if (affine.bias != nullptr) piece.bias = affine.bias + j;
             const void* values = x + j * size;
             DType values_type = dtype;
             if (IsHalf(dtype) && !direct) {
@@ -428,43 +366,52 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
 }
 
 // The per-channel parameters of the channel affines (simd/channel_affine.h)
-// as arrays of T, expanded for channels-last (inner == 1) to `period` +
-// channels entries: fp32 (and 16-bit data) the constants of
-// ChannelConstantsOf, fp64 the mean, scale and shift themselves.
+// as arrays of T. fp32 (and 16-bit data): y = fma(x - hi, scale, shift -
+// (mean - hi) * scale), hi the mean rounded to float, so that x - hi is
+// exact near the mean (Sterbenz), the third operand folded in fp64: one
+// rounding after the subtraction, where ((x - hi) - lo) * scale + shift had
+// three. With a scale that is not finite in fp32 (an infinite or NaN
+// weight, or one that overflows) the rest of the mean is left out: each
+// value's sign against hi decides, as with an fp32 mean. fp64: the mean,
+// scale and shift themselves. Channels-last (inner == 1): expanded to
+// `period` + channels entries (entry i for channel i % channels), the
+// period a multiple of the channel count long enough that the loop over
+// one period vectorizes well.
 template <typename T>
 struct ChannelParams {
-  ChannelParams(const ChannelLayout& layout, int64_t period, const double* mean,
-                const double* scale, const double* shift) {
+  explicit ChannelParams(const ChannelLayout& layout, const double* mean,
+                         const double* scale, const double* shift) {
     const int64_t channels = layout.channels;
-    for (std::vector<T>* v : {&a, &b, &c}) v->resize(channels);
-    for (int64_t k = 0; k < channels; ++k) {
+    constexpr int64_t kMinPeriod = 1024;
+    period =
+        layout.inner != 1
+            ? channels
+            : channels * std::max<int64_t>(
+                             1, std::min(kMinPeriod / channels, layout.outer));
+    const int64_t entries = layout.inner == 1 ? period + channels : channels;
+    for (std::vector<T>* v : {&a, &b, &c}) v->resize(entries);
+    for (int64_t i = 0; i < entries; ++i) {
+      const int64_t k = i % channels;
+      a[i] = static_cast<T>(mean[k]);
+      b[i] = static_cast<T>(scale[k]);
+      c[i] = static_cast<T>(shift[k]);
       if constexpr (std::is_same_v<T, float>) {
-        const ChannelConstants one =
-            ChannelConstantsOf(mean[k], scale[k], shift[k]);
-        a[k] = one.hi;
-        b[k] = one.scale;
-        c[k] = one.shift;
-      } else {
-        a[k] = mean[k];
-        b[k] = scale[k];
-        c[k] = shift[k];
-      }
-    }
-    if (layout.inner == 1) {
-      for (std::vector<T>* v : {&a, &b, &c}) {
-        *v = ExpandChannelsLast(std::move(*v), period);
+        const double rest = (mean[k] - static_cast<double>(a[i])) * scale[k];
+        if (std::isfinite(b[i]) && std::isfinite(rest)) {
+          c[i] = static_cast<float>(shift[k] - rest);
+        }
       }
     }
   }
   // Elements [begin, end) of dtype from x (element begin at x[0]) to y + begin.
   void Write(DType dtype, const void* x, void* y, int64_t begin, int64_t end,
-             const ChannelLayout& layout, int64_t period,
-             const ChannelWrite& write) const {
+             const ChannelLayout& layout, const ChannelWrite& write) const {
     const int64_t size = ElementSize(dtype);
     ChannelAffineWrite(dtype, x, static_cast<char*>(y) + begin * size, begin,
                        end, layout.channels, layout.inner, period, a.data(),
                        b.data(), c.data(), write);
   }
+  int64_t period;
   std::vector<T> a, b, c;
 };
 
@@ -479,8 +426,7 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
   if (total == 0) return;
   const int64_t size = ElementSize(dtype);
   const bool stream = StreamOutput(std::max(total, output_elements), size);
-  const int64_t period = ParamsPeriod(layout);
-  const ChannelParams<P> params(layout, period, mean, scale, shift);
+  const ChannelParams<P> params(layout, mean, scale, shift);
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
     char* staging = source.data != nullptr
@@ -489,8 +435,7 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
     for (int64_t b = r.begin(); b < r.end(); b += piece) {
       const int64_t e = std::min(r.end(), b + piece);
       params.Write(dtype, source.Read(b * size, (e - b) * size, staging), y, b,
-                   e, layout, period,
-                   {.stream = stream, .prefetch_input = true});
+                   e, layout, {.stream = stream, .prefetch_input = true});
     }
     return stream;
   });
