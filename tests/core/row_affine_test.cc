@@ -84,7 +84,7 @@ TEST(RowAffineTest, FloatAndDoubleRowsAreTheirFormulasOnEveryTarget) {
 }
 
 // The 16-bit rows' fused multiply-add is exact on every target, including
-// SSE4 and scalar, which have no FMA instruction (simd/fma-inl.h): with
+// SSE4 and scalar, which have no FMA instruction (simd/ops-inl.h): with
 // hi = lo = 0 and scale = 1 the row affine is y = fma(x, weight, bias), here
 // for random bit patterns (every exponent: overflow, subnormal products and
 // sums, exact cancellation, infinities) and a few hand-picked ties.
