@@ -35,6 +35,9 @@ static_assert(kLongLayerNormRow >= kMomentsBlock);
 // (paths with a staging buffer grow it to a row).
 constexpr int64_t kWholeLongRowsPerThread = 4;
 constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
+// 16-bit rows longer than this go one at a time (the per-thread buffers
+// hold whole rows).
+constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 
 // How far ahead of the element it writes a stream writer prefetches its
 // own input when it has no next row to prefetch (see RowPrefetch).

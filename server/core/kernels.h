@@ -62,10 +62,6 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
 // when there are too few of them to give every thread several.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
-// 16-bit rows longer than this go one at a time (the per-thread buffers
-// hold whole rows).
-inline constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
-
 // How ChannelAffineKernel walks its tensor. The output is the same.
 enum class Traversal {
   kParallel,  // Cache-sized pieces in parallel.

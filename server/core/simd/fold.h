@@ -2,8 +2,8 @@
 // SIMD target computed its lane sums: the fixed pairwise fold of lane sums,
 // the correction that turns shifted sums into (mean, M2), and the test that
 // sends a block to the exact path. Plain inline functions (no Highway), so
-// that every target and the multiversioned loops run the same operations in
-// the same order: the same bits. Pure functions.
+// that every target runs the same operations in the same order: the same
+// bits. Pure functions.
 #ifndef NORMD_SERVER_CORE_SIMD_FOLD_H_
 #define NORMD_SERVER_CORE_SIMD_FOLD_H_
 
