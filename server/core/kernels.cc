@@ -393,17 +393,21 @@ struct ChannelParams {
                              1, std::min(kMinPeriod / channels, layout.outer));
     const int64_t entries = layout.inner == 1 ? period + channels : channels;
     for (std::vector<T>* v : {&a, &b, &c}) v->resize(entries);
-    for (int64_t i = 0; i < entries; ++i) {
-      const int64_t k = i % channels;
-      a[i] = static_cast<T>(mean[k]);
-      b[i] = static_cast<T>(scale[k]);
-      c[i] = static_cast<T>(shift[k]);
+    for (int64_t k = 0; k < channels; ++k) {
+      a[k] = static_cast<T>(mean[k]);
+      b[k] = static_cast<T>(scale[k]);
+      c[k] = static_cast<T>(shift[k]);
       if constexpr (std::is_same_v<T, float>) {
-        const double rest = (mean[k] - static_cast<double>(a[i])) * scale[k];
-        if (std::isfinite(b[i]) && std::isfinite(rest)) {
-          c[i] = static_cast<float>(shift[k] - rest);
+        const double rest = (mean[k] - static_cast<double>(a[k])) * scale[k];
+        if (std::isfinite(b[k]) && std::isfinite(rest)) {
+          c[k] = static_cast<float>(shift[k] - rest);
         }
       }
+    }
+    for (int64_t i = channels; i < entries; ++i) {
+      a[i] = a[i - channels];
+      b[i] = b[i - channels];
+      c[i] = c[i - channels];
     }
   }
   // Elements [begin, end) of dtype from x (element begin at x[0]) to y + begin.
