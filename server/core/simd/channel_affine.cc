@@ -282,46 +282,20 @@ void Range(const typename Elements<kType>::Stored* x,
   }
 }
 
-template <DType kType>
-void RangeFor(const void* x, void* out, int64_t begin, int64_t end,
-              int64_t channels, int64_t inner, int64_t period, const void* a,
-              const void* b, const void* c, const ChannelWrite& write) {
-  using E = Elements<kType>;
-  using Stored = typename E::Stored;
-  using Value = typename E::Value;
-  auto* px = static_cast<const Stored*>(x);
-  auto* po = static_cast<Stored*>(out);
-  auto* pa = static_cast<const Value*>(a);
-  auto* pb = static_cast<const Value*>(b);
-  auto* pc = static_cast<const Value*>(c);
-  if (write.stream) {
-    Range<kType, true>(px, po, begin, end, channels, inner, period, pa, pb, pc,
-                       write.prefetch_input);
-  } else {
-    Range<kType, false>(px, po, begin, end, channels, inner, period, pa, pb, pc,
-                        write.prefetch_input);
-  }
-}
-
 }  // namespace
 
 void AnyRange(DType dtype, const void* x, void* out, int64_t begin, int64_t end,
               int64_t channels, int64_t inner, int64_t period, const void* a,
               const void* b, const void* c, const ChannelWrite& write) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return RangeFor<DType::kFloat32>(x, out, begin, end, channels, inner,
-                                       period, a, b, c, write);
-    case DType::kFloat64:
-      return RangeFor<DType::kFloat64>(x, out, begin, end, channels, inner,
-                                       period, a, b, c, write);
-    case DType::kBFloat16:
-      return RangeFor<DType::kBFloat16>(x, out, begin, end, channels, inner,
-                                        period, a, b, c, write);
-    case DType::kFloat16:
-      return RangeFor<DType::kFloat16>(x, out, begin, end, channels, inner,
-                                       period, a, b, c, write);
-  }
+  ForDType(dtype, [&]<DType kType>() {
+    using Stored = typename Elements<kType>::Stored;
+    using Value = typename Elements<kType>::Value;
+    auto range = write.stream ? &Range<kType, true> : &Range<kType, false>;
+    range(static_cast<const Stored*>(x), static_cast<Stored*>(out), begin, end,
+          channels, inner, period, static_cast<const Value*>(a),
+          static_cast<const Value*>(b), static_cast<const Value*>(c),
+          write.prefetch_input);
+  });
 }
 
 }  // namespace HWY_NAMESPACE

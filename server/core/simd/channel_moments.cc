@@ -330,33 +330,19 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
   return accurate;
 }
 
-template <DType kType>
-void TypedBlockMoments(const void* x, const ChannelLayout& layout,
-                       const ChannelRowBlock& block, double* scratch,
-                       Moments* out) {
-  const auto* values = static_cast<const typename Elements<kType>::Stored*>(x);
-  if (kType == DType::kFloat64 ||
-      !BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out)) {
-    BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
-  }
-}
-
 }  // namespace
 
 void RowBlockMoments(DType dtype, const void* x, const ChannelLayout& layout,
                      const ChannelRowBlock& block, double* scratch,
                      Moments* out) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return TypedBlockMoments<DType::kFloat32>(x, layout, block, scratch, out);
-    case DType::kFloat64:
-      return TypedBlockMoments<DType::kFloat64>(x, layout, block, scratch, out);
-    case DType::kBFloat16:
-      return TypedBlockMoments<DType::kBFloat16>(x, layout, block, scratch,
-                                                 out);
-    case DType::kFloat16:
-      return TypedBlockMoments<DType::kFloat16>(x, layout, block, scratch, out);
-  }
+  ForDType(dtype, [&]<DType kType>() {
+    const auto* values =
+        static_cast<const typename Elements<kType>::Stored*>(x);
+    if (kType == DType::kFloat64 ||
+        !BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out)) {
+      BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
+    }
+  });
 }
 
 }  // namespace HWY_NAMESPACE

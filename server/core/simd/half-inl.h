@@ -305,6 +305,21 @@ struct Elements {
   }
 };
 
+// Calls f.template operator()<kType>() with dtype as a constant.
+template <class F>
+HWY_INLINE void ForDType(DType dtype, const F& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f.template operator()<DType::kFloat32>();
+    case DType::kFloat64:
+      return f.template operator()<DType::kFloat64>();
+    case DType::kBFloat16:
+      return f.template operator()<DType::kBFloat16>();
+    case DType::kFloat16:
+      return f.template operator()<DType::kFloat16>();
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
 HWY_AFTER_NAMESPACE();
