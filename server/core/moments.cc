@@ -235,6 +235,8 @@ std::vector<Moments> ChannelMoments(DType dtype, const void* x,
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(dtype, x, layout);
+  // Every channel one run of 16-255 values (the sets of GroupNorm /
+  // InstanceNorm chunks of small images): reduced as rows.
   if (dtype != DType::kFloat64 && layout.outer == 1 && layout.inner >= 16) {
     return OneRunChannelMoments(dtype, x, layout);
   }
