@@ -8,10 +8,8 @@
 namespace normd {
 namespace {
 
-// `value` rounded to fp32 with round-to-odd: truncated toward zero, and the
-// last mantissa bit set when anything was dropped. Rounding that result once
-// more to a format at least 2 bits narrower gives the correctly rounded
-// value of `value` itself.
+// `value` rounded to fp32 to odd: truncated, the last bit set when inexact.
+// Rounding that to a format 2 bits narrower or more rounds `value` itself.
 float ToFloatRoundToOdd(double value) {
   if (!std::isfinite(value)) return static_cast<float>(value);
   float f = static_cast<float>(value);

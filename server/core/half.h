@@ -1,10 +1,7 @@
-// Conversions between fp32 and the 16-bit storage formats bfloat16 and IEEE
-// binary16 (float16). normd computes half-precision tensors in fp32/fp64:
-// inputs are widened (exactly), results narrowed with round-to-nearest-even,
-// as PyTorch and NumPy do. Every NaN narrows to one canonical quiet NaN
-// (payloads and signs of NaNs depend on operand order, which compilers are
-// free to change); infinities and signed zeros are kept, float16 subnormals
-// are handled exactly. Pure functions, safe from any thread.
+// Conversions between fp32 and the 16-bit formats bfloat16 and float16:
+// widening is exact, narrowing rounds to nearest even (as PyTorch), and
+// every NaN narrows to one canonical quiet NaN (NaN payloads depend on
+// operand order, which compilers may change). Pure functions.
 #ifndef NORMD_SERVER_CORE_HALF_H_
 #define NORMD_SERVER_CORE_HALF_H_
 
@@ -21,9 +18,7 @@ inline float BFloat16ToFloat(uint16_t h) {
   return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
-// The quiet NaN every NaN narrows to, whatever its sign and payload (as
-// PyTorch's bfloat16), so that results never depend on which NaN operand an
-// instruction happened to propagate.
+// The quiet NaN every NaN narrows to, whatever its sign and payload.
 inline constexpr uint16_t kCanonicalBFloat16NaN = 0x7fc0;
 inline constexpr uint16_t kCanonicalFloat16NaN = 0x7e00;
 // The fp32 quiet NaN that the CPU's conversion narrows to
@@ -38,10 +33,8 @@ inline uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-// float16 -> fp32 (exact, subnormals included; a NaN comes out quiet, as
-// from the CPUs' conversion instructions: the multiplication by 2^-112
-// quiets it). Branch-free so that loops
-// over it vectorize (after Maratyszcza's FP16 library).
+// float16 -> fp32 (exact; a NaN comes out quiet, as from the CPUs'
+// instructions). Branch-free, after Maratyszcza's FP16 library.
 inline float Float16ToFloat(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
@@ -59,8 +52,7 @@ inline float Float16ToFloat(uint16_t h) {
 }
 
 // fp32 -> float16, round to nearest even; overflow gives infinity, NaN
-// kCanonicalFloat16NaN. Relies on fp32 arithmetic rounding to nearest (the
-// default; the core never changes the mode or sets flush-to-zero).
+// kCanonicalFloat16NaN. Needs the default rounding mode, no flush-to-zero.
 inline uint16_t FloatToFloat16(float f) {
   float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
   const uint32_t w = std::bit_cast<uint32_t>(f);
@@ -90,13 +82,11 @@ inline uint16_t FloatToHalf(DType dtype, float f) {
   return dtype == DType::kBFloat16 ? FloatToBFloat16(f) : FloatToFloat16(f);
 }
 
-// fp64 -> 16-bit dtype, correctly rounded (to nearest even) in one step: the
-// value is first rounded to fp32 "to odd", which keeps the information that
-// decides the second rounding.
+// fp64 -> 16-bit dtype, correctly rounded: through fp32 rounded to odd.
 uint16_t DoubleToHalf(DType dtype, double value);
 
-// n elements of `dtype` (16-bit) at src widened to fp32 at dst, on Highway
-// (simd/convert.cc) with the bits of HalfToFloat.
+// n 16-bit values of `dtype` at src widened to fp32 at dst (HalfToFloat's
+// bits; simd/convert.cc).
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n);
 
 }  // namespace normd

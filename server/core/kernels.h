@@ -1,7 +1,7 @@
-// Elementwise normalization kernels of the numeric core. Each output element
-// depends only on its input and per-row / per-channel constants, so the
-// output is identical for any number of threads. Parallel with oneTBB; safe to
-// call from many threads at once on distinct outputs.
+// The elementwise normalization kernels: each output depends only on its
+// input and per-row or per-channel constants, so it is the same at any
+// thread count. Parallel (oneTBB); safe from many threads on distinct
+// outputs.
 #ifndef NORMD_SERVER_CORE_KERNELS_H_
 #define NORMD_SERVER_CORE_KERNELS_H_
 
@@ -20,9 +20,8 @@ enum class LayerNormStyle {
   kRms,  // RMSNorm: x (no centering), times 1 / sqrt(mean(x^2) + eps)
 };
 
-// Where a kernel reads its input: contiguous memory, or (fp32 and fp64
-// only) a ScatteredBytes whose pieces are copied into a per-thread staging
-// buffer as they are needed. A plain value.
+// Where a kernel reads its input: contiguous memory, or (fp32 and fp64)
+// a ScatteredBytes copied into a per-thread buffer piece by piece. A value.
 struct InputSource {
   const char* data = nullptr;                 // Contiguous input, or null.
   const ScatteredBytes* scattered = nullptr;  // Used when data is null.
@@ -35,18 +34,12 @@ struct InputSource {
   }
 };
 
-// LayerNorm (or RMSNorm, by `style`) of x into y, elements of `dtype` (x ==
-// y allowed for contiguous x): per row of `rows.row_size` values,
-// y = (x - center(row)) * scale(row) * weight[j] + bias[j].
-// weight/bias have row_size entries or are null (= 1 / 0). The moments are
-// exact (see moments.h). 16-bit rows are computed in fp32 with fp64
-// statistics and rounded once: widened as loaded or a few rows at a time
-// into a per-thread buffer, narrowed as written (streaming stores for large
-// outputs), so the tensor crosses memory once each way. Rows long and too
-// few for the threads go one at a time, each reduced and written by every
-// thread in pieces. Scattered input is read a few rows at a time and needs
-// rows shorter than kLongLayerNormRow (Engine gathers longer ones; see
-// Engine::ReadsScatteredInPlace).
+// LayerNorm (or RMSNorm, by `style`) of x into y, elements of `dtype` (x
+// == y allowed for contiguous x): per row of rows.row_size values,
+// y = (x - center(row)) * scale(row) * weight[j] + bias[j], weight and bias
+// row_size values or null (1 / 0). 16-bit rows are computed in fp32 from
+// fp64 statistics and rounded once. Scattered input needs rows shorter
+// than kLongLayerNormRow (see Engine::ReadsScatteredInPlace).
 void LayerNormKernel(DType dtype, const InputSource& x, void* y,
                      const RowLayout& rows, double eps, LayerNormStyle style,
                      const double* weight, const double* bias);
@@ -58,8 +51,8 @@ void LayerNormKernel(const T* x, T* y, const RowLayout& rows, double eps,
                   rows, eps, style, weight, bias);
 }
 
-// Rows at least this long are reduced and written in parallel one at a time
-// when there are too few of them to give every thread several.
+// Rows at least this long, when too few to give every thread several, are
+// reduced and written one at a time, each by every thread.
 inline constexpr int64_t kLongLayerNormRow = 32768;
 
 // How ChannelAffineKernel walks its tensor. The output is the same.
@@ -72,17 +65,12 @@ enum class Traversal {
   kBackwardsOnThisThread,
 };
 
-// y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of a
-// tensor of `dtype` laid out as `layout` (x == y allowed for contiguous x).
-// Scattered input is read in cache-sized pieces. `output_elements`, when
-// larger, is the size of the whole output this call writes a part of: it
-// decides whether stores bypass the cache, as for one call over all of it.
-// fp32: y = fma(x - hi, scale, shift - (mean - hi) * scale), hi the mean
-// rounded to float and the third operand folded in fp64: one rounding
-// after an exact subtraction near the mean, the same bits on every CPU.
-// 16-bit: the bits of widening x to fp32, running the fp32 affine and
-// narrowing (round to nearest even, canonical NaN), computed in registers
-// (simd/channel_affine.h).
+// y = (x - mean[c]) * scale[c] + shift[c] for every element of channel c of
+// a tensor of `dtype` laid out as `layout` (x == y allowed for contiguous
+// x). fp32 and 16-bit: fma(x - hi, scale, shift - (mean - hi) * scale) in
+// fp32, hi the mean rounded to float (simd/channel_affine.h).
+// `output_elements`, when larger, is the whole output this call writes part
+// of: it decides whether stores bypass the cache.
 void ChannelAffineKernel(DType dtype, const InputSource& x, void* y,
                          const ChannelLayout& layout, const double* mean,
                          const double* scale, const double* shift,

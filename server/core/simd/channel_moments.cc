@@ -75,29 +75,78 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   }
 }
 
-// Whole tiles: `tiled` (a multiple of kTile) channels-last channels from
-// `c` over rows [r0, r1), each channel in its own lane, kept in panels of 4
-// vectors (64, 32, 16 or 4 lanes by target) over each flush interval of
-// kTileFlush rows (from L1 after the first panel). Rows before
-// `prefetch_end` are prefetched `prefetch_bytes` wide.
+// The sums of channels-last channels [c, c + width) over rows [r0, r1):
+// width a multiple of kTile (whole tiles, each channel its own lane) or a
+// power of two below it (a narrow tile, whose kTile lanes take kTile /
+// width rows per step: the rows of a flush interval are copied together,
+// widened, so that value q of the interval is in lane q % kTile, and the
+// last step's missing rows are masked off). The lanes are kept in panels
+// of 4 vectors (64, 32, 16 or 4 lanes by target) over each flush interval
+// of kTileFlush steps, then added into fp64. Whole tiles prefetch rows
+// before `prefetch_end`, `prefetch_bytes` wide.
 template <DType kType, typename Stored>
-void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
-              int64_t tiled, int64_t r0, int64_t r1, int64_t prefetch_end,
-              int64_t prefetch_bytes, double* HWY_RESTRICT center_out,
-              double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out) {
+void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
+                      int64_t width, int64_t r0, int64_t r1,
+                      int64_t prefetch_end, int64_t prefetch_bytes,
+                      double* HWY_RESTRICT center_out,
+                      double* HWY_RESTRICT dev_out,
+                      double* HWY_RESTRICT sq_out) {
   using E = Elements<kType>;
   const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t panel = 4 * lanes;
+  const bool narrow = width < kTile;
+  const int64_t step_rows = narrow ? kTile / width : 1;
+  const int64_t step_lanes = narrow ? kTile : width;
   HWY_ALIGN float center[kMaxChannelsLastBlock];
+  Shifts<kType>(x, stride, c, width, r0, r1, center);
+  for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
+  HWY_ALIGN float staged[kTileFlush * kTile];
   HWY_ALIGN float acc[2 * kTile];
-  Shifts<kType>(x, stride, c, tiled, r0, r1, center);
-  std::fill(dev_out, dev_out + tiled, 0.0);
-  std::fill(sq_out, sq_out + tiled, 0.0);
+  double narrow_dev[kTile], narrow_sq[kTile];
+  double* dev = narrow ? narrow_dev : dev_out;
+  double* sq = narrow ? narrow_sq : sq_out;
+  std::fill(dev, dev + step_lanes, 0.0);
+  std::fill(sq, sq + step_lanes, 0.0);
+  // Adds steps [0, steps) of values(s, at), the lanes [at, at + lanes) of
+  // step s, the first `valid` values only when kMasked.
+  auto add = [&]<bool kMasked>(int64_t steps, int64_t valid,
+                               const auto& values) NORMD_LAMBDA_INLINE {
+    for (int64_t p = 0; p < step_lanes; p += 4 * lanes) {
+      PanelSums(
+          d, 4, 0, steps, 1,
+          [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
+            const int64_t at = p + v * lanes;
+            AddDeviation<true>(
+                d, hn::Sub(values(s, at), hn::Load(d, center + at)), dev_v,
+                sq_v, kMasked ? valid - (s * kTile + at) : INT64_MAX);
+          },
+          acc, acc + kTile);
+      AddWidened(acc, dev + p, 4 * lanes);
+      AddWidened(acc + kTile, sq + p, 4 * lanes);
+    }
+  };
   const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
   const int64_t ahead = std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
-  for (int64_t f = r0; f < r1; f += kTileFlush) {
-    const int64_t f_end = std::min(r1, f + kTileFlush);
+  for (int64_t f = r0; f < r1; f += kTileFlush * step_rows) {
+    const int64_t f_end = std::min(r1, f + kTileFlush * step_rows);
+    if (narrow) {
+      for (int64_t r = f; r < f_end; ++r) {
+        const Stored* from = x + r * stride + c;
+        float* to = staged + (r - f) * width;
+        int64_t j = 0;
+        for (; j + lanes <= width; j += lanes) {
+          hn::StoreU(E::Load(d, from + j), d, to + j);
+        }
+        for (; j < width; ++j) to[j] = E::Scalar(from[j]);
+      }
+      const int64_t values = (f_end - f) * width;
+      add.template operator()<true>(
+          (values + kTile - 1) / kTile, values,
+          [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE {
+            return hn::Load(d, staged + s * kTile + at);
+          });
+      continue;
+    }
     for (int64_t r = f; r < f_end && r + ahead < prefetch_end; ++r) {
       const char* row =
           reinterpret_cast<const char*>(x + (r + ahead) * stride + c);
@@ -105,88 +154,19 @@ void TileSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         __builtin_prefetch(row + line, 0, 2);
       }
     }
-    for (int64_t p = 0; p < tiled; p += panel) {
-      PanelSums(
-          d, 4, f, f_end, 1,
-          [&](int64_t r, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-            const int64_t at = p + v * lanes;
-            AddDeviation<true>(d,
-                               hn::Sub(E::Load(d, x + r * stride + c + at),
-                                       hn::Load(d, center + at)),
-                               dev_v, sq_v);
-          },
-          acc, acc + kTile);
-      AddWidened(acc, dev_out + p, panel);
-      AddWidened(acc + kTile, sq_out + p, panel);
-    }
-  }
-  for (int64_t j = 0; j < tiled; ++j) {
-    center_out[j] = static_cast<double>(center[j]);
-  }
-}
-
-// A narrow tile: `width` (32, 16, .., 1) channels-last channels from `c`
-// over rows [r0, r1). Its kTile lanes take kTile / width rows per step; the
-// rows of a flush interval (kTileFlush steps) are copied together (widened)
-// so that value q of the interval (row q / width, channel q % width) is in
-// lane q % kTile, and summed as a contiguous block, the last step's missing
-// rows masked off.
-template <DType kType, typename Stored>
-void NarrowSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
-                int64_t width, int64_t r0, int64_t r1,
-                double* HWY_RESTRICT center_out, double* HWY_RESTRICT dev_out,
-                double* HWY_RESTRICT sq_out) {
-  using E = Elements<kType>;
-  const FloatVectorTag d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t panel = 4 * lanes;
-  const int64_t group_rows = kTileFlush * (kTile / width);
-  float center[kTile / 2];
-  Shifts<kType>(x, stride, c, width, r0, r1, center);
-  HWY_ALIGN float lane_center[kTile];
-  for (int64_t l = 0; l < kTile; ++l) lane_center[l] = center[l % width];
-  HWY_ALIGN float staged[kTileFlush * kTile];
-  HWY_ALIGN float acc[2 * kTile];
-  double dev[kTile] = {};
-  double sq[kTile] = {};
-  for (int64_t f = r0; f < r1; f += group_rows) {
-    const int64_t f_end = std::min(r1, f + group_rows);
-    const int64_t values = (f_end - f) * width;
-    for (int64_t r = f; r < f_end; ++r) {
-      const Stored* from = x + r * stride + c;
-      float* to = staged + (r - f) * width;
-      int64_t j = 0;
-      for (; j + lanes <= width; j += lanes) {
-        hn::StoreU(E::Load(d, from + j), d, to + j);
-      }
-      for (; j < width; ++j) to[j] = E::Scalar(from[j]);
-    }
-    for (int64_t p = 0; p < kTile; p += panel) {
-      PanelSums(
-          d, 4, p, values, kTile,
-          [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-            const int64_t at = s + v * lanes;
-            AddDeviation<true>(
-                d,
-                hn::Sub(hn::Load(d, staged + at),
-                        hn::Load(d, lane_center + p + v * lanes)),
-                dev_v, sq_v, values - at);
-          },
-          acc, acc + kTile);
-      AddWidened(acc, dev + p, panel);
-      AddWidened(acc + kTile, sq + p, panel);
-    }
+    add.template operator()<false>(
+        f_end - f, 0, [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE {
+          return E::Load(d, x + (f + s) * stride + c + at);
+        });
   }
   for (int64_t j = 0; j < width; ++j) {
-    double dev_sum = 0.0;
-    double sq_sum = 0.0;
-    for (int64_t l = j; l < kTile; l += width) {
-      dev_sum += dev[l];
-      sq_sum += sq[l];
-    }
     center_out[j] = static_cast<double>(center[j]);
-    dev_out[j] = dev_sum;
-    sq_out[j] = sq_sum;
+    if (!narrow) continue;
+    dev_out[j] = sq_out[j] = 0.0;
+    for (int64_t l = j; l < kTile; l += width) {
+      dev_out[j] += dev[l];
+      sq_out[j] += sq[l];
+    }
   }
 }
 
@@ -279,18 +259,18 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
   if constexpr (kType == DType::kFloat64) {
     // fp64: the exact loops alone.
   } else if (fast && inner == 1) {
-    const int64_t tiled = width / kTile * kTile;
+    // Whole tiles first, then narrow tiles of 32, 16, .., 1 channels.
     const bool prefetch = PrefetchesRows(width);
-    TileSums<kType>(x, stride, block.c0, tiled, block.r0, block.r1,
-                    prefetch ? layout.outer : 0,
-                    width * static_cast<int64_t>(sizeof(Stored)), sum, dev, sq);
-    for (int64_t w = kTile / 2; w >= 1; w /= 2) {
-      if (width - tiled - done >= w) {
-        const int64_t at = tiled + done;
-        NarrowSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
-                          sum + at, dev + at, sq + at);
-        done += w;
-      }
+    for (int64_t at = 0; at < width;) {
+      const int64_t left = width - at;
+      const int64_t w = left >= kTile ? left / kTile * kTile
+                                      : static_cast<int64_t>(std::bit_floor(
+                                            static_cast<uint64_t>(left)));
+      ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
+                              prefetch ? layout.outer : 0,
+                              width * static_cast<int64_t>(sizeof(Stored)),
+                              sum + at, dev + at, sq + at);
+      at += w;
     }
     done = width;
   } else if (fast && inner >= kRunLanes) {

@@ -1,25 +1,16 @@
 // The per-channel moments of one row block of a [outer, channels, inner]
-// tensor (see ChannelLayout), the unit of the short-run channel reductions
-// (moments.cc): channels [c0, c1) over the rows (outer indices) [r0, r1).
-// On Highway: compiled for every SIMD target and dispatched once per block,
-// with the same bits on every target.
-//
-// fp32 and 16-bit data (widened exactly as loaded) take fast paths whose
-// lanes are fixed, whatever the vector width:
-// - channels-last (inner == 1): each channel has its own fp32 lane. Its
-//   shift is the fp32 mean of its first 32 rows in the block; d = x - shift
-//   and d^2 (fused) are summed in fp32, flushed into fp64 every 16 rows.
-//   Whole tiles of 64 channels; the channels past them in narrow tiles of
-//   32, 16, .., 1 channels whose 64 lanes take 64 / width rows per step
-//   (lane s * width + j: channel j of row s of the step), flushed every 16
-//   steps and added per channel in lane order at the end.
-// - runs of 16 values or more (1 < inner < 256, e.g. 7x7 images): 16 fp64
-//   lanes per run (value i in lane i % 16), folded pairwise and added to the
-//   channel's sums; the shift is the mean of its first run's first 16
-//   values.
-// A block where the fast sums lost accuracy (fold::NeedsExactPath), fp64
-// data, and runs of 2 to 15 values take the exact two-pass fp64 loops.
-// Thread-safe (pure functions).
+// tensor: channels [c0, c1) over rows (outer indices) [r0, r1), the unit
+// of the short-run channel reductions (moments.cc). On Highway, the same
+// bits on every target: lanes are fixed, whatever the vector width.
+// - Channels-last (inner == 1), fp32 and 16-bit: each channel its own fp32
+//   lane, shifted by the fp32 mean of its first 32 rows, d and d^2 (fused)
+//   flushed into fp64 every 16 rows; 64 channels per tile, and narrow tiles
+//   of 32, 16, .., 1 channels whose 64 lanes take 64 / width rows a step.
+// - Runs of 16 to 255 values: 16 fp64 lanes per run, folded pairwise into
+//   the channel's sums, shifted by the mean of its first 16 values.
+// fp64 data, runs of 2 to 15 values and blocks whose fast sums lost
+// accuracy (fold::NeedsExactPath) take the exact two-pass fp64 loops. Pure
+// functions.
 #ifndef NORMD_SERVER_CORE_SIMD_CHANNEL_MOMENTS_H_
 #define NORMD_SERVER_CORE_SIMD_CHANNEL_MOMENTS_H_
 

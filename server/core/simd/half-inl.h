@@ -1,14 +1,9 @@
-// Vector conversions between fp32 and the 16-bit storage formats, for the
-// Highway kernels of every target: include inside a file compiled per
-// target (foreach_target.h), after hwy/highway.h. They give the bits of
-// half.h's scalar conversions on every target: widening is exact (float16
-// NaNs come out quiet, as the CPUs' own instructions make them), narrowing
-// rounds to nearest even, and every NaN narrows to the canonical NaN. Also
-// how the kernels read and write elements of each dtype (Elements).
-// Where a target's instructions do this (F16C on AVX2 and AVX3, NEON and
-// SVE) float16 uses them; elsewhere, and for bfloat16 everywhere (Highway
-// 1.0.3's DemoteTo truncates), the same integer and fp32 steps as half.h.
-// Pure functions.
+// Vector conversions between fp32 and the 16-bit formats with the bits of
+// half.h's scalar ones on every target, and how the kernels read and write
+// each dtype (Elements). float16 uses the instructions where they are
+// exact (F16C, NEON, SVE); elsewhere, and bfloat16 everywhere (Highway
+// 1.0.3's DemoteTo truncates), half.h's integer and fp32 steps. Include in
+// files compiled per target, after hwy/highway.h. Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -33,8 +28,7 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Whether this target converts float16 with instructions that round to
-// nearest even and handle subnormals, infinities and NaNs exactly.
+// Whether this target's float16 instructions are exact (see above).
 #undef NORMD_HWY_EXACT_F16
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || \
     (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
@@ -43,9 +37,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define NORMD_HWY_EXACT_F16 0
 #endif
 
-// The lanes of f that are not NaN. f == f rather than IsNaN: on AVX-512
-// the compare reads f from a register, where GCC 12 loads f from memory a
-// second time for IsNaN's class test.
+// The lanes of f that are not NaN (f == f: GCC 12 reloads f from memory
+// for IsNaN's class test on AVX-512).
 template <class V>
 HWY_INLINE auto IsOrdered(V f) {
   return hn::Eq(f, f);
@@ -55,24 +48,18 @@ HWY_INLINE auto IsOrdered(V f) {
 template <class DF>
 using HalfBitsTag = hn::Rebind<uint16_t, DF>;
 
-// bfloat16 patterns to fp32: the patterns become the top 16 bits.
-template <class DF>
-HWY_INLINE hn::Vec<DF> WidenBFloat16(DF df, hn::Vec<HalfBitsTag<DF>> h) {
+// kType's patterns to fp32, exactly: bfloat16 as the top 16 bits; float16
+// NaNs come out quiet, as from the instructions.
+template <DType kType, class DF>
+HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
   const hn::RebindToUnsigned<DF> du32;
-  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, h)));
-}
-
-// float16 patterns to fp32, exactly. NaNs come out quiet, as from the
-// instructions: the portable form's multiplication quiets them.
-template <class DF>
-HWY_INLINE hn::Vec<DF> WidenFloat16(DF df, hn::Vec<HalfBitsTag<DF>> h) {
+  const auto w = hn::ShiftLeft<16>(hn::PromoteTo(du32, h));
+  if constexpr (kType == DType::kBFloat16) return hn::BitCast(df, w);
 #if NORMD_HWY_EXACT_F16
   const hn::Rebind<hwy::float16_t, DF> df16;
   return hn::PromoteTo(df, hn::BitCast(df16, h));
 #else
   // Float16ToFloat (half.h), lane by lane.
-  const hn::RebindToUnsigned<DF> du32;
-  const auto w = hn::ShiftLeft<16>(hn::PromoteTo(du32, h));
   const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
   const auto two_w = hn::Add(w, w);
   const auto normalized = hn::Mul(
@@ -90,24 +77,15 @@ HWY_INLINE hn::Vec<DF> WidenFloat16(DF df, hn::Vec<HalfBitsTag<DF>> h) {
 #endif
 }
 
-// The two above by dtype (bfloat16 or float16), chosen at compile time.
-template <DType kType, class DF>
-HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
-  if constexpr (kType == DType::kBFloat16) return WidenBFloat16(df, h);
-  return WidenFloat16(df, h);
-}
-
-// fp32 to bfloat16, round to nearest even, in the high 16 bits of each
-// 32-bit lane (the low bits are garbage): adds 0x7fff plus the lowest kept
-// bit; NaN gives the canonical NaN.
+// fp32 to bfloat16 in the high half of each lane (the low half garbage):
+// plus 0x7fff and the lowest kept bit; NaN gives the canonical NaN.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
     DF df, hn::Vec<DF> f) {
   const hn::RebindToUnsigned<DF> du32;
   const auto bits = hn::BitCast(du32, f);
 #if HWY_ARCH_X86 && HWY_TARGET >= HWY_AVX2
-  // Without mask registers a blend costs two operations: the lowest kept
-  // bit shifted down and added instead (the same sum).
+  // Without mask registers a blend is two operations: a shift and an add.
   const auto rounded =
       hn::Add(hn::Add(bits, hn::Set(du32, 0x7fffu)),
               hn::And(hn::ShiftRight<16>(bits), hn::Set(du32, 1u)));
@@ -120,17 +98,14 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
                         hn::Set(du32, uint32_t{kCanonicalBFloat16NaN} << 16));
 }
 
-// fp32 to bfloat16 patterns, round to nearest even, canonical NaN.
-template <class DF>
-HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToBFloat16(DF df, hn::Vec<DF> f) {
-  return hn::TruncateTo(HalfBitsTag<DF>(),
-                        hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
-}
-
-// fp32 to float16 patterns, round to nearest even; overflow gives
-// infinity, canonical NaN.
-template <class DF>
-HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToFloat16(DF df, hn::Vec<DF> f) {
+// fp32 to kType's patterns, round to nearest even, canonical NaN (float16:
+// overflow gives infinity).
+template <DType kType, class DF>
+HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
+  if constexpr (kType == DType::kBFloat16) {
+    return hn::TruncateTo(HalfBitsTag<DF>(),
+                          hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
+  }
   const hn::RebindToUnsigned<DF> du32;
 #if NORMD_HWY_EXACT_F16
   // The instruction keeps a NaN's payload: make it the one NaN whose
@@ -164,19 +139,8 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToFloat16(DF df, hn::Vec<DF> f) {
 #endif
 }
 
-// The two above by dtype, chosen at compile time.
-template <DType kType, class DF>
-HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
-  if constexpr (kType == DType::kBFloat16) {
-    return NarrowToBFloat16(df, f);
-  }
-  return NarrowToFloat16(df, f);
-}
-
-// The 16-bit patterns of two vectors of fp32, `lo` first, in one vector of
-// twice the lanes: bfloat16 picks the rounded high halves with one
-// two-table permute (no shifts), float16 joins the two narrowings. Not on
-// the scalar target (one lane).
+// Two fp32 vectors narrowed into one vector of 16-bit patterns, `lo`
+// first (bfloat16: the high halves in one permute). Not on scalar.
 #if HWY_TARGET != HWY_SCALAR
 template <DType kType, class DF>
 HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
@@ -187,21 +151,18 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
                          hn::BitCast(dpair, BFloat16InHighHalves(df, hi)),
                          hn::BitCast(dpair, BFloat16InHighHalves(df, lo)));
   }
-  return hn::Combine(dpair, NarrowToFloat16(df, hi), NarrowToFloat16(df, lo));
+  return hn::Combine(dpair, NarrowToHalfBits<kType>(df, hi),
+                     NarrowToHalfBits<kType>(df, lo));
 }
 #endif
 
 #if HWY_TARGET != HWY_SCALAR
-// bfloat16 in pair order: a vector of 2 L bfloat16 patterns read as L
-// 32-bit lanes holds elements 2i (low halves) and 2i + 1 (high halves).
-// Widening them as two fp32 vectors, the even elements and the odd ones,
-// takes a shift and a mask, and narrowing results back into the same
-// order two shifts, a mask and an or: no lane permutes, which cost AVX2
-// most. For kernels whose per-element constants do not depend on the
-// order (one channel's), or are put in pair order once (ConcatEven /
-// ConcatOdd of natural-order vectors). A specialization kept on
-// measurement: it brought bf16 BatchNorm within the AVX2 bound (per-target
-// rows in bench/HISTORY.md, "The core on Highway").
+// bfloat16 in pair order: 2 L patterns read as L 32-bit lanes widen as the
+// even elements (low halves) and the odd ones with a shift or a mask, and
+// narrow back with no lane permutes, which cost AVX2 most. For constants
+// that are one channel's or put in pair order once. A specialization kept
+// on measurement: bf16 BatchNorm within the AVX2 bound (bench/HISTORY.md,
+// "The core on Highway").
 template <class DF>
 HWY_INLINE hn::Vec<DF> EvenBFloat16(DF df,
                                     hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
@@ -213,8 +174,7 @@ HWY_INLINE hn::Vec<DF> OddBFloat16(DF df,
   const hn::RebindToUnsigned<DF> du32;
   return hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xffff0000u)));
 }
-// The bfloat16 patterns of fp32 results of even and odd elements, in pair
-// order.
+// The bfloat16 patterns of even and odd elements' results, in pair order.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
                                                            hn::Vec<DF> even,
@@ -226,13 +186,12 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
 }
 #endif
 
-// The fp32 vectors of the elementwise kernels: at most 16 lanes (a 64-byte
-// line), so that a line is a whole number of vectors on every target.
+// The fp32 vectors of the kernels: at most a 64-byte line.
 using FloatVectorTag = hn::CappedTag<float, 16>;
 
-// How the kernels read and write elements of kType: its stored values, and
-// the values they are computed in (fp64 for fp64, else fp32: 16-bit values
-// are widened exactly as loaded and narrowed as written).
+// How the kernels read and write kType: its stored values and the values
+// they compute in (fp64 for fp64, else fp32: 16-bit values widened as
+// loaded, narrowed as written).
 template <DType kType>
 struct Elements {
   static constexpr bool kHalf =
@@ -243,8 +202,7 @@ struct Elements {
   using Value = std::conditional_t<kType == DType::kFloat64, double, float>;
   using ValueTag = std::conditional_t<kType == DType::kFloat64,
                                       hn::CappedTag<double, 8>, FloatVectorTag>;
-  // The output vectors: for 16-bit types two fp32 vectors' worth (one on
-  // the scalar target, which has no pairs).
+  // The output vectors: 16-bit ones hold two fp32 vectors (one on scalar).
 #if HWY_TARGET == HWY_SCALAR
   using OutTag =
       std::conditional_t<kHalf, hn::Rebind<uint16_t, ValueTag>, ValueTag>;
@@ -282,8 +240,7 @@ struct Elements {
   }
 
   // The output vector of elements [j, j + count) from results(j', count'),
-  // the values of elements [j', j' + count') (count' may be 0), narrowed
-  // for 16-bit types.
+  // the values of [j', j' + count') (count' may be 0), narrowed if 16-bit.
   template <class Results>
   static HWY_INLINE hn::Vec<OutTag> Output(int64_t j, size_t count,
                                            const Results& results) {

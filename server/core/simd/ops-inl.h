@@ -1,10 +1,8 @@
-// The operations normd's Highway kernels build from Highway 1.0.3's portable
-// ones, the same bits on every target: a fused multiply-add that rounds
-// once (SSE4 and scalar have no FMA instruction), loads and stores of a
-// vector's first lanes that touch no memory past them, fold::FoldHalves in
-// vector registers, and the lane sums of a panel of vectors. Include inside
-// a file compiled per target (foreach_target.h), after hwy/highway.h. Pure
-// functions.
+// Operations the kernels build from Highway 1.0.3's, with the same bits on
+// every target: a multiply-add that rounds once, loads and stores of a
+// vector's first lanes, fold::FoldHalves in registers, and the lane sums
+// of a panel of vectors. Include in files compiled per target
+// (foreach_target.h), after hwy/highway.h. Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -21,24 +19,15 @@
 #include "hwy/highway.h"
 #include "server/core/simd/fold.h"
 
-// For the lambdas of the kernels' loops: inlined into their loops, so
-// that what they capture stays in registers (a vector store may alias any
-// memory, and would make a called lambda reload its captures).
-// Not in sanitizer builds, where forced inlining of every loop's lambdas
-// makes functions that take the compiler many minutes to instrument.
-#ifndef NORMD_LAMBDA_INLINE
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define NORMD_SANITIZED_BUILD 1
-#elif defined(__has_feature)  // Clang (the fuzz build).
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define NORMD_SANITIZED_BUILD 1
-#endif
-#endif
+// For the lambdas of the kernels' loops: inlined, so that their captures
+// stay in registers (a called lambda reloads them after every store).
+// Not in sanitizer builds (CMakeLists.txt), which take many minutes to
+// instrument the result.
+#undef NORMD_LAMBDA_INLINE
 #ifdef NORMD_SANITIZED_BUILD
 #define NORMD_LAMBDA_INLINE
 #else
 #define NORMD_LAMBDA_INLINE __attribute__((always_inline))
-#endif
 #endif
 
 HWY_BEFORE_NAMESPACE();
@@ -46,18 +35,13 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// A fused multiply-add that rounds once on every target. Targets with FMA
-// instructions (AVX2, AVX3, NEON, SVE) use them; on SSE4 and the scalar
-// target, Highway's MulAdd multiplies and adds with two roundings, so fp32
-// a * b + c is computed there in fp64 (the product is exact) with the sum
-// rounded to odd, which the final rounding to fp32 turns into the correctly
-// rounded result: the bits of the instruction.
+// A multiply-add that rounds once on every target: the FMA instruction
+// where there is one; on SSE4 and scalar (where Highway's MulAdd rounds
+// twice), fp32 a * b + c in fp64 (the product exact) with the sum rounded
+// to odd, which the rounding to fp32 makes correctly rounded.
 #if !HWY_NATIVE_FMA
-// a + b in fp64, rounded to odd: rounded to nearest, then, when that was
-// inexact and its last mantissa bit is even, moved one unit toward the
-// exact sum. Rounding the result once more to a format at least two bits
-// narrower (fp32) gives the correctly rounded a + b. Non-finite sums are
-// left as they are.
+// a + b in fp64 rounded to odd: to nearest, then, if inexact with an even
+// last bit, one unit toward the exact sum. Non-finite sums stay as they are.
 template <class DD>
 HWY_INLINE hn::Vec<DD> AddRoundToOdd(DD dd, hn::Vec<DD> a, hn::Vec<DD> b) {
   const hn::RebindToUnsigned<DD> du;
@@ -79,8 +63,8 @@ HWY_INLINE hn::Vec<DD> AddRoundToOdd(DD dd, hn::Vec<DD> a, hn::Vec<DD> b) {
   return hn::BitCast(dd, hn::IfThenElse(adjust, odd, bits));
 }
 
-// fp64 lanes rounded to fp32 to nearest, overflowing to infinity. The
-// scalar target's DemoteTo saturates at the largest float instead.
+// fp64 lanes rounded to fp32, overflowing to infinity (the scalar target's
+// DemoteTo saturates instead).
 template <class DD>
 HWY_INLINE hn::Vec<hn::Rebind<float, DD>> RoundToFloat(DD dd, hn::Vec<DD> v) {
   const hn::Rebind<float, DD> df;
@@ -122,12 +106,11 @@ HWY_INLINE hn::Vec<D> ExactMulAdd(D d, hn::Vec<D> mul, hn::Vec<D> x,
 #endif
 }
 
-// Loads and stores of the first `count` lanes of a vector (count below the
-// lane count), touching no memory past them: the partial vectors at the
-// ends of a run. Masked instructions where the target has them for the lane
-// size (AVX2 32- and 64-bit lanes, AVX3 and SVE all); elsewhere (Highway's
-// MaskedLoad and BlendedStore there read or write the whole vector) through
-// a zero-padded copy. 16-, 32- and 64-bit lanes.
+// Loads and stores of a vector's first `count` lanes (fewer than all)
+// touching no memory past them: masked instructions where the target has
+// them for the lane size (AVX2 32- and 64-bit, AVX3, SVE), elsewhere a
+// zero-padded copy (Highway's MaskedLoad and BlendedStore touch the whole
+// vector there).
 #undef NORMD_HWY_MASKED_TAIL
 #undef NORMD_HWY_MASKED_TAIL16
 #if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_HAVE_SCALABLE
@@ -180,11 +163,9 @@ HWY_INLINE void StoreHead(D d, hn::Vec<D> v, T* p, size_t count) {
   }
 }
 
-// fold::FoldHalves (fold.h) of lane sums in vector registers: the same
-// additions in the same order, so the same bits, in a handful of vector
-// operations instead of a scalar chain.
-// Whether this target folds with vector halves: fixed-width targets with
-// more than one lane (scalable SVE and the scalar target use fold.h).
+// fold::FoldHalves in vector registers: the same additions in the same
+// order. On fixed-width targets with more than one lane; SVE and scalar
+// use fold.h.
 #undef NORMD_HWY_VECTOR_FOLD
 #if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
 #define NORMD_HWY_VECTOR_FOLD 0
@@ -193,8 +174,7 @@ HWY_INLINE void StoreHead(D d, hn::Vec<D> v, T* p, size_t count) {
 #endif
 
 #if NORMD_HWY_VECTOR_FOLD
-// FoldHalves of the lanes of v: the upper half added onto the lower half,
-// recursively, down to lane 0.
+// FoldHalves of v's lanes: the upper half onto the lower, down to lane 0.
 template <class D>
 HWY_INLINE hn::TFromD<D> FoldLanes(D d, hn::Vec<D> v) {
   if constexpr (hn::MaxLanes(D()) == 1) {
@@ -207,8 +187,7 @@ HWY_INLINE hn::TFromD<D> FoldLanes(D d, hn::Vec<D> v) {
 }
 #endif
 
-// fold::FoldHalves<N> of t[0..N) (N a power of two): the result, t[0]
-// afterwards (t is clobbered).
+// fold::FoldHalves<N> of t[0..N) (clobbered): the sum.
 template <int N, typename T>
 HWY_INLINE T FoldArray(T* HWY_RESTRICT t) {
 #if NORMD_HWY_VECTOR_FOLD
@@ -256,10 +235,9 @@ struct NoPanelTail {
   HWY_INLINE void operator()(int, V&, V&) const {}
 };
 
-// The lane sums of a panel of `vectors` (1, 2 or 4) vectors, held in
-// registers: for i in [begin, end) by `step`, add(i, k, dev_k, sq_k) for
-// each vector k; then tail(k, dev_k, sq_k); then the sums stored one vector
-// after the other at dev and sq.
+// The lane sums of a panel of `vectors` (1, 2 or 4) vectors in registers:
+// add(i, k, dev_k, sq_k) for i in [begin, end) by `step` and each vector
+// k, then tail(k, dev_k, sq_k), then the sums stored in order at dev, sq.
 template <class D, class Add, class Tail = NoPanelTail>
 HWY_INLINE void PanelSums(D d, int64_t vectors, int64_t begin, int64_t end,
                           int64_t step, const Add& add,

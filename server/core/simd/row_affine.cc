@@ -105,32 +105,17 @@ void RowsFor(const void* x, void* y, int64_t n, int64_t count,
 
 void AnyRows(DType in, DType out, const void* x, void* y, int64_t n,
              int64_t count, const RowAffine* a, const RowWrite& write) {
-  switch (out) {
-    case DType::kFloat32:
-      if (a[0].fused) {
-        return RowsFor<DType::kFloat32, DType::kFloat32, true>(x, y, n, count,
-                                                               a, write);
-      }
-      return RowsFor<DType::kFloat32, DType::kFloat32>(x, y, n, count, a,
-                                                       write);
-    case DType::kFloat64:
-      return RowsFor<DType::kFloat64, DType::kFloat64>(x, y, n, count, a,
-                                                       write);
-    case DType::kBFloat16:
+  ForDType(out, [&]<DType kOut>() {
+    if constexpr (Elements<kOut>::kHalf) {
       if (in == DType::kFloat32) {
-        return RowsFor<DType::kFloat32, DType::kBFloat16>(x, y, n, count, a,
-                                                          write);
+        return RowsFor<DType::kFloat32, kOut>(x, y, n, count, a, write);
       }
-      return RowsFor<DType::kBFloat16, DType::kBFloat16>(x, y, n, count, a,
-                                                         write);
-    case DType::kFloat16:
-      if (in == DType::kFloat32) {
-        return RowsFor<DType::kFloat32, DType::kFloat16>(x, y, n, count, a,
-                                                         write);
-      }
-      return RowsFor<DType::kFloat16, DType::kFloat16>(x, y, n, count, a,
-                                                       write);
-  }
+    } else if constexpr (kOut == DType::kFloat32) {
+      if (a[0].fused)
+        return RowsFor<kOut, kOut, true>(x, y, n, count, a, write);
+    }
+    RowsFor<kOut, kOut>(x, y, n, count, a, write);
+  });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -1,7 +1,6 @@
-// The elementwise affine of one normalized row, on Highway: compiled for
-// every SIMD target and dispatched per call, the same bits on every target.
-// One loop for every input and output type and store policy. Thread-safe
-// (pure functions; x and y may be the same array when of one type).
+// The elementwise affine of normalized rows, on Highway with the same bits
+// on every target: one loop for every type and store policy. Pure
+// functions (x and y may be one array when of one type).
 #ifndef NORMD_SERVER_CORE_SIMD_ROW_AFFINE_H_
 #define NORMD_SERVER_CORE_SIMD_ROW_AFFINE_H_
 
@@ -11,15 +10,14 @@
 
 namespace normd {
 
-// The constants of one row's affine, and its formula:
-// - rounded (fp32, fp64): y = ((x - hi) - lo) * scale [* weight] [+ bias],
-//   each step rounded; the mean split as hi + lo so that x - hi is exact
-//   near it (fp64: hi the mean, lo 0);
-// - fused (16-bit outputs always, fp32 on request): t = fma(x - hi, scale,
-//   -(lo * scale)), then fma(t, weight, bias) | t * weight | t + bias | t.
-// hi, lo and scale are floats for fp32 computations (exactly). weight and
-// bias: n values of the computation's type (double for fp64, else float),
-// or null (= 1 / 0).
+// One row's affine, the mean split as hi + lo so that x - hi is exact near
+// it (fp64: hi the mean, lo 0):
+// - rounded (fp32, fp64): y = ((x - hi) - lo) * scale [* weight] [+ bias];
+// - fused (16-bit outputs; fp32 when asked, for tests): t = fma(x - hi,
+//   scale, -(lo * scale)), then fma(t, weight, bias), t * weight, t + bias
+//   or t.
+// hi, lo, scale: floats for fp32 computations. weight, bias: n values of
+// the computation's type (double for fp64, else float), or null (1 / 0).
 struct RowAffine {
   double hi = 0.0;
   double lo = 0.0;
@@ -29,10 +27,9 @@ struct RowAffine {
   bool fused = false;
 };
 
-// How a row is written: streaming stores (`stream`; the caller fences with
-// StreamFence, streaming.h) or ordinary ones; `prefetch` (elements of
-// prefetch_element_bytes) read prefetch_ahead_bytes ahead of each line
-// written, if not null.
+// How a row is written: streaming stores (the caller fences with
+// StreamFence) or ordinary ones; `prefetch` (elements of
+// prefetch_element_bytes), if not null, read prefetch_ahead_bytes ahead.
 struct RowWrite {
   bool stream = false;
   const void* prefetch = nullptr;
@@ -40,12 +37,9 @@ struct RowWrite {
   int64_t prefetch_ahead_bytes = 0;
 };
 
-// `count` rows of n values, row k: y[k n..(k + 1) n) (`out` values) = the
-// affine rows[k] of x[k n..(k + 1) n) (`in` values), in one call (rows of
-// a few dozen values cost their calls more than their values); every row
-// takes rows[0]'s weight, bias and formula. in and out are both fp32 or
-// both fp64, or out is 16-bit and in fp32 or out's type. 16-bit inputs are
-// widened exactly, outputs narrowed to nearest even. Row k prefetches
+// `count` rows of n values: y's row k (`out` values) = affine rows[k] of
+// x's row k (`in` values), with rows[0]'s weight, bias and formula. in and
+// out are one type, or out is 16-bit and in fp32. Row k prefetches
 // write.prefetch + k n elements.
 void RowsAffineWrite(DType in, DType out, const void* x, void* y, int64_t n,
                      int64_t count, const RowAffine* rows,

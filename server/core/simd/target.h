@@ -1,8 +1,7 @@
-// Which SIMD target the core's Highway kernels run: the best one compiled
-// in that this CPU has, or the one NORMD_SIMD_TARGET names. Every target
-// computes the same bits (see docs/architecture.md); the choice only changes
-// speed. Restrict once at start-up, before the kernels run on other threads:
-// Highway's dispatch table is process-wide.
+// Which SIMD target the Highway kernels run: the best one compiled in that
+// this CPU has, or the one NORMD_SIMD_TARGET names. Every target computes
+// the same bits. Restrict once at start-up, before other threads run
+// kernels: Highway's dispatch table is process-wide.
 #ifndef NORMD_SERVER_CORE_SIMD_TARGET_H_
 #define NORMD_SERVER_CORE_SIMD_TARGET_H_
 
@@ -17,20 +16,17 @@ namespace normd {
 // The environment variable that picks the target.
 inline constexpr char kSimdTargetVariable[] = "NORMD_SIMD_TARGET";
 
-// normd's names of the targets, best first: "avx3" (AVX-512), "avx2",
-// "sse4", "sve", "neon", "scalar". x86-64 builds have the first three and
-// scalar; ARM64 builds sve and neon (every ARM64 CPU has NEON, so there is
-// no scalar fallback there).
+// The targets' names, best first: "avx3" (AVX-512), "avx2", "sse4", "sve",
+// "neon", "scalar". x86-64 builds have avx3, avx2, sse4 and scalar; ARM64
+// builds sve and neon.
 const std::vector<std::string>& SimdTargetNames();
 
-// The names of the targets compiled into this build that this CPU runs,
-// best first (what the unrestricted dispatch chooses among).
+// The targets compiled in that this CPU runs, best first.
 std::vector<std::string> AvailableSimdTargets();
 
-// Makes the kernels run `name` (one of SimdTargetNames()) from now on.
-// InvalidArgument, naming NORMD_SIMD_TARGET and the choices, when the name
-// is unknown, not compiled in or not supported by this CPU; nothing changes
-// then.
+// Makes the kernels run `name` from now on. InvalidArgument, naming
+// NORMD_SIMD_TARGET and the choices, when the name is unknown, not
+// compiled in or not run by this CPU; nothing changes then.
 absl::Status RestrictSimdTarget(absl::string_view name);
 
 // RestrictSimdTarget(value of NORMD_SIMD_TARGET) when it is set and not
