@@ -21,60 +21,30 @@ namespace {
 
 // Elements per parallel work item of the elementwise passes.
 constexpr int64_t kApplyChunk = 16384;
-// Elements per piece of a per-thread staging buffer (scattered input copied
-// in, 16-bit values widened).
+// Elements per piece of a per-thread staging buffer.
 constexpr int64_t kStagingElements = 4096;
-// Rows at least this long (kLongLayerNormRow) are reduced and written in
-// parallel one at a time (ContiguousMoments reduces rows of two blocks or
-// more in parallel) unless there are enough of them (see whole_long_rows
-// in LayerNormKernel); shorter rows are processed whole, many rows per work
-// item.
+// Long rows (kLongLayerNormRow: two moments blocks or more) go one at a
+// time, each over every thread, unless every thread gets this many and a
+// row has at most this many bytes: then whole rows per work item.
 static_assert(kLongLayerNormRow >= kMomentsBlock);
-// Long rows are still processed whole, one per work item, when every
-// thread gets at least this many and a row has at most this many bytes
-// (paths with a staging buffer grow it to a row).
 constexpr int64_t kWholeLongRowsPerThread = 4;
 constexpr int64_t kMaxWholeLongRowBytes = 8 << 20;
 // 16-bit rows longer than this go one at a time (the per-thread buffers
 // hold whole rows).
 constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
-
-// How far ahead of the element it writes a stream writer prefetches its
-// own input when it has no next row to prefetch (see RowPrefetch).
+// How far ahead a row writer prefetches its own input when it has no next
+// row to prefetch.
 constexpr int64_t kStreamPrefetchBytes = 2048;
 
-// What a row writer prefetches as it writes (RowWrite::prefetch): the next
-// row's input (`next_row`, elements of `element_bytes`), at the element it
-// writes, so that the next row comes from memory while this one's stores
-// drain; without one, its own input (`current`) kStreamPrefetchBytes ahead.
-// Otherwise each core alternates between reading (statistics) and writing
-// (outputs): kernel_bench BM_LayerNorm, BM_RmsNorm and BM_HalfRows
-// [B,T,4096].
-RowWrite RowPrefetch(bool stream, const void* current, const void* next_row,
-                     int64_t element_bytes) {
-  return RowWrite{
-      .stream = stream,
-      .prefetch = next_row != nullptr ? next_row : current,
-      .prefetch_element_bytes = element_bytes,
-      .prefetch_ahead_bytes = next_row != nullptr ? 0 : kStreamPrefetchBytes};
-}
-
-// The per-call affine parameters in the element type of the data.
+// The affine parameters in the computation's type, or null.
 template <typename T>
 struct AffineParams {
-  AffineParams(const double* w, const double* b, int64_t n) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (w != nullptr) weight_storage.assign(w, w + n);
-      if (b != nullptr) bias_storage.assign(b, b + n);
-      weight = w == nullptr ? nullptr : weight_storage.data();
-      bias = b == nullptr ? nullptr : bias_storage.data();
-    } else {
-      weight = w;
-      bias = b;
-    }
-  }
-  std::vector<T> weight_storage;
-  std::vector<T> bias_storage;
+  AffineParams(const double* w, const double* b, int64_t n)
+      : weight_storage(w, w == nullptr ? w : w + n),
+        bias_storage(b, b == nullptr ? b : b + n),
+        weight(w == nullptr ? nullptr : weight_storage.data()),
+        bias(b == nullptr ? nullptr : bias_storage.data()) {}
+  std::vector<T> weight_storage, bias_storage;
   const T* weight;
   const T* bias;
 };
@@ -103,42 +73,27 @@ double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
   return 1.0 / std::sqrt(moments.BiasedVariance() + eps);
 }
 
-// What a row kernel subtracts before scaling: the mean, or 0 for RMSNorm.
-double RowCenter(const Moments& moments, LayerNormStyle style) {
-  return style == LayerNormStyle::kRms ? 0.0 : moments.mean;
-}
-
-// The affine of one row of T with these moments (simd/row_affine.h): fp32
-// rows the mean split into two floats and a float scale, fp64 rows the
-// mean and scale themselves.
+// The affine of one row of T with these moments (simd/row_affine.h): the
+// center (mean, or 0 for RMSNorm) and scale themselves for fp64; for fp32,
+// floats, the center split as hi + lo so that x - hi is exact near it.
 template <typename T>
 RowAffine RowConstants(const Moments& moments, double eps, LayerNormStyle style,
                        const AffineParams<T>& affine) {
-  const double center = RowCenter(moments, style);
+  const double center = style == LayerNormStyle::kRms ? 0.0 : moments.mean;
   const double scale = RowScale(moments, eps, style);
-  if constexpr (std::is_same_v<T, double>) {
-    return RowAffine{.hi = center,
-                     .scale = scale,
-                     .weight = affine.weight,
-                     .bias = affine.bias};
-  }
-  // The mean split into two floats, mean ~= hi + lo, so that fp32 lanes can
-  // subtract it first: (x - hi) is exact near the mean (Sterbenz), and lo
-  // restores the bits hi dropped.
-  const float hi = static_cast<float>(center);
+  const bool fp64 = std::is_same_v<T, double>;
+  const double hi = fp64 ? center : static_cast<float>(center);
   return RowAffine{.hi = hi,
-                   .lo = static_cast<float>(center - static_cast<double>(hi)),
-                   .scale = static_cast<float>(scale),
+                   .lo = fp64 ? 0.0 : static_cast<float>(center - hi),
+                   .scale = fp64 ? scale : static_cast<float>(scale),
                    .weight = affine.weight,
                    .bias = affine.bias};
 }
 
-// True when the 16-bit rows x -> y should be computed from x itself rather
-// than from a widened copy, which saves the copy's traffic (kernel_bench
-// BM_HalfRows and BM_HalfLayerNormAffine): unless y sits less than 512
-// bytes above x modulo 4 KiB, where loads of x look like (4K-aliasing)
-// overlaps of the streaming stores just issued to y and wait for them (the
-// widened copy is not affected).
+// Whether 16-bit rows x -> y are computed from x itself rather than a
+// widened copy (saving the copy's traffic): unless y sits less than 512
+// bytes above x modulo 4 KiB, where loads of x wait on the streaming stores
+// just issued to y (4K aliasing).
 bool ReadsHalfRowsDirectly(const void* x, const void* y) {
   constexpr uintptr_t kPage = 4096;
   constexpr uintptr_t kAliasWindow = 512;
@@ -163,29 +118,26 @@ struct RowsJob {
   bool direct;
 
   int64_t RowBytes() const { return n * ElementSize(dtype); }
+  // 16-bit rows widened into a buffer before their moments and affine.
+  bool Widened() const { return IsHalf(dtype) && !direct; }
 
-  // Rows per batch: short fp32 rows (and widened 16-bit ones) sixteen at a
-  // time, their moments with FloatRowsMoments and their outputs in one
-  // call (the same bits as a row at a time, without its per-row folds and
-  // calls, which dominate rows of 16-128 values: shape_survey's short-row
-  // LayerNorm).
+  // Rows per batch: short fp32 (or widened) rows sixteen at a time through
+  // FloatRowsMoments and one affine call: per-row folds and calls dominate
+  // rows of 16-128 values.
   int Batch() const {
-    const bool widened = IsHalf(dtype) && !direct;
-    return (dtype == DType::kFloat32 || widened) && n <= kShortRow ? 16 : 1;
+    return (dtype == DType::kFloat32 || Widened()) && n <= kShortRow ? 16 : 1;
   }
 
-  // Floats of the per-thread buffer of WriteRows (16-bit rows): a batch
-  // widened, or (direct) one statistics block's scratch.
+  // Floats of WriteRows' per-thread buffer: a widened batch, or (direct
+  // 16-bit rows) one statistics block's scratch.
   int64_t BufferFloats() const {
     if (!IsHalf(dtype)) return 0;
     return direct ? std::min(n, kMomentsBlock) : Batch() * n;
   }
 
-  // `count` rows from x to y, a batch at a time. Each batch is written as
-  // the next one is prefetched (the next input row this thread reads:
-  // `after` past the last one), so that it comes from memory while this
-  // one's stores drain; fp32 and fp64 rows written into the cache do not
-  // prefetch (a work item's rows are in L2).
+  // `count` rows from x to y, a batch at a time. Streamed and 16-bit rows
+  // prefetch the next input row this thread reads (`after` the last one)
+  // as they write, so that it comes from memory while the stores drain.
   void WriteRows(const char* x, char* y, int64_t count, const char* after,
                  float* buffer) const {
     const int batch = Batch();
@@ -195,45 +147,35 @@ struct RowsJob {
       const int rows = static_cast<int>(std::min<int64_t>(batch, count - r0));
       const char* in = x + r0 * RowBytes();
       const char* next = r0 + batch < count ? in + batch * RowBytes() : after;
-      const void* values = in;
-      DType values_type = dtype;
-      if (!IsHalf(dtype)) {
-        if (batch > 1) {
-          FloatRowsMoments(reinterpret_cast<const float*>(in), n, rows,
-                           moments);
-        } else {
-          moments[0] = ContiguousMoments(dtype, in, n);
-        }
-      } else if (direct) {
-        moments[0] = HalfMoments(dtype, reinterpret_cast<const uint16_t*>(in),
-                                 buffer, n);
+      const auto* halves = reinterpret_cast<const uint16_t*>(in);
+      if (batch > 1) {
+        if (IsHalf(dtype)) WidenHalf(dtype, halves, buffer, rows * n);
+        FloatRowsMoments(
+            IsHalf(dtype) ? buffer : reinterpret_cast<const float*>(in), n,
+            rows, moments);
+      } else if (!IsHalf(dtype)) {
+        moments[0] = ContiguousMoments(dtype, in, n);
       } else {
-        if (batch > 1) {
-          WidenHalf(dtype, reinterpret_cast<const uint16_t*>(in), buffer,
-                    rows * n);
-          FloatRowsMoments(buffer, n, rows, moments);
-        } else {
-          moments[0] = WidenWithMoments(
-              dtype, reinterpret_cast<const uint16_t*>(in), buffer, n);
-        }
-        values = buffer;
-        values_type = DType::kFloat32;
+        moments[0] = direct ? HalfMoments(dtype, halves, buffer, n)
+                            : WidenWithMoments(dtype, halves, buffer, n);
       }
       for (int k = 0; k < rows; ++k) {
         constants[k] = RowConstants(moments[k], eps, style, affine);
       }
-      RowsAffineWrite(
-          values_type, dtype, values, y + r0 * RowBytes(), n, rows, constants,
-          stream || IsHalf(dtype)
-              ? RowPrefetch(stream, values, next, ElementSize(dtype))
-              : RowWrite{});
+      const void* values = Widened() ? buffer : static_cast<const void*>(in);
+      RowWrite write{.stream = stream};
+      if (stream || IsHalf(dtype)) {
+        write.prefetch = next != nullptr ? next : values;
+        write.prefetch_element_bytes = ElementSize(dtype);
+        write.prefetch_ahead_bytes = next != nullptr ? 0 : kStreamPrefetchBytes;
+      }
+      RowsAffineWrite(Widened() ? DType::kFloat32 : dtype, dtype, values,
+                      y + r0 * RowBytes(), n, rows, constants, write);
     }
   }
 
-  // One row, reduced and then written by every thread in pieces: its
-  // blocks' moments in parallel, merged in order (the same moments), its
-  // outputs in kApplyChunk pieces; 16-bit rows that are not direct are
-  // widened a staging buffer at a time.
+  // One row, reduced and then written by every thread in pieces (widened
+  // 16-bit rows a staging buffer at a time).
   void WriteLongRow(const char* x, char* y) const {
     const RowAffine row =
         RowConstants(ContiguousMoments(dtype, x, n), eps, style, affine);
@@ -248,16 +190,13 @@ struct RowsJob {
             if (affine.weight != nullptr) piece.weight = affine.weight + j;
             if (affine.bias != nullptr) piece.bias = affine.bias + j;
             const void* values = x + j * size;
-            DType values_type = dtype;
-            if (IsHalf(dtype) && !direct) {
+            if (Widened()) {
               float* const wide = Staging<float, kInputSlot>(kStagingElements);
-              WidenHalf(dtype, reinterpret_cast<const uint16_t*>(values), wide,
-                        len);
+              WidenHalf(dtype, static_cast<const uint16_t*>(values), wide, len);
               values = wide;
-              values_type = DType::kFloat32;
             }
-            RowAffineWrite(values_type, dtype, values, y + j * size, len, piece,
-                           {.stream = stream});
+            RowAffineWrite(Widened() ? DType::kFloat32 : dtype, dtype, values,
+                           y + j * size, len, piece, {.stream = stream});
           }
           if (stream) StreamFence();
         });
@@ -282,11 +221,9 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
       .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(source.data, y)};
   const char* const x = source.data;
   auto* out = static_cast<char*>(y);
-  // Long rows one at a time, each spread over every thread: two parallel
-  // loops per row, and a row reduced on one core is written by another.
-  // With enough rows, whole rows per work item instead, so that a row is
-  // reduced and written by the same core (shape_survey's long LayerNorm
-  // rows), unless a row is too large for the per-thread buffers.
+  // Long rows one at a time over every thread, unless there are enough to
+  // give each thread whole rows (reduced and written by one core) and they
+  // fit the per-thread buffers.
   const bool whole_long_rows =
       x != nullptr && job.RowBytes() <= kMaxWholeLongRowBytes &&
       rows.rows >= kWholeLongRowsPerThread * ComputeConcurrency() &&
@@ -297,16 +234,13 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
     }
     return;
   }
-  // Whole rows per work item, in pieces of as many rows as fit the input
-  // staging buffer (scattered input is copied in).
+  // Whole rows per work item, in pieces that fit the staging buffer.
   const int64_t rows_per_item = std::max<int64_t>(1, kApplyChunk / n);
   const int64_t rows_per_piece = std::max<int64_t>(1, kStagingElements / n);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
       [&](const tbb::blocked_range<int64_t>& range) {
-        // Long rows' statistics on this thread too (whole_long_rows: every
-        // thread has rows of its own).
-        const SerialLoopsScope serial;
+        const SerialLoopsScope serial;  // Each thread has rows of its own.
         char* staging =
             x != nullptr
                 ? nullptr
@@ -346,9 +280,8 @@ void LayerNormKernel(DType dtype, const InputSource& x, void* y,
 
 namespace {
 
-// Calls write(range) for the kApplyChunk-element pieces of [0, total) in
-// parallel, or backwards on this thread (see Traversal); write returns true
-// when it left streaming stores unfenced, and they are fenced.
+// write(range) for the kApplyChunk pieces of [0, total) as `traversal`
+// says; write returns true when it left streaming stores to fence.
 template <typename Write>
 void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
   if (traversal == Traversal::kParallel) {
@@ -368,18 +301,12 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
   if (fence) StreamFence();
 }
 
-// The per-channel parameters of the channel affines (simd/channel_affine.h)
-// as arrays of T. fp32 (and 16-bit data): y = fma(x - hi, scale, shift -
-// (mean - hi) * scale), hi the mean rounded to float, so that x - hi is
-// exact near the mean (Sterbenz), the third operand folded in fp64: one
-// rounding after the subtraction, where ((x - hi) - lo) * scale + shift had
-// three. With a scale that is not finite in fp32 (an infinite or NaN
-// weight, or one that overflows) the rest of the mean is left out: each
-// value's sign against hi decides, as with an fp32 mean. fp64: the mean,
-// scale and shift themselves. Channels-last (inner == 1): expanded to
-// `period` + channels entries (entry i for channel i % channels), the
-// period a multiple of the channel count long enough that the loop over
-// one period vectorizes well.
+// The channel affine's per-channel arrays of T (simd/channel_affine.h).
+// fp32: hi (the mean as a float, so that x - hi is exact near it), scale,
+// and shift - (mean - hi) * scale folded in fp64 (left out when not finite
+// in fp32, as for an infinite weight: x's sign against hi decides). fp64:
+// mean, scale, shift. Channels-last: `period` + channels entries, period a
+// multiple of channels long enough to vectorize well.
 template <typename T>
 struct ChannelParams {
   explicit ChannelParams(const ChannelLayout& layout, const double* mean,
@@ -422,8 +349,8 @@ struct ChannelParams {
   std::vector<T> a, b, c;
 };
 
-// ChannelAffineKernel with parameters of type P. Pieces of a whole work
-// item for contiguous input, else of what the input staging buffer holds.
+// ChannelAffineKernel with parameters of type P, in pieces of a work item
+// (contiguous input) or of the staging buffer.
 template <typename P>
 void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
                         const ChannelLayout& layout, const double* mean,

@@ -15,9 +15,7 @@
 namespace normd {
 namespace {
 
-// ContiguousMoments' block of `dtype`'s elements x[at, at + n), n <=
-// kMomentsBlock; 16-bit values widened as loaded (a per-thread buffer holds
-// what the scalar parts read).
+// The moments of x[at, at + n) of `dtype`, n <= kMomentsBlock.
 Moments BlockMoments(DType dtype, const void* x, int64_t at, int64_t n) {
   switch (dtype) {
     case DType::kFloat32:
@@ -39,9 +37,8 @@ Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
   return total;
 }
 
-// Channel moments when each channel's values come in contiguous runs of at
-// least kMinRun (e.g. NCHW): the ContiguousMoments blocks of every run in
-// parallel, folded in order per run, and the runs in order per channel.
+// Channel moments of runs of kMinRun values or more (e.g. NCHW): every
+// run's blocks in parallel, folded in order per run and per channel.
 std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
                                             const ChannelLayout& layout) {
   const int64_t runs = layout.outer * layout.channels;
@@ -69,23 +66,17 @@ std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
   return result;
 }
 
-// Channel moments for short runs (inner < kMinRun, e.g. channels-last or
-// (N, C)), in row blocks (simd/channel_moments.h). Work items are (channel
-// range, row group); the ranges and groups depend only on the shape. Each
-// item folds its row blocks in order; the groups are then folded per
-// channel in order.
+// Channel moments of short runs (e.g. channels-last) in row blocks
+// (simd/channel_moments.h). Work items are (channel range, row group), both
+// fixed by the shape; each folds its blocks in order, then the groups are
+// folded in order per channel.
 std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
                                              const ChannelLayout& layout) {
-  // Elements of one row per block: channels-last, kMaxChannelsLastBlock
-  // channels; runs of one channel (inner > 1),
-  // 16 Ki elements. Runs read as strips of 1 Ki elements leave the hardware
-  // prefetcher starting afresh on every 4 KiB page (shape_survey's
-  // BatchNorm training of 8x8 images).
+  // Elements of one row per block (runs: 16 Ki, so that the hardware
+  // prefetcher sees more than a page at a time).
   const int64_t row_width = layout.inner == 1 ? kMaxChannelsLastBlock : 16384;
-  // Elements per row block: larger than kMomentsBlock because the tiles keep
-  // their sums in fp32 lanes, and each block's shift sample, finish and
-  // merges leave the loads idle (kernel_bench BM_Fit NHWC); still L2-sized
-  // (1 MiB of fp32) so that an exact-path redo reads from cache.
+  // Elements per row block: as large as L2 (1 MiB of fp32) allows, so that
+  // an exact-path redo reads from cache.
   constexpr int64_t kShortRunBlock = 8 * kMomentsBlock;
   constexpr int64_t kMinPerGroup = 1024;
   constexpr int64_t kMaxGroups = 256;
@@ -131,15 +122,12 @@ std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
   return result;
 }
 
-// Channels whose runs are at least this long are reduced run by run
-// (ChannelMomentsLongRuns), shorter ones in row blocks across channels.
+// Runs at least this long are reduced run by run, shorter ones in row
+// blocks across channels.
 constexpr int64_t kMinRun = 256;
 
-// The moments of channels that are one run each (fp32 or 16-bit), as
-// ChannelMomentsLongRuns reduces runs (ContiguousMoments), sixteen runs at
-// a time with FloatRowsMoments (16-bit runs widened into a per-thread
-// buffer first): the short-run sums spent ~70 operations per run on fp64
-// lanes, a shift sample and folds.
+// The moments of channels that are one run each (fp32 or 16-bit, widened
+// into a per-thread buffer), as rows: sixteen at a time by FloatRowsMoments.
 std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
                                           const ChannelLayout& layout) {
   const int64_t inner = layout.inner;
@@ -168,8 +156,8 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
   return result;
 }
 
-// ContiguousMoments' blocks of the widened x, merged in the same order
-// (kStore: widened into out[0..n); else out is one block's scratch).
+// ContiguousMoments of the widened x (kStore: widened into out[0..n);
+// else out is one block's scratch).
 template <bool kStore>
 Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
   Moments total;
@@ -235,8 +223,7 @@ std::vector<Moments> ChannelMoments(DType dtype, const void* x,
   if (layout.channels == 0) return {};
   if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
   if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(dtype, x, layout);
-  // Every channel one run of 16-255 values (the sets of GroupNorm /
-  // InstanceNorm chunks of small images): reduced as rows.
+  // Every channel one run of 16-255 values (GroupNorm of small images).
   if (dtype != DType::kFloat64 && layout.outer == 1 && layout.inner >= 16) {
     return OneRunChannelMoments(dtype, x, layout);
   }

@@ -1,5 +1,4 @@
-// The moments of one block (see block_moments.h), compiled for every SIMD
-// target (foreach_target.h) and dispatched per call.
+// The moments of one block (see block_moments.h), compiled per target.
 #include "server/core/simd/block_moments.h"
 
 #include <algorithm>
@@ -31,15 +30,14 @@ constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kShiftSample = 32;
 constexpr int kShortLanes = 16;
 constexpr int kExactLanes = 8;
-// How far ahead of its loads the 16-bit block loop prefetches; the fp32
-// loop leaves it to the hardware prefetcher, which keeps up alone there
-// (kernel_bench BM_Fit, BM_HalfFit NCHW).
+// How far ahead the 16-bit block loop prefetches (the hardware prefetcher
+// keeps up with the fp32 loop alone).
 constexpr int64_t kHalfPrefetchBytes = 8192;
 
-// Exact two-pass moments of x[0..n), n >= 1, in fp64: a first pass for the
-// mean, a second for d = x - mean0 and d^2 (not fused); the residual sum
-// of d corrects both for rounding in mean0. Lane j of 8 sums values j, j +
-// 8, ..; the values after the last whole 8 go to lanes 0, 1, ...
+// Exact two-pass moments of x[0..n), n >= 1, in fp64: the mean, then d =
+// x - mean0 and d^2 (not fused), the sum of d correcting for mean0's
+// rounding. Value i in lane i % 8; the values past the last whole 8 go to
+// lanes 0, 1, ...
 template <typename T>
 Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   const hn::CappedTag<double, kExactLanes> dd;
@@ -88,9 +86,8 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   return fold::Corrected(n, mean0, fold::SumLanes(dev), fold::SumLanes(sq));
 }
 
-// The shift of the fp32 fast path: the fp32 mean of the first 32 values
-// (all of them when fewer), folded pairwise. It need only be near the
-// mean; a float, so that x - shift is exact near the mean (Sterbenz).
+// The fast path's shift: the fp32 mean of the first 32 values (or all),
+// folded pairwise; a float, so that x - shift is exact near the mean.
 float ShiftCenter(const float* x, int64_t n) {
   if (n < kShiftSample) {
     float sum = 0.0f;
@@ -103,9 +100,9 @@ float ShiftCenter(const float* x, int64_t n) {
   return lanes[0] / static_cast<float>(kShiftSample);
 }
 
-// The end of a fast-path block x[0..n) whose first i values are summed in
-// lanes (lanes_dev, lanes_sq: their folded sums): the rest in fp64, the
-// correction, and exact() if fp32 lost accuracy.
+// The end of a fast-path block x[0..n) whose first i values' lane sums
+// are lanes_dev and lanes_sq: the rest in fp64, and exact() if fp32 lost
+// accuracy.
 template <typename Exact>
 Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
                    double lanes_dev, double lanes_sq, const Exact& exact) {
@@ -123,13 +120,11 @@ Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
   return result;
 }
 
-// The fast path of blocks of n <= 128 values: value i in lane i % 16. The
-// shift is the block's own mean (the lanes folded in fp32), then d and d^2
-// (fused) in the lanes, widened and folded in fp64. The last, partial step
-// adds only to the lanes it has values for. `count` (at most kShortBatch)
-// blocks of n values at x, x + n, ..: each step is done for all of them
-// before the next, so that the blocks' chains of folds and divisions
-// overlap (rows of 16-128 values cost their folds more than their values).
+// The fast path of `count` (at most kShortBatch) blocks of n <= 128 values
+// at x, x + n, ..: value i in lane i % 16, the shift the block's own mean
+// (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
+// fp64; the last step adds only to the lanes it has values for. Each step
+// is done for every block before the next, so that their chains overlap.
 constexpr int64_t kShortBatch = 16;
 void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
                   Moments* HWY_RESTRICT out) {
@@ -198,10 +193,9 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
     residuals[k] = FoldArray<kShortLanes>(wide_dev);
     squares[k] = FoldArray<kShortLanes>(wide_sq);
   }
-  // fold::Corrected and fold::NeedsExactPath of the blocks in fp64 vectors
-  // across them, operation for operation (std::max(0.0, v) is 0 < v ? v :
-  // 0; isfinite is |v| < infinity): a scalar chain of two divisions per
-  // block cost more than its values.
+  // fold::Corrected and fold::NeedsExactPath in fp64 vectors across the
+  // blocks, operation for operation (max(0.0, v) is 0 < v ? v : 0,
+  // isfinite |v| < infinity): two scalar divisions per block cost more.
   const hn::CappedTag<double, kShortBatch> dd;
   const auto zero = hn::Zero(dd);
   const auto infinity = hn::Set(dd, std::numeric_limits<double>::infinity());
@@ -237,12 +231,10 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   }
 }
 
-// The fast path of a block of n > 128 values (see block_moments.h). The 64
-// lanes are kept in panels of 4 vectors (64, 32, 16 or 4 lanes by target),
-// each summed over the whole flush interval in turn (from L1 after the
-// first), then stored for the flush. 16-bit data: `out` gets the widened
-// values with kStore, else only what the scalar parts read (the shift
-// sample, the tail, and all of them on the exact path).
+// The fast path of a block of n > 128 values (see block_moments.h), its
+// 64 lanes in panels of 4 vectors each summed over a flush interval in
+// turn. 16-bit data: `out` gets the widening with kStore, else what the
+// scalar parts read (shift sample, tail, all on the exact path).
 template <DType kType, bool kStore>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                     float* HWY_RESTRICT out, int64_t n) {
@@ -342,18 +334,11 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
 
 }  // namespace
 
-Moments FloatBlock(const float* x, int64_t n) {
-  if (n <= kShortRow) {
-    Moments result;
-    ShortMoments(x, n, 1, &result);
-    return result;
-  }
-  return LongMoments<DType::kFloat32, false>(x, nullptr, n);
-}
-
 void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
   if (n > kShortRow) {
-    for (int64_t k = 0; k < count; ++k) out[k] = FloatBlock(x + k * n, n);
+    for (int64_t k = 0; k < count; ++k) {
+      out[k] = LongMoments<DType::kFloat32, false>(x + k * n, nullptr, n);
+    }
     return;
   }
   for (int64_t k = 0; k < count; k += kShortBatch) {
@@ -378,14 +363,9 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace normd {
 
-HWY_EXPORT(FloatBlock);
 HWY_EXPORT(FloatRows);
 HWY_EXPORT(DoubleBlock);
 HWY_EXPORT(HalfBlock);
-
-Moments FloatBlockMoments(const float* x, int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(FloatBlock)(x, n);
-}
 
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
   HWY_DYNAMIC_DISPATCH(FloatRows)(x, n, count, out);

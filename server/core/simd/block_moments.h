@@ -19,16 +19,21 @@
 
 namespace normd {
 
-// The moments of x[0..n), 1 <= n <= kMomentsBlock.
-Moments FloatBlockMoments(const float* x, int64_t n);
-Moments DoubleBlockMoments(const double* x, int64_t n);
-
 // Rows of at most this many values are reduced sixteen at a time by
 // FloatRowsMoments: a call per row costs more than its values.
 inline constexpr int64_t kShortRow = 128;
 
-// FloatBlockMoments(x + k n, n) of `count` rows into out[0..count).
+// The moments of the `count` blocks x[k n..(k + 1) n) into out[0..count),
+// 1 <= n <= kMomentsBlock.
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
+
+// The moments of x[0..n), 1 <= n <= kMomentsBlock.
+inline Moments FloatBlockMoments(const float* x, int64_t n) {
+  Moments result;
+  FloatRowsMoments(x, n, 1, &result);
+  return result;
+}
+Moments DoubleBlockMoments(const double* x, int64_t n);
 
 // FloatBlockMoments of the 16-bit block x[0..n) widened to fp32, bit for
 // bit, widening as it loads. `store_widened`: out[0..n) gets the widening;

@@ -1,6 +1,4 @@
-// The channel affines (see channel_affine.h), compiled for every SIMD target
-// (foreach_target.h) and dispatched per call: one walk over the layout for
-// every type and store policy (writer-inl.h).
+// The channel affines (see channel_affine.h), compiled per target.
 #include "server/core/simd/channel_affine.h"
 
 #include <algorithm>
@@ -21,16 +19,14 @@ namespace HWY_NAMESPACE {
 namespace {
 
 // Runs of [kMinCursorRun, kMaxCursorRun) values are written line by line
-// across channels (a vector spans at most two of them: no partial stores at
-// every run's ends, 7x7 images), others run by run (constants hoisted). The
-// cursor is a specialization kept on measurement (AVX3 and AVX2,
+// across channels (no partial stores at every run's ends), others run by
+// run. The cursor is a specialization kept on measurement (AVX3 and AVX2,
 // bench/HISTORY.md, "Specializations measured").
 constexpr int64_t kMinCursorRun = 16;
 constexpr int64_t kMaxCursorRun = 256;
 
-// The channel affine of kType's elements [begin, end) (see
-// channel_affine.h), written with streaming stores (kStream) or ordinary
-// ones.
+// The channel affine of kType's elements [begin, end), streamed (kStream)
+// or not.
 template <DType kType, bool kStream>
 void Range(const typename Elements<kType>::Stored* x,
            typename Elements<kType>::Stored* out, int64_t begin, int64_t end,
@@ -49,6 +45,18 @@ void Range(const typename Elements<kType>::Stored* x,
       return ExactMulAdd(d, hn::Sub(v, va), vb, vc);
     }
   };
+#if HWY_TARGET != HWY_SCALAR
+  // The output vector of the bfloat16 elements at xs in pair order (see
+  // EvenBFloat16), with the constants of the even and the odd elements.
+  auto pair_output = [&](const Stored* xs, auto ae, auto be, auto ce, auto ao,
+                         auto bo, auto co) NORMD_LAMBDA_INLINE {
+    const hn::RebindToUnsigned<hn::DFromV<decltype(ae)>> du32;
+    const auto pairs = hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs));
+    return hn::BitCast(
+        dout, BFloat16Pairs(d, apply(EvenBFloat16(d, pairs), ae, be, ce),
+                            apply(OddBFloat16(d, pairs), ao, bo, co)));
+  };
+#endif
   // Writes out[from - begin, to - begin) from `value(j, count, v)`, the
   // results of the values v of elements [from + j, from + j + count).
   auto write = [&](int64_t from, int64_t to,
@@ -68,9 +76,8 @@ void Range(const typename Elements<kType>::Stored* x,
         prefetch);
   };
   if (inner == 1) {
-    // Per-element parameters: runs of at most `period` from their channel
-    // phase, each (but the last) ending at a 64-byte line of out, so that
-    // streamed lines are whole.
+    // Per-element parameters: runs of at most `period`, each but the last
+    // ending at a 64-byte line of out, so that streamed lines are whole.
     auto per_element = [&](int64_t from, int64_t to) NORMD_LAMBDA_INLINE {
       for (int64_t pos = from; pos < to;) {
         const int64_t phase = pos % channels;
@@ -90,13 +97,10 @@ void Range(const typename Elements<kType>::Stored* x,
         pos += run;
       }
     };
-    // Parameters that repeat within 4 vectors (lcm(channels, a line of
-    // out) elements: 1-4, 6, 8, 12, 16, 32, 48 or 64 channels with 16
-    // lanes) are held in registers over the whole lines from the first
-    // line boundary: per-element loads kept the loop from the copy's speed
-    // in cache. A specialization kept on measurement (AVX3 and AVX2,
-    // bench/HISTORY.md, "Specializations measured"). The same operations on
-    // the same values, so the same bits.
+    // Parameters that repeat within 4 vectors (lcm(channels, a line)
+    // elements) are held in registers over the whole lines: the same
+    // operations, without per-element loads. A specialization kept on
+    // measurement (bench/HISTORY.md, "Specializations measured").
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
     constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(Stored));
     const int64_t repeat = std::lcm(channels, kLine);
@@ -113,17 +117,16 @@ void Range(const typename Elements<kType>::Stored* x,
     const int64_t from = begin + head;
     const int64_t vectors = repeat / lanes;
     const int64_t phase = from % channels;
-    const auto a0 = hn::LoadU(d, a + phase), b0 = hn::LoadU(d, b + phase),
-               c0 = hn::LoadU(d, c + phase);
-    const auto a1 = hn::LoadU(d, a + phase + (vectors > 1 ? lanes : 0));
-    const auto b1 = hn::LoadU(d, b + phase + (vectors > 1 ? lanes : 0));
-    const auto c1 = hn::LoadU(d, c + phase + (vectors > 1 ? lanes : 0));
-    const auto a2 = hn::LoadU(d, a + phase + (vectors > 2 ? 2 * lanes : 0));
-    const auto b2 = hn::LoadU(d, b + phase + (vectors > 2 ? 2 * lanes : 0));
-    const auto c2 = hn::LoadU(d, c + phase + (vectors > 2 ? 2 * lanes : 0));
-    const auto a3 = hn::LoadU(d, a + phase + (vectors > 3 ? 3 * lanes : 0));
-    const auto b3 = hn::LoadU(d, b + phase + (vectors > 3 ? 3 * lanes : 0));
-    const auto c3 = hn::LoadU(d, c + phase + (vectors > 3 ? 3 * lanes : 0));
+    // Vector v of a repeat (vector 0 past `vectors`).
+    auto held = [&](const auto* p, int64_t v) NORMD_LAMBDA_INLINE {
+      return hn::LoadU(d, p + phase + (v < vectors ? v * lanes : 0));
+    };
+    const auto a0 = held(a, 0), a1 = held(a, 1), a2 = held(a, 2),
+               a3 = held(a, 3);
+    const auto b0 = held(b, 0), b1 = held(b, 1), b2 = held(b, 2),
+               b3 = held(b, 3);
+    const auto c0 = held(c, 0), c1 = held(c, 1), c2 = held(c, 2),
+               c3 = held(c, 3);
     auto store = [&](auto v, Stored* to) NORMD_LAMBDA_INLINE {
       if constexpr (kStream) {
         hn::Stream(v, dout, to);
@@ -142,36 +145,20 @@ void Range(const typename Elements<kType>::Stored* x,
     };
 #if HWY_TARGET != HWY_SCALAR
     if constexpr (kType == DType::kBFloat16) {
-      // In pair order (see EvenBFloat16): the constants of the even and the
-      // odd elements of each output vector, put in that order once.
-      const hn::RebindToUnsigned<decltype(d)> du32;
-      const auto ae0 = hn::ConcatEven(d, a1, a0),
-                 ao0 = hn::ConcatOdd(d, a1, a0);
-      const auto be0 = hn::ConcatEven(d, b1, b0),
-                 bo0 = hn::ConcatOdd(d, b1, b0);
-      const auto ce0 = hn::ConcatEven(d, c1, c0),
-                 co0 = hn::ConcatOdd(d, c1, c0);
-      const auto ae1 = hn::ConcatEven(d, a3, a2),
-                 ao1 = hn::ConcatOdd(d, a3, a2);
-      const auto be1 = hn::ConcatEven(d, b3, b2),
-                 bo1 = hn::ConcatOdd(d, b3, b2);
-      const auto ce1 = hn::ConcatEven(d, c3, c2),
-                 co1 = hn::ConcatOdd(d, c3, c2);
-      auto pair_vector = [&](int64_t at, auto ae, auto be, auto ce, auto ao,
-                             auto bo, auto co) NORMD_LAMBDA_INLINE {
-        const auto pairs =
-            hn::LoadU(du32, reinterpret_cast<const uint32_t*>(x + at));
-        store(
-            hn::BitCast(dout, BFloat16Pairs(
-                                  d, apply(EvenBFloat16(d, pairs), ae, be, ce),
-                                  apply(OddBFloat16(d, pairs), ao, bo, co))),
-            out + at);
-      };
+      // The constants of the even and the odd elements, put in pair order
+      // once.
+      auto even = [&](auto hi, auto lo) { return hn::ConcatEven(d, hi, lo); };
+      auto odd = [&](auto hi, auto lo) { return hn::ConcatOdd(d, hi, lo); };
+      const auto ae0 = even(a1, a0), be0 = even(b1, b0), ce0 = even(c1, c0);
+      const auto ao0 = odd(a1, a0), bo0 = odd(b1, b0), co0 = odd(c1, c0);
+      const auto ae1 = even(a3, a2), be1 = even(b3, b2), ce1 = even(c3, c2);
+      const auto ao1 = odd(a3, a2), bo1 = odd(b3, b2), co1 = odd(c3, c2);
       for (int64_t j = from - begin; j < from - begin + whole; j += repeat) {
         prefetch_repeat(j);
-        pair_vector(j, ae0, be0, ce0, ao0, bo0, co0);
+        store(pair_output(x + j, ae0, be0, ce0, ao0, bo0, co0), out + j);
         if (vectors > 2) {
-          pair_vector(j + 2 * lanes, ae1, be1, ce1, ao1, bo1, co1);
+          store(pair_output(x + j + 2 * lanes, ae1, be1, ce1, ao1, bo1, co1),
+                out + j + 2 * lanes);
         }
       }
       per_element(from + whole, end);
@@ -247,10 +234,8 @@ void Range(const typename Elements<kType>::Stored* x,
       const auto vc = hn::Set(d, c[channel]);
 #if HWY_TARGET != HWY_SCALAR
       if constexpr (kType == DType::kBFloat16) {
-        // One channel's constants: whole vectors in pair order (see
-        // EvenBFloat16), the same operations per element.
+        // One channel's constants: whole vectors in pair order.
         const Stored* xs = x + (pos - begin);
-        const hn::RebindToUnsigned<decltype(d)> du32;
         WriteVectors<kStream>(
             dout, out + (pos - begin), run,
             [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
@@ -260,12 +245,7 @@ void Range(const typename Elements<kType>::Stored* x,
                                    return apply(E::Load(xs, k, n), va, vb, vc);
                                  });
               }
-              const auto pairs =
-                  hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs + j));
-              return hn::BitCast(
-                  dout,
-                  BFloat16Pairs(d, apply(EvenBFloat16(d, pairs), va, vb, vc),
-                                apply(OddBFloat16(d, pairs), va, vb, vc)));
+              return pair_output(xs + j, va, vb, vc, va, vb, vc);
             },
             Prefetch{
                 prefetch_input ? reinterpret_cast<const char*>(xs) : nullptr,
