@@ -301,56 +301,14 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
   if (fence) StreamFence();
 }
 
-// The channel affine's per-channel arrays of T (simd/channel_affine.h).
-// fp32: hi (the mean as a float, so that x - hi is exact near it), scale,
-// and shift - (mean - hi) * scale folded in fp64 (left out when not finite
-// in fp32, as for an infinite weight: x's sign against hi decides). fp64:
-// mean, scale, shift. Channels-last: `period` + channels entries, period a
-// multiple of channels long enough to vectorize well.
-template <typename T>
-struct ChannelParams {
-  explicit ChannelParams(const ChannelLayout& layout, const double* mean,
-                         const double* scale, const double* shift) {
-    const int64_t channels = layout.channels;
-    constexpr int64_t kMinPeriod = 1024;
-    period =
-        layout.inner != 1
-            ? channels
-            : channels * std::max<int64_t>(
-                             1, std::min(kMinPeriod / channels, layout.outer));
-    const int64_t entries = layout.inner == 1 ? period + channels : channels;
-    for (std::vector<T>* v : {&a, &b, &c}) v->resize(entries);
-    for (int64_t k = 0; k < channels; ++k) {
-      a[k] = static_cast<T>(mean[k]);
-      b[k] = static_cast<T>(scale[k]);
-      c[k] = static_cast<T>(shift[k]);
-      if constexpr (std::is_same_v<T, float>) {
-        const double rest = (mean[k] - static_cast<double>(a[k])) * scale[k];
-        if (std::isfinite(b[k]) && std::isfinite(rest)) {
-          c[k] = static_cast<float>(shift[k] - rest);
-        }
-      }
-    }
-    for (int64_t i = channels; i < entries; ++i) {
-      a[i] = a[i - channels];
-      b[i] = b[i - channels];
-      c[i] = c[i - channels];
-    }
-  }
-  // Elements [begin, end) of dtype from x (element begin at x[0]) to y + begin.
-  void Write(DType dtype, const void* x, void* y, int64_t begin, int64_t end,
-             const ChannelLayout& layout, const ChannelWrite& write) const {
-    const int64_t size = ElementSize(dtype);
-    ChannelAffineWrite(dtype, x, static_cast<char*>(y) + begin * size, begin,
-                       end, layout.channels, layout.inner, period, a.data(),
-                       b.data(), c.data(), write);
-  }
-  int64_t period;
-  std::vector<T> a, b, c;
-};
-
 // ChannelAffineKernel with parameters of type P, in pieces of a work item
-// (contiguous input) or of the staging buffer.
+// (contiguous input) or of the staging buffer. The per-channel arrays
+// (simd/channel_affine.h): for fp32, hi (the mean as a float, so that x -
+// hi is exact near it), scale, and shift - (mean - hi) * scale folded in
+// fp64 (left out when not finite in fp32, as for an infinite weight: x's
+// sign against hi decides); for fp64, mean, scale and shift. Channels-last:
+// `period` + channels entries, the period a multiple of channels long
+// enough to vectorize well.
 template <typename P>
 void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
                         const ChannelLayout& layout, const double* mean,
@@ -360,16 +318,43 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
   if (total == 0) return;
   const int64_t size = ElementSize(dtype);
   const bool stream = StreamOutput(std::max(total, output_elements), size);
-  const ChannelParams<P> params(layout, mean, scale, shift);
+  const int64_t channels = layout.channels;
+  constexpr int64_t kMinPeriod = 1024;
+  const int64_t period =
+      layout.inner != 1
+          ? channels
+          : channels * std::max<int64_t>(
+                           1, std::min(kMinPeriod / channels, layout.outer));
+  const size_t entries = layout.inner == 1 ? period + channels : channels;
+  std::vector<P> hi(entries), mul(entries), add(entries);
+  for (size_t k = 0; k < entries; ++k) {
+    if (k >= static_cast<size_t>(channels)) {  // Copies, computed once.
+      hi[k] = hi[k - channels];
+      mul[k] = mul[k - channels];
+      add[k] = add[k - channels];
+      continue;
+    }
+    hi[k] = static_cast<P>(mean[k]);
+    mul[k] = static_cast<P>(scale[k]);
+    add[k] = static_cast<P>(shift[k]);
+    const double rest = (mean[k] - static_cast<double>(hi[k])) * scale[k];
+    if (std::is_same_v<P, float> && std::isfinite(mul[k]) &&
+        std::isfinite(rest)) {
+      add[k] = static_cast<P>(shift[k] - rest);
+    }
+  }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
     char* staging = source.data != nullptr
                         ? nullptr
                         : Staging<char, kInputSlot>(kStagingElements * size);
-    for (int64_t b = r.begin(); b < r.end(); b += piece) {
-      const int64_t e = std::min(r.end(), b + piece);
-      params.Write(dtype, source.Read(b * size, (e - b) * size, staging), y, b,
-                   e, layout, {.stream = stream, .prefetch_input = true});
+    for (int64_t begin = r.begin(); begin < r.end(); begin += piece) {
+      const int64_t end = std::min(r.end(), begin + piece);
+      ChannelAffineWrite(
+          dtype, source.Read(begin * size, (end - begin) * size, staging),
+          static_cast<char*>(y) + begin * size, begin, end, channels,
+          layout.inner, period, hi.data(), mul.data(), add.data(),
+          {.stream = stream, .prefetch_input = true});
     }
     return stream;
   });

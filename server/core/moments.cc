@@ -202,20 +202,9 @@ void MergeMoments(Moments& into, const Moments& other) {
 
 Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
   if (n <= 0) return Moments{};
-  const int64_t num_blocks = (n + kMomentsBlock - 1) / kMomentsBlock;
-  auto block = [&](int64_t b) {
-    const int64_t begin = b * kMomentsBlock;
-    return BlockMoments(dtype, x, begin, std::min(kMomentsBlock, n - begin));
-  };
-  if (num_blocks < 2) return block(0);
-  std::vector<Moments> parts(num_blocks);
-  ParallelFor(tbb::blocked_range<int64_t>(0, num_blocks), n,
-              [&](const tbb::blocked_range<int64_t>& range) {
-                for (int64_t b = range.begin(); b < range.end(); ++b) {
-                  parts[b] = block(b);
-                }
-              });
-  return FoldInOrder(parts.data(), num_blocks, 1);
+  if (n <= kMomentsBlock) return BlockMoments(dtype, x, 0, n);
+  return ChannelMomentsLongRuns(dtype, x,
+                                {.outer = 1, .channels = 1, .inner = n})[0];
 }
 
 std::vector<Moments> ChannelMoments(DType dtype, const void* x,

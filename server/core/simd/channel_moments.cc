@@ -1,5 +1,5 @@
 // The moments of a row block's channels (see channel_moments.h), compiled
-// for every SIMD target (foreach_target.h) and dispatched per block.
+// per target.
 #include "server/core/simd/channel_moments.h"
 
 #include <algorithm>
@@ -26,9 +26,8 @@ constexpr int64_t kTile = 64;
 constexpr int64_t kTileFlush = 16;
 constexpr int64_t kShiftSample = 32;
 constexpr int kRunLanes = 16;
-// How far ahead of the row being summed a block of two tiles or more
-// prefetches into L2: the hardware's own prefetch falls behind at 1 KiB
-// rows (shape_survey's channels-last BatchNorm training, 256 channels).
+// How far ahead a block of two tiles or more prefetches rows into L2 (the
+// hardware prefetcher falls behind at 1 KiB rows).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
 
 // into[j] += acc[j] in fp64, j < count.
@@ -46,10 +45,9 @@ void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
   for (; j < count; ++j) into[j] += static_cast<double>(acc[j]);
 }
 
-// The shifts of `count` channels-last channels from `c` over rows [r0, r1):
-// the fp32 mean of each one's first kShiftSample rows, summed in row order.
-// It need only be near the mean: an overflow gives a non-finite shift,
-// which NeedsExactPath catches.
+// The shifts of `count` channels-last channels from `c`: the fp32 mean of
+// each one's first kShiftSample rows from r0 (an overflow gives a
+// non-finite shift, which NeedsExactPath catches).
 template <DType kType, typename Stored>
 void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
             int64_t count, int64_t r0, int64_t r1, float* HWY_RESTRICT center) {
@@ -76,14 +74,11 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 }
 
 // The sums of channels-last channels [c, c + width) over rows [r0, r1):
-// width a multiple of kTile (whole tiles, each channel its own lane) or a
-// power of two below it (a narrow tile, whose kTile lanes take kTile /
-// width rows per step: the rows of a flush interval are copied together,
-// widened, so that value q of the interval is in lane q % kTile, and the
-// last step's missing rows are masked off). The lanes are kept in panels
-// of 4 vectors (64, 32, 16 or 4 lanes by target) over each flush interval
-// of kTileFlush steps, then added into fp64. Whole tiles prefetch rows
-// before `prefetch_end`, `prefetch_bytes` wide.
+// whole tiles (width a multiple of kTile) or a narrow tile (a power of two
+// below it: a flush interval's rows are copied together, value q in lane q
+// % kTile, the last step's missing rows masked off). Panels of 4 vectors
+// are summed over each interval of kTileFlush steps, then added into fp64.
+// Whole tiles prefetch rows before `prefetch_end`, `prefetch_bytes` wide.
 template <DType kType, typename Stored>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
@@ -171,13 +166,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 }
 
 // Runs of inner >= kRunLanes values: the sums of channels [c0, c0 + width)
-// over rows [r0, r1), in kRunLanes fp64 lanes per run (up to 4 vectors at a
-// time), folded pairwise into the channel's sums after each run. fp64, not
-// fp32: these stay as exact as the exact loops (the 16-bit tests bound
-// pooled statistics of such shapes at 1e-12; fp32 lanes gave 1e-8). A
-// channel's shift: the mean of its first run's first kRunLanes values.
-// The tail of a run is read in place, with the lanes past it masked off,
-// unless that read would pass `end` (the tensor's end).
+// over rows [r0, r1) in kRunLanes fp64 lanes per run (fp32 lanes lost
+// accuracy: 1e-8 against the tests' 1e-12), folded pairwise into the
+// channel's sums; the shift the mean of its first kRunLanes values. A run's
+// tail is read in place, masked, unless that would pass `end`.
 template <DType kType, typename Stored>
 void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
              int64_t stride, int64_t c0, int64_t width, int64_t r0, int64_t r1,
@@ -233,17 +225,16 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
   }
 }
 
-// Whether a channels-last block of `width` channels would take two tiles
-// or more (whole or narrow): it prefetches rows ahead.
+// Whether a channels-last block takes two tiles or more: it prefetches.
 bool PrefetchesRows(int64_t width) {
   return width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
          2;
 }
 
-// The shifts (or means), S1 and S2 of every channel of the block into
-// sum / dev / sq, then its moments into out: with the fast paths where
-// `fast` and the layout allows (see channel_moments.h), else the exact
-// two-pass fp64 loops. Returns whether every fast result kept its accuracy.
+// The shift (or mean), S1 and S2 of every channel of the block into sum,
+// dev, sq, then its moments into out: by the fast paths where `fast` and
+// the layout allow, else the exact loops. False when a fast result lost
+// accuracy.
 template <DType kType, typename Stored = typename Elements<kType>::Stored>
 bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                const ChannelRowBlock& block, bool fast,

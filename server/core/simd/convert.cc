@@ -1,5 +1,5 @@
-// WidenHalf (half.h) on Highway: compiled for every target and dispatched
-// once per call. (Narrowing happens as the kernels write: writer-inl.h.)
+// WidenHalf (half.h), compiled per target. (The kernels narrow as they
+// write.)
 #include <cstdint>
 
 #include "server/core/half.h"
@@ -16,8 +16,7 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
 
-// Input bytes ahead of the loads that widening prefetches (16 KB): the
-// hardware prefetcher alone falls behind a loop this short per line.
+// How far ahead widening prefetches (the hardware prefetcher falls behind).
 constexpr int64_t kWidenPrefetchBytes = 16384;
 
 template <DType kType>

@@ -1,9 +1,8 @@
-// The scalar steps every moments reduction of the core shares, whichever
-// SIMD target computed its lane sums: the fixed pairwise fold of lane sums,
-// the correction that turns shifted sums into (mean, M2), and the test that
-// sends a block to the exact path. Plain inline functions (no Highway), so
-// that every target runs the same operations in the same order: the same
-// bits. Pure functions.
+// The scalar steps every moments reduction shares, whichever target
+// summed its lanes: the pairwise fold of lane sums, the correction of
+// shifted sums into (mean, M2), and the test that sends a block to the
+// exact path. No Highway: the same operations in the same order on every
+// target. Pure functions.
 #ifndef NORMD_SERVER_CORE_SIMD_FOLD_H_
 #define NORMD_SERVER_CORE_SIMD_FOLD_H_
 
@@ -16,14 +15,13 @@
 
 namespace normd::fold {
 
-// The fast paths compute M2 = S2 - S1^2 / n from sums of d = x - shift; when
-// the shift is off the mean by more than ~2.6 standard deviations, S2 exceeds
-// M2 by more than this factor, and so would the fp32 rounding of S2: such
-// blocks are redone with the exact two-pass path.
+// The fast paths compute M2 = S2 - S1^2 / n; a shift off the mean by more
+// than ~2.6 standard deviations makes S2 (and its fp32 rounding) exceed M2
+// by more than this factor: such blocks are redone exactly.
 inline constexpr double kMaxCancellation = 8.0;
 
 // Adds the upper half of t[0..N) onto the lower half, recursively: a
-// pairwise sum in a fixed order, written as fixed-size loops that vectorize.
+// pairwise sum in a fixed order.
 template <int N, typename T>
 [[gnu::always_inline]] inline void FoldHalves(T* t) {
   if constexpr (N > 1) {
@@ -59,10 +57,9 @@ template <int N>
   return result;
 }
 
-// True when an fp32 fast-path result may have lost accuracy: non-finite
-// (overflow or NaN/Inf input), a variance so small that fp32 squares of the
-// deviations were denormal, or a shift so far from the mean that S2 - S1^2/n
-// cancelled more than kMaxCancellation allows (`squares` is S2).
+// True when a fast-path result may have lost accuracy: not finite, a
+// variance so small that fp32 squares were denormal, or S2 (`squares`)
+// beyond kMaxCancellation times M2.
 inline bool NeedsExactPath(const Moments& m, double squares) {
   return !m.IsFinite() || m.m2 < 1e-30 * static_cast<double>(m.count) ||
          m.m2 * kMaxCancellation < squares;

@@ -1,6 +1,4 @@
-// The row affines (see row_affine.h), compiled for every SIMD target
-// (foreach_target.h) and dispatched per call: one loop for every input and
-// output type and store policy (writer-inl.h).
+// The row affines (see row_affine.h), compiled per target.
 #include "server/core/simd/row_affine.h"
 
 #include <algorithm>
@@ -31,9 +29,8 @@ HWY_INLINE void WithParams(const T* weight, const T* bias, const Body& body) {
   body.template operator()<false, false>();
 }
 
-// y[0..n) = the affine of x[0..n) (kIn values) as kOut, the fused formula
-// (kFused) or the rounded one (see row_affine.h), written with streaming
-// stores (kStream) or ordinary ones.
+// `count` rows of n values: y = the affine of x (kIn values) as kOut, by
+// the fused formula (kFused) or the rounded one, streamed with kStream.
 template <DType kIn, DType kOut, bool kFused, bool kStream>
 void Rows(const typename Elements<kIn>::Stored* x,
           typename Elements<kOut>::Stored* y, int64_t n, int64_t count,

@@ -4,8 +4,11 @@
 #ifndef NORMD_SERVER_CORE_SIMD_STREAMING_H_
 #define NORMD_SERVER_CORE_SIMD_STREAMING_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "hwy/cache_control.h"
 
 namespace normd {
 
@@ -14,8 +17,16 @@ namespace normd {
 inline constexpr int64_t kDefaultStreamingOutputBytes = 8 << 20;
 
 // The threshold in force. Both ways write the same bits.
-int64_t StreamingOutputBytes();
-void SetStreamingOutputBytes(int64_t bytes);
+inline std::atomic<int64_t>& StreamingThreshold() {
+  static std::atomic<int64_t> bytes{kDefaultStreamingOutputBytes};
+  return bytes;
+}
+inline int64_t StreamingOutputBytes() {
+  return StreamingThreshold().load(std::memory_order_relaxed);
+}
+inline void SetStreamingOutputBytes(int64_t bytes) {
+  StreamingThreshold().store(bytes, std::memory_order_relaxed);
+}
 
 // Whether an output of `elements` values of `element_size` bytes streams.
 inline bool StreamOutput(int64_t elements, size_t element_size) {
@@ -24,7 +35,7 @@ inline bool StreamOutput(int64_t elements, size_t element_size) {
 }
 
 // Orders this thread's streaming stores before its later stores.
-void StreamFence();
+inline void StreamFence() { hwy::FlushStream(); }
 
 }  // namespace normd
 

@@ -1,9 +1,7 @@
-// How the elementwise kernels write their outputs, whatever they compute:
-// a vector at a time, whole 64-byte lines with streaming stores (large
-// outputs, which would only evict the cache; the caller fences with
-// StreamFence) or ordinary ones, the partial lines at either end touching
-// only their elements (ops-inl.h). Include inside a file compiled per target
-// (foreach_target.h), after hwy/highway.h.
+// How the elementwise kernels write outputs: whole 64-byte lines with
+// streaming stores (the caller fences) or ordinary ones, the partial lines
+// at either end touching only their elements. Include in files compiled
+// per target, after hwy/highway.h.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_WRITER_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -26,26 +24,22 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// How far ahead of the element it writes a kernel prefetches its input
-// (PrefetchedInput). With a dozen operations a line between the loads, the
-// hardware prefetchers alone leave them waiting on DRAM (kernel_bench
-// BM_HalfBatchNorm eval NCHW; 2 and 4 KiB ahead measure the same).
+// How far ahead of the element it writes a kernel prefetches its input:
+// with a dozen operations a line, the hardware prefetcher falls behind.
 inline constexpr int64_t kInputPrefetchBytes = 2048;
 
-// What a writer prefetches as it writes element j: the bytes of element j
-// of `base` (elements of `element_bytes`), `ahead_bytes` further on. Null
-// base: nothing.
+// What a writer prefetches as it writes element j: element j of `base`
+// (elements of `element_bytes`) plus `ahead_bytes`; nothing if base is null.
 struct Prefetch {
   const char* base = nullptr;
   int64_t element_bytes = 0;
   int64_t ahead_bytes = 0;
 };
 
-// Writes out[0..n) (n >= 0) from compute(j, count), the vector (tag d) of
-// outputs of elements [j, j + count); count is the lane count but for the
-// partial vectors at either end, where compute must read only `count`
-// elements. The whole 64-byte lines of out go with streaming stores
-// (kStream) or ordinary ones, `prefetch` read ahead a line per line.
+// Writes out[0..n) from compute(j, count), the vector (tag d) of elements
+// [j, j + count): count is the lane count but in the partial vectors at
+// either end, where compute reads only `count` elements. Whole lines are
+// streamed with kStream, `prefetch` read a line per line.
 template <bool kStream, class D, typename T, class Compute>
 HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
                              const Compute& compute,
