@@ -48,15 +48,21 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
   constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
   const auto address = reinterpret_cast<uintptr_t>(out);
   // A misaligned element never reaches a line boundary: all partial.
+  // Ordinary stores need no line alignment: whole vectors from the start.
   const int64_t head =
-      address % sizeof(T) != 0
+      !kStream ? 0
+      : address % sizeof(T) != 0
           ? n
           : std::min<int64_t>(
                 n, static_cast<int64_t>((64 - address % 64) % 64 / sizeof(T)));
   auto partial = [&](int64_t from, int64_t to) NORMD_LAMBDA_INLINE {
     for (int64_t j = from; j < to; j += lanes) {
       const size_t count = static_cast<size_t>(std::min(lanes, to - j));
-      StoreHead(d, compute(j, count), out + j, count);
+      if (count == static_cast<size_t>(lanes)) {
+        hn::StoreU(compute(j, count), d, out + j);
+      } else {
+        StoreHead(d, compute(j, count), out + j, count);
+      }
     }
   };
   partial(0, head);
@@ -75,7 +81,7 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
       if constexpr (kStream) {
         hn::Stream(v, d, out + j + k);
       } else {
-        hn::Store(v, d, out + j + k);
+        hn::StoreU(v, d, out + j + k);
       }
     }
   }
