@@ -47,10 +47,11 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
   const auto address = reinterpret_cast<uintptr_t>(out);
-  // A misaligned element never reaches a line boundary: all partial.
-  // Ordinary stores need no line alignment: whole vectors from the start.
+  // Whole lines from the first line boundary (a misaligned element never
+  // reaches one: all partial), except for short cached outputs, which take
+  // whole vectors from the start (no masked head and tail).
   const int64_t head =
-      !kStream ? 0
+      !kStream && n < 8 * kLine ? 0
       : address % sizeof(T) != 0
           ? n
           : std::min<int64_t>(
