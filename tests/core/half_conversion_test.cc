@@ -215,7 +215,7 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
   // Lengths around the 64-value steps, the 1024-value flushes, the 32-value
   // shift sample and the kMomentsBlock-value blocks; data near and far (1e4)
   // from 0, and a block whose first values sit far from the rest (the exact
-  // path).
+  // path); on every target (bfloat16 keeps its lanes in pair order).
   constexpr int64_t kB = kMomentsBlock;
   for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{31}, int64_t{32},
                     int64_t{33}, int64_t{63}, int64_t{64}, int64_t{65},
@@ -229,23 +229,27 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
       for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
         std::vector<uint16_t> x(n);
         for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, wide[i]);
-        std::vector<float> fused(n + 1, -1.0f), plain(n + 1, -1.0f);
-        const Moments got = WidenWithMoments(dtype, x.data(), fused.data(), n);
-        std::vector<float> scratch(n);
-        const Moments unstored =
-            HalfMoments(dtype, x.data(), scratch.data(), n);
+        std::vector<float> plain(n + 1, -1.0f);
         WidenHalf(dtype, x.data(), plain.data(), n);
         const Moments want = ContiguousMoments(plain.data(), n);
         SCOPED_TRACE(::testing::Message()
                      << DTypeName(dtype) << " n " << n << " offset " << offset);
-        EXPECT_EQ(fused, plain);
-        for (const Moments* m : {&got, &unstored}) {
-          EXPECT_EQ(m->count, want.count);
-          EXPECT_EQ(std::bit_cast<uint64_t>(m->mean),
-                    std::bit_cast<uint64_t>(want.mean));
-          EXPECT_EQ(std::bit_cast<uint64_t>(m->m2),
-                    std::bit_cast<uint64_t>(want.m2));
-        }
+        ForEachSimdTarget([&](const std::string&) {
+          std::vector<float> fused(n + 1, -1.0f);
+          const Moments got =
+              WidenWithMoments(dtype, x.data(), fused.data(), n);
+          std::vector<float> scratch(n);
+          const Moments unstored =
+              HalfMoments(dtype, x.data(), scratch.data(), n);
+          EXPECT_EQ(fused, plain);
+          for (const Moments* m : {&got, &unstored}) {
+            EXPECT_EQ(m->count, want.count);
+            EXPECT_EQ(std::bit_cast<uint64_t>(m->mean),
+                      std::bit_cast<uint64_t>(want.mean));
+            EXPECT_EQ(std::bit_cast<uint64_t>(m->m2),
+                      std::bit_cast<uint64_t>(want.m2));
+          }
+        });
       }
     }
   }
@@ -274,18 +278,23 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
   WidenHalf(DType::kBFloat16, x.data(), plain.data(), kN);
   const Moments want = ContiguousMoments(plain.data(), kN);
   ASSERT_EQ(want.mean, 128.0 / kN);  // The fold above, not 256 / kN.
-  std::vector<float> fused(kN);
-  const Moments stored =
-      WidenWithMoments(DType::kBFloat16, x.data(), fused.data(), kN);
-  const ChannelLayout run{1, 1, kN};
-  const Moments in_place = ChannelMoments(DType::kBFloat16, x.data(), run)[0];
-  const Moments fp32 = ChannelMoments(plain.data(), run)[0];
-  for (const Moments* got : {&stored, &in_place, &fp32}) {
-    EXPECT_EQ(std::bit_cast<uint64_t>(got->mean),
-              std::bit_cast<uint64_t>(want.mean));
-    EXPECT_EQ(std::bit_cast<uint64_t>(got->m2),
-              std::bit_cast<uint64_t>(want.m2));
-  }
+  ForEachSimdTarget([&](const std::string&) {
+    std::vector<float> fused(kN);
+    const Moments stored =
+        WidenWithMoments(DType::kBFloat16, x.data(), fused.data(), kN);
+    std::vector<float> scratch(kN);
+    const Moments unstored =
+        HalfMoments(DType::kBFloat16, x.data(), scratch.data(), kN);
+    const ChannelLayout run{1, 1, kN};
+    const Moments in_place = ChannelMoments(DType::kBFloat16, x.data(), run)[0];
+    const Moments fp32 = ChannelMoments(plain.data(), run)[0];
+    for (const Moments* got : {&stored, &unstored, &in_place, &fp32}) {
+      EXPECT_EQ(std::bit_cast<uint64_t>(got->mean),
+                std::bit_cast<uint64_t>(want.mean));
+      EXPECT_EQ(std::bit_cast<uint64_t>(got->m2),
+                std::bit_cast<uint64_t>(want.m2));
+    }
+  });
 }
 
 // `wide` rounded to `dtype` (fp32 or a 16-bit format): the tensor the

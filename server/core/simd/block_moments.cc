@@ -234,8 +234,11 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
 // The fast path of a block of n > 128 values (see block_moments.h), its
 // 64 lanes in panels of 4 vectors each summed over a flush interval in
 // turn. 16-bit data: `out` gets the widening with kStore, else what the
-// scalar parts read (shift sample, tail, all on the exact path).
-template <DType kType, bool kStore>
+// scalar parts read (shift sample, tail, all on the exact path). kPairs
+// (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
+// each lane's sums the same; a specialization kept on measurement
+// (bench/HISTORY.md).
+template <DType kType, bool kStore, bool kPairs = false>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                     float* HWY_RESTRICT out, int64_t n) {
   using E = Elements<kType>;
@@ -275,7 +278,16 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                 hwy::Prefetch(ahead + 64);
               }
             }
-            const auto f = E::Load(d, x + at);
+            auto f = E::Load(d, x + at);
+#if HWY_TARGET != HWY_SCALAR
+            if constexpr (kPairs) {
+              const hn::RebindToUnsigned<decltype(d)> du32;
+              const auto pairs = hn::LoadU(
+                  du32,
+                  reinterpret_cast<const uint32_t*>(at - v % 2 * lanes + x));
+              f = v % 2 == 0 ? EvenBFloat16(d, pairs) : OddBFloat16(d, pairs);
+            }
+#endif
             if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + at);
             AddDeviation<true>(d, hn::Sub(f, shift), dev_v, sq_v);
           },
@@ -299,6 +311,21 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
       }
     }
     i += len;
+  }
+  if (kPairs && i > 0) {
+    // A pair of vectors holds its even lanes, then its odd ones: the fp64
+    // lanes back in order.
+    double pair_dev[kWideLanes], pair_sq[kWideLanes];
+    std::copy(wide_dev, wide_dev + kWideLanes, pair_dev);
+    std::copy(wide_sq, wide_sq + kWideLanes, pair_sq);
+    for (int64_t b = 0; b < kWideLanes; b += 2 * lanes) {
+      for (int64_t j = 0; j < lanes; ++j) {
+        wide_dev[b + 2 * j] = pair_dev[b + j];
+        wide_dev[b + 2 * j + 1] = pair_dev[b + lanes + j];
+        wide_sq[b + 2 * j] = pair_sq[b + j];
+        wide_sq[b + 2 * j + 1] = pair_sq[b + lanes + j];
+      }
+    }
   }
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
@@ -328,8 +355,13 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
     ShortMoments(out, n, 1, &result);
     return result;
   }
-  return store_widened ? LongMoments<kType, true>(x, out, n)
-                       : LongMoments<kType, false>(x, out, n);
+  if (store_widened) return LongMoments<kType, true>(x, out, n);
+  // bfloat16 in pair order (see LongMoments) from two flush intervals on,
+  // which pay back putting the lanes in order again.
+  if constexpr (kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR) {
+    if (n >= 2 * kFloatFlush) return LongMoments<kType, false, true>(x, out, n);
+  }
+  return LongMoments<kType, false>(x, out, n);
 }
 
 }  // namespace
