@@ -312,21 +312,12 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
     }
     i += len;
   }
+#if HWY_TARGET != HWY_SCALAR
   if (kPairs && i > 0) {
-    // A pair of vectors holds its even lanes, then its odd ones: the fp64
-    // lanes back in order.
-    double pair_dev[kWideLanes], pair_sq[kWideLanes];
-    std::copy(wide_dev, wide_dev + kWideLanes, pair_dev);
-    std::copy(wide_sq, wide_sq + kWideLanes, pair_sq);
-    for (int64_t b = 0; b < kWideLanes; b += 2 * lanes) {
-      for (int64_t j = 0; j < lanes; ++j) {
-        wide_dev[b + 2 * j] = pair_dev[b + j];
-        wide_dev[b + 2 * j + 1] = pair_dev[b + lanes + j];
-        wide_sq[b + 2 * j] = pair_sq[b + j];
-        wide_sq[b + 2 * j + 1] = pair_sq[b + lanes + j];
-      }
-    }
+    PairOrder(wide_dev, kWideLanes, lanes, /*back=*/true);
+    PairOrder(wide_sq, kWideLanes, lanes, /*back=*/true);
   }
+#endif
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
   if constexpr (!kFloat) {

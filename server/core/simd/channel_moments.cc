@@ -92,9 +92,18 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const bool narrow = width < kTile;
   const int64_t step_rows = narrow ? kTile / width : 1;
   const int64_t step_lanes = narrow ? kTile : width;
+  // Whole bfloat16 tiles read in pair order (see EvenBFloat16), their
+  // shifts and sums kept in it: a specialization kept on measurement
+  // (bench/HISTORY.md).
+  constexpr bool kPairOrder =
+      kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
+  const bool pairs = kPairOrder && !narrow;
   HWY_ALIGN float center[kMaxChannelsLastBlock];
   Shifts<kType>(x, stride, c, width, r0, r1, center);
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
+#if HWY_TARGET != HWY_SCALAR
+  if (pairs) PairOrder(center, width, lanes, /*back=*/false);
+#endif
   HWY_ALIGN float staged[kTileFlush * kTile];
   HWY_ALIGN float acc[2 * kTile];
   double narrow_dev[kTile], narrow_sq[kTile];
@@ -112,7 +121,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
           [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
             const int64_t at = p + v * lanes;
             AddDeviation<true>(
-                d, hn::Sub(values(s, at), hn::Load(d, center + at)), dev_v,
+                d, hn::Sub(values(s, at, v), hn::Load(d, center + at)), dev_v,
                 sq_v, kMasked ? valid - (s * kTile + at) : INT64_MAX);
           },
           acc, acc + kTile);
@@ -137,7 +146,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       const int64_t values = (f_end - f) * width;
       add.template operator()<true>(
           (values + kTile - 1) / kTile, values,
-          [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE {
+          [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
             return hn::Load(d, staged + s * kTile + at);
           });
       continue;
@@ -150,10 +159,27 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       }
     }
     add.template operator()<false>(
-        f_end - f, 0, [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE {
-          return E::Load(d, x + (f + s) * stride + c + at);
+        f_end - f, 0, [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
+          const Stored* row = x + (f + s) * stride + c;
+#if HWY_TARGET != HWY_SCALAR
+          if constexpr (kPairOrder) {
+            const hn::RebindToUnsigned<decltype(d)> du32;
+            const auto pairs = hn::LoadU(
+                du32,
+                reinterpret_cast<const uint32_t*>(row + at - v % 2 * lanes));
+            return v % 2 == 0 ? EvenBFloat16(d, pairs) : OddBFloat16(d, pairs);
+          }
+#endif
+          return E::Load(d, row + at);
         });
   }
+#if HWY_TARGET != HWY_SCALAR
+  if (pairs) {
+    PairOrder(center, width, lanes, /*back=*/true);
+    PairOrder(dev, width, lanes, /*back=*/true);
+    PairOrder(sq, width, lanes, /*back=*/true);
+  }
+#endif
   for (int64_t j = 0; j < width; ++j) {
     center_out[j] = static_cast<double>(center[j]);
     if (!narrow) continue;

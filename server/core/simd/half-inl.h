@@ -174,6 +174,24 @@ HWY_INLINE hn::Vec<DF> OddBFloat16(DF df,
   const hn::RebindToUnsigned<DF> du32;
   return hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xffff0000u)));
 }
+// Puts a[0..n) (n a multiple of 2 lanes) in pair order: each 2 lanes values
+// as the even ones, then the odd ones; or (`back`) the reverse.
+template <typename T>
+void PairOrder(T* HWY_RESTRICT a, int64_t n, int64_t lanes, bool back) {
+  T copy[2 * hn::MaxLanes(hn::ScalableTag<float>())];
+  for (int64_t b = 0; b < n; b += 2 * lanes) {
+    std::copy(a + b, a + b + 2 * lanes, copy);
+    for (int64_t j = 0; j < 2 * lanes; ++j) {
+      const int64_t pair = j % lanes * 2 + j / lanes;  // Of position j.
+      if (back) {
+        a[b + pair] = copy[j];
+      } else {
+        a[b + j] = copy[pair];
+      }
+    }
+  }
+}
+
 // The bfloat16 patterns of even and odd elements' results, in pair order.
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
