@@ -73,6 +73,14 @@ struct UnaryCall {
   grpc::CallbackServerContext* const context;
   const char* const name;
   Admission::Ticket ticket;
+
+  // Releases the call's admission, then finishes it: released first, so
+  // that a client sending one call at a time is never refused because its
+  // last call, already answered, still counts.
+  void Finish(const absl::Status& status) {
+    ticket.Release();
+    FinishUnary(reactor, tracker, name, status);
+  }
 };
 
 // Runs `body` and finishes the call with its status. A call whose client
@@ -84,9 +92,8 @@ template <typename Fn>
 void CompleteUnary(std::shared_ptr<UnaryCall> call, ModelStore& store,
                    const Fn& body) {
   if (call->context->IsCancelled()) {
-    FinishUnary(call->reactor, call->tracker, call->name,
-                absl::CancelledError("the call was cancelled or its deadline "
-                                     "passed before it ran"));
+    call->Finish(absl::CancelledError(
+        "the call was cancelled or its deadline passed before it ran"));
     return;
   }
   absl::Status status;
@@ -97,12 +104,11 @@ void CompleteUnary(std::shared_ptr<UnaryCall> call, ModelStore& store,
     sequence = defer.sequence();
   }
   if (!status.ok() || sequence == 0) {
-    FinishUnary(call->reactor, call->tracker, call->name, status);
+    call->Finish(status);
     return;
   }
-  store.OnDurable(sequence, [call](const absl::Status& durable) {
-    FinishUnary(call->reactor, call->tracker, call->name, durable);
-  });
+  store.OnDurable(
+      sequence, [call](const absl::Status& durable) { call->Finish(durable); });
 }
 
 // Admits an authenticated call of `request_bytes`, or refuses it with

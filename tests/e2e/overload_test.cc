@@ -121,6 +121,24 @@ TEST(OverloadTest, TenfoldOverloadIsRefusedAtOnceAndMemoryStaysBounded) {
   EXPECT_EQ(server.Stop(), 0) << server.log();
 }
 
+// A client that sends one call at a time never finds its own answered call
+// still counted: the server releases a call's admission before it answers.
+TEST(OverloadTest, AnAnsweredCallNoLongerCounts) {
+  testing::ServerProcess server;
+  // Room for one big request (4 MiB and its framing), not two.
+  ASSERT_TRUE(server.Start(NORMD_BINARY, {"--max_inflight_requests=1",
+                                          "--max_inflight_bytes=6000000"}))
+      << server.log();
+  auto client = NormdClient::Connect(server.target());
+  const v1::NormalizeRequest big = LayerNormRequest(1024, 1024);  // 4 MiB.
+  for (int i = 0; i < 40; ++i) {
+    const auto response = client->Normalize(big);
+    ASSERT_TRUE(response.ok()) << "call " << i << ": " << response.status();
+  }
+  client.reset();
+  EXPECT_EQ(server.Stop(), 0) << server.log();
+}
+
 TEST(OverloadTest, RefusalNamesTheLimit) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(NORMD_BINARY, {"--max_inflight_bytes=1000"}))
