@@ -327,21 +327,22 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
                            1, std::min(kMinPeriod / channels, layout.outer));
   const size_t entries = layout.inner == 1 ? period + channels : channels;
   std::vector<P> hi(entries), mul(entries), add(entries);
-  for (size_t k = 0; k < entries; ++k) {
-    if (k >= static_cast<size_t>(channels)) {  // Copies, computed once.
-      hi[k] = hi[k - channels];
-      mul[k] = mul[k - channels];
-      add[k] = add[k - channels];
-      continue;
-    }
+  for (int64_t k = 0; k < channels; ++k) {
     hi[k] = static_cast<P>(mean[k]);
     mul[k] = static_cast<P>(scale[k]);
     add[k] = static_cast<P>(shift[k]);
-    const double rest = (mean[k] - static_cast<double>(hi[k])) * scale[k];
-    if (std::is_same_v<P, float> && std::isfinite(mul[k]) &&
-        std::isfinite(rest)) {
-      add[k] = static_cast<P>(shift[k] - rest);
+    if constexpr (std::is_same_v<P, float>) {
+      const double rest = (mean[k] - static_cast<double>(hi[k])) * scale[k];
+      if (std::isfinite(mul[k]) && std::isfinite(rest)) {
+        add[k] = static_cast<float>(shift[k] - rest);
+      }
     }
+  }
+  // The channels-last period's entries: copies, computed once per channel.
+  for (size_t k = channels; k < entries; ++k) {
+    hi[k] = hi[k - channels];
+    mul[k] = mul[k - channels];
+    add[k] = add[k - channels];
   }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {

@@ -278,16 +278,12 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                 hwy::Prefetch(ahead + 64);
               }
             }
-            auto f = E::Load(d, x + at);
+            const auto f = [&]() NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-            if constexpr (kPairs) {
-              const hn::RebindToUnsigned<decltype(d)> du32;
-              const auto pairs = hn::LoadU(
-                  du32,
-                  reinterpret_cast<const uint32_t*>(at - v % 2 * lanes + x));
-              f = v % 2 == 0 ? EvenBFloat16(d, pairs) : OddBFloat16(d, pairs);
-            }
+              if constexpr (kPairs) return PairVector(d, x + at, v);
 #endif
+              return E::Load(d, x + at);
+            }();
             if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + at);
             AddDeviation<true>(d, hn::Sub(f, shift), dev_v, sq_v);
           },
@@ -312,12 +308,10 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
     }
     i += len;
   }
-#if HWY_TARGET != HWY_SCALAR
   if (kPairs && i > 0) {
     PairOrder(wide_dev, kWideLanes, lanes, /*back=*/true);
     PairOrder(wide_sq, kWideLanes, lanes, /*back=*/true);
   }
-#endif
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
   if constexpr (!kFloat) {

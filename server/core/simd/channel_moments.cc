@@ -101,9 +101,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   HWY_ALIGN float center[kMaxChannelsLastBlock];
   Shifts<kType>(x, stride, c, width, r0, r1, center);
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
-#if HWY_TARGET != HWY_SCALAR
   if (pairs) PairOrder(center, width, lanes, /*back=*/false);
-#endif
   HWY_ALIGN float staged[kTileFlush * kTile];
   HWY_ALIGN float acc[2 * kTile];
   double narrow_dev[kTile], narrow_sq[kTile];
@@ -162,24 +160,16 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         f_end - f, 0, [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
           const Stored* row = x + (f + s) * stride + c;
 #if HWY_TARGET != HWY_SCALAR
-          if constexpr (kPairOrder) {
-            const hn::RebindToUnsigned<decltype(d)> du32;
-            const auto pairs = hn::LoadU(
-                du32,
-                reinterpret_cast<const uint32_t*>(row + at - v % 2 * lanes));
-            return v % 2 == 0 ? EvenBFloat16(d, pairs) : OddBFloat16(d, pairs);
-          }
+          if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
           return E::Load(d, row + at);
         });
   }
-#if HWY_TARGET != HWY_SCALAR
   if (pairs) {
     PairOrder(center, width, lanes, /*back=*/true);
     PairOrder(dev, width, lanes, /*back=*/true);
     PairOrder(sq, width, lanes, /*back=*/true);
   }
-#endif
   for (int64_t j = 0; j < width; ++j) {
     center_out[j] = static_cast<double>(center[j]);
     if (!narrow) continue;

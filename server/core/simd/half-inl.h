@@ -174,22 +174,17 @@ HWY_INLINE hn::Vec<DF> OddBFloat16(DF df,
   const hn::RebindToUnsigned<DF> du32;
   return hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xffff0000u)));
 }
-// Puts a[0..n) (n a multiple of 2 lanes) in pair order: each 2 lanes values
-// as the even ones, then the odd ones; or (`back`) the reverse.
-template <typename T>
-void PairOrder(T* HWY_RESTRICT a, int64_t n, int64_t lanes, bool back) {
-  T copy[2 * hn::MaxLanes(hn::ScalableTag<float>())];
-  for (int64_t b = 0; b < n; b += 2 * lanes) {
-    std::copy(a + b, a + b + 2 * lanes, copy);
-    for (int64_t j = 0; j < 2 * lanes; ++j) {
-      const int64_t pair = j % lanes * 2 + j / lanes;  // Of position j.
-      if (back) {
-        a[b + pair] = copy[j];
-      } else {
-        a[b + j] = copy[pair];
-      }
-    }
-  }
+
+// Vector v of a pair of vectors of bfloat16 values in pair order, `at` its
+// first position: the even values of the pair for v even, the odd ones for
+// v odd.
+template <class DF>
+HWY_INLINE hn::Vec<DF> PairVector(DF df, const uint16_t* at, int v) {
+  const hn::RebindToUnsigned<DF> du32;
+  const auto pairs =
+      hn::LoadU(du32, reinterpret_cast<const uint32_t*>(
+                          at - v % 2 * static_cast<int64_t>(hn::Lanes(df))));
+  return v % 2 == 0 ? EvenBFloat16(df, pairs) : OddBFloat16(df, pairs);
 }
 
 // The bfloat16 patterns of even and odd elements' results, in pair order.
@@ -203,6 +198,26 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
       hn::ShiftRight<16>(BFloat16InHighHalves(df, even)));
 }
 #endif
+
+// Puts a[0..n) (n a multiple of 2 lanes) in pair order: each 2 lanes values
+// as the even ones, then the odd ones; or (`back`) the reverse.
+template <typename T>
+void PairOrder(T* HWY_RESTRICT a, int64_t n, int64_t lanes, bool back) {
+  T copy[2 * hn::MaxLanes(hn::ScalableTag<float>())];
+  for (int64_t b = 0; b < n; b += 2 * lanes) {
+    std::copy(a + b, a + b + 2 * lanes, copy);
+    // Position j (even) and lanes + j (odd) hold values 2 j and 2 j + 1.
+    for (int64_t j = 0; j < lanes; ++j) {
+      if (back) {
+        a[b + 2 * j] = copy[j];
+        a[b + 2 * j + 1] = copy[lanes + j];
+      } else {
+        a[b + j] = copy[2 * j];
+        a[b + lanes + j] = copy[2 * j + 1];
+      }
+    }
+  }
+}
 
 // The fp32 vectors of the kernels: at most a 64-byte line.
 using FloatVectorTag = hn::CappedTag<float, 16>;
