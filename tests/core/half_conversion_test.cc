@@ -116,6 +116,37 @@ TEST(HalfTest, WideningIsExactForEveryPatternOnEveryTarget) {
   });
 }
 
+// The widening writes its output from the first 64-byte line boundary on in
+// whole vectors, the elements before it one at a time: every start within a
+// line and lengths around the head, a line and a vector, touching nothing
+// outside the output.
+TEST(HalfTest, WideningWritesExactlyItsOutputAtEveryAlignment) {
+  std::vector<uint16_t> x(200);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<uint16_t>(0x3c00 + 37 * i);
+  }
+  ForEachSimdTarget([&](const std::string& target) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      alignas(64) float out[256];
+      for (int64_t start = 0; start <= 16; ++start) {
+        for (int64_t n : {0, 1, 5, 11, 12, 13, 15, 16, 17, 31, 32, 33, 47, 48,
+                          49, 100, 200}) {
+          std::fill(std::begin(out), std::end(out), -7.0f);
+          WidenHalf(dtype, x.data(), out + start, n);
+          for (int64_t i = 0; i < 256; ++i) {
+            const bool inside = i >= start && i < start + n;
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[i]),
+                      std::bit_cast<uint32_t>(
+                          inside ? HalfToFloat(dtype, x[i - start]) : -7.0f))
+                << target << " " << DTypeName(dtype) << " start " << start
+                << " n " << n << " at " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
 void CheckNarrowing();
 
 TEST(HalfTest, NarrowingRoundsToNearestEvenOnEveryTarget) {

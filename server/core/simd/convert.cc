@@ -1,5 +1,6 @@
 // WidenHalf (half.h), compiled per target. (The kernels narrow as they
 // write.)
+#include <algorithm>
 #include <cstdint>
 
 #include "server/core/half.h"
@@ -22,18 +23,28 @@ constexpr int64_t kWidenPrefetchBytes = 16384;
 template <DType kType>
 void Widen(const uint16_t* HWY_RESTRICT src, float* HWY_RESTRICT dst,
            int64_t n) {
-  const hn::ScalableTag<float> df;
-  const HalfBitsTag<decltype(df)> dh;
+  const FloatVectorTag df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto widen = [&](int64_t i) NORMD_LAMBDA_INLINE {
+    hn::StoreU(Elements<kType>::Load(df, src + i), df, dst + i);
+  };
+  // One at a time up to dst's first line boundary, so that no vector store
+  // splits a line; then 32 values (a line of src, prefetched once, into L2:
+  // hwy::Prefetch's L1 hint evicts the output) at a time.
+  const auto address = reinterpret_cast<uintptr_t>(dst);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    if (i % 32 == 0) {
-      // Into L2 (locality 2): hwy::Prefetch's L1 hint evicts the output.
-      __builtin_prefetch(
-          reinterpret_cast<const char*>(src + i) + kWidenPrefetchBytes, 0, 2);
+  if (address % sizeof(float) == 0) {
+    for (; i < std::min<int64_t>(n, (64 - address % 64) % 64 / 4); ++i) {
+      dst[i] = HalfToFloat(kType, src[i]);
     }
-    hn::StoreU(WidenHalfBits<kType>(df, hn::LoadU(dh, src + i)), df, dst + i);
   }
+  constexpr int64_t kLine = 32;
+  for (; i + kLine <= n; i += kLine) {
+    __builtin_prefetch(
+        reinterpret_cast<const char*>(src + i) + kWidenPrefetchBytes, 0, 2);
+    for (int64_t k = 0; k < kLine; k += lanes) widen(i + k);
+  }
+  for (; i + lanes <= n; i += lanes) widen(i);
   for (; i < n; ++i) dst[i] = HalfToFloat(kType, src[i]);
 }
 
