@@ -7,8 +7,10 @@
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,10 +28,30 @@ namespace {
 
 constexpr int64_t kValues = 64 * 1024;
 
+// Allocates on 64-byte lines, as the server's pooled output buffers are.
+// Left to malloc, a buffer's alignment (and with it a kernel's speed: a
+// misaligned vector store splits lines) would depend on each binary's
+// allocation history, and so differ between the builds compared.
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(
+        ::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  bool operator==(const LineAllocator&) const = default;
+};
+template <typename T>
+using Buffer = std::vector<T, LineAllocator<T>>;
+
 // kValues fp32 values near 1e4 (the accuracy bar's offset).
-const std::vector<float>& Floats() {
+const Buffer<float>& Floats() {
   static const auto* values = [] {
-    auto* v = new std::vector<float>(kValues);
+    auto* v = new Buffer<float>(kValues);
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(1e4f, 3.0f);
     for (float& x : *v) x = normal(rng);
@@ -38,15 +60,15 @@ const std::vector<float>& Floats() {
   return *values;
 }
 
-std::vector<double> Doubles() {
-  return std::vector<double>(Floats().begin(), Floats().end());
+Buffer<double> Doubles() {
+  return Buffer<double>(Floats().begin(), Floats().end());
 }
 
 // kValues 16-bit values around 2 with unit spread: a 16-bit format cannot
 // hold 1e4 +- 3 apart from a handful of values (bfloat16 steps by 64 there),
 // which would send every block down the exact path.
-std::vector<uint16_t> Halves(DType dtype) {
-  std::vector<uint16_t> h(kValues);
+Buffer<uint16_t> Halves(DType dtype) {
+  Buffer<uint16_t> h(kValues);
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(2.0f, 1.0f);
   for (uint16_t& v : h) v = FloatToHalf(dtype, normal(rng));
@@ -120,7 +142,7 @@ void RegisterAll() {
     Report(state);
   });
   benchmark::RegisterBenchmark("ContiguousMoments/f64", [](auto& state) {
-    const std::vector<double> x = Doubles();
+    const Buffer<double> x = Doubles();
     for (auto _ : state) {
       benchmark::DoNotOptimize(ContiguousMoments(x.data(), kValues));
     }
@@ -130,8 +152,8 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(
         (std::string("HalfMoments/") + Name(dtype)).c_str(),
         [dtype](auto& state) {
-          const std::vector<uint16_t> x = Halves(dtype);
-          std::vector<float> scratch(kMomentsBlock);
+          const Buffer<uint16_t> x = Halves(dtype);
+          Buffer<float> scratch(kMomentsBlock);
           for (auto _ : state) {
             benchmark::DoNotOptimize(
                 HalfMoments(dtype, x.data(), scratch.data(), kValues));
@@ -141,8 +163,8 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(
         (std::string("WidenWithMoments/") + Name(dtype)).c_str(),
         [dtype](auto& state) {
-          const std::vector<uint16_t> x = Halves(dtype);
-          std::vector<float> out(kValues);
+          const Buffer<uint16_t> x = Halves(dtype);
+          Buffer<float> out(kValues);
           for (auto _ : state) {
             benchmark::DoNotOptimize(
                 WidenWithMoments(dtype, x.data(), out.data(), kValues));
@@ -152,8 +174,8 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(
         (std::string("WidenHalf/") + Name(dtype)).c_str(),
         [dtype](auto& state) {
-          const std::vector<uint16_t> x = Halves(dtype);
-          std::vector<float> out(kValues);
+          const Buffer<uint16_t> x = Halves(dtype);
+          Buffer<float> out(kValues);
           for (auto _ : state) {
             WidenHalf(dtype, x.data(), out.data(), kValues);
             benchmark::ClobberMemory();
@@ -176,7 +198,7 @@ void RegisterAll() {
           (std::string("HalfChannelMoments/") + Name(dtype) + "/" + layout_name)
               .c_str(),
           [layout, dtype](auto& state) {
-            const std::vector<uint16_t> x = Halves(dtype);
+            const Buffer<uint16_t> x = Halves(dtype);
             for (auto _ : state) {
               benchmark::DoNotOptimize(HalfChannels(dtype, x.data(), layout));
             }
@@ -189,7 +211,7 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(
         (std::string("ChannelAffine/f32/") + layout_name).c_str(),
         [=](auto& state) {
-          std::vector<float> y(kValues);
+          Buffer<float> y(kValues);
           for (auto _ : state) {
             ChannelAffineKernel(Floats().data(), y.data(), layout, mean.data(),
                                 scale.data(), shift.data());
@@ -202,8 +224,8 @@ void RegisterAll() {
           (std::string("ChannelAffineHalf/") + Name(dtype) + "/" + layout_name)
               .c_str(),
           [=](auto& state) {
-            const std::vector<uint16_t> x = Halves(dtype);
-            std::vector<uint16_t> y(kValues);
+            const Buffer<uint16_t> x = Halves(dtype);
+            Buffer<uint16_t> y(kValues);
             for (auto _ : state) {
               HalfAffine(dtype, x.data(), y.data(), layout, mean.data(),
                          scale.data(), shift.data());
@@ -223,7 +245,7 @@ void RegisterAll() {
           (std::string("RowNorm/f32/") + style_name + "/" + std::to_string(row))
               .c_str(),
           [=](auto& state) {
-            std::vector<float> y(kValues);
+            Buffer<float> y(kValues);
             for (auto _ : state) {
               LayerNormKernel(Floats().data(), y.data(), rows, 1e-5, style,
                               weight.data(), bias.data());
@@ -237,8 +259,8 @@ void RegisterAll() {
              "/" + std::to_string(row))
                 .c_str(),
             [=](auto& state) {
-              const std::vector<uint16_t> x = Halves(dtype);
-              std::vector<uint16_t> y(kValues);
+              const Buffer<uint16_t> x = Halves(dtype);
+              Buffer<uint16_t> y(kValues);
               for (auto _ : state) {
                 HalfRows(dtype, x.data(), y.data(), rows, style, weight.data(),
                          bias.data());
