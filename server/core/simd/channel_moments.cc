@@ -33,16 +33,7 @@ constexpr int64_t kRowsPrefetchBytes = 64 << 10;
 // into[j] += acc[j] in fp64, j < count.
 void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
                 int64_t count) {
-  const hn::CappedTag<double, 8> dd;
-  const hn::Rebind<float, decltype(dd)> dh;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
-  int64_t j = 0;
-  for (; j + lanes <= count; j += lanes) {
-    hn::StoreU(hn::Add(hn::LoadU(dd, into + j),
-                       hn::PromoteTo(dd, hn::LoadU(dh, acc + j))),
-               dd, into + j);
-  }
-  for (; j < count; ++j) into[j] += static_cast<double>(acc[j]);
+  for (int64_t j = 0; j < count; ++j) into[j] += static_cast<double>(acc[j]);
 }
 
 // The shifts of `count` channels-last channels from `c`: the fp32 mean of
