@@ -1,9 +1,10 @@
 // Vector conversions between fp32 and the 16-bit formats with the bits of
 // half.h's scalar ones on every target, and how the kernels read and write
 // each dtype (Elements). float16 uses the instructions where they are
-// exact (F16C, NEON, SVE); elsewhere, and bfloat16 everywhere (Highway
-// 1.0.3's DemoteTo truncates), half.h's integer and fp32 steps. Include in
-// files compiled per target, after hwy/highway.h. Pure functions.
+// exact (F16C, NEON, SVE), elsewhere half.h's functions lane by lane;
+// bfloat16 half.h's integer steps in vectors (Highway 1.0.3's DemoteTo
+// truncates). Include in files compiled per target, after hwy/highway.h.
+// Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -44,6 +45,18 @@ HWY_INLINE auto IsOrdered(V f) {
   return hn::Eq(f, f);
 }
 
+// f(lane) for each lane of v (tag from), as a vector of tag `to`: float16
+// on targets without exact instructions (SSE4, scalar).
+template <class DTo, class DFrom, class F>
+HWY_INLINE hn::Vec<DTo> LaneByLane(DTo to, DFrom from, hn::Vec<DFrom> v,
+                                   const F& f) {
+  HWY_ALIGN hn::TFromD<DFrom> in[hn::MaxLanes(DFrom())];
+  HWY_ALIGN hn::TFromD<DTo> out[hn::MaxLanes(DTo())];
+  hn::Store(v, from, in);
+  for (size_t i = 0; i < hn::Lanes(from); ++i) out[i] = f(in[i]);
+  return hn::Load(to, out);
+}
+
 // The 16-bit patterns of a vector of fp32 lanes: the same lane count.
 template <class DF>
 using HalfBitsTag = hn::Rebind<uint16_t, DF>;
@@ -59,21 +72,7 @@ HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
   const hn::Rebind<hwy::float16_t, DF> df16;
   return hn::PromoteTo(df, hn::BitCast(df16, h));
 #else
-  // Float16ToFloat (half.h), lane by lane.
-  const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
-  const auto two_w = hn::Add(w, w);
-  const auto normalized = hn::Mul(
-      hn::BitCast(
-          df, hn::Add(hn::ShiftRight<4>(two_w), hn::Set(du32, 0xe0u << 23))),
-      hn::Set(df, 0x1.0p-112f));
-  const auto denormalized = hn::Sub(
-      hn::BitCast(df,
-                  hn::Or(hn::ShiftRight<17>(two_w), hn::Set(du32, 126u << 23))),
-      hn::Set(df, 0.5f));
-  const auto magnitude = hn::IfThenElse(hn::Lt(two_w, hn::Set(du32, 1u << 27)),
-                                        hn::BitCast(du32, denormalized),
-                                        hn::BitCast(du32, normalized));
-  return hn::BitCast(df, hn::Or(sign, magnitude));
+  return LaneByLane(df, HalfBitsTag<DF>(), h, Float16ToFloat);
 #endif
 }
 
@@ -106,8 +105,8 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
     return hn::TruncateTo(HalfBitsTag<DF>(),
                           hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
   }
-  const hn::RebindToUnsigned<DF> du32;
 #if NORMD_HWY_EXACT_F16
+  const hn::RebindToUnsigned<DF> du32;
   // The instruction keeps a NaN's payload: make it the one NaN whose
   // narrowing is the canonical pattern.
   f = hn::IfThenElse(
@@ -116,26 +115,7 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
   const hn::Rebind<hwy::float16_t, DF> df16;
   return hn::BitCast(HalfBitsTag<DF>(), hn::DemoteTo(df16, f));
 #else
-  // FloatToFloat16 (half.h), lane by lane.
-  const auto w = hn::BitCast(du32, f);
-  auto base = hn::Mul(hn::Mul(hn::Abs(f), hn::Set(df, 0x1.0p+112f)),
-                      hn::Set(df, 0x1.0p-110f));
-  const auto shl1_w = hn::Add(w, w);
-  const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
-  const auto bias = hn::Max(hn::And(shl1_w, hn::Set(du32, 0xff000000u)),
-                            hn::Set(du32, 0x71000000u));
-  base = hn::Add(hn::BitCast(df, hn::Add(hn::ShiftRight<1>(bias),
-                                         hn::Set(du32, 0x07800000u))),
-                 base);
-  const auto bits = hn::BitCast(du32, base);
-  const auto exp_bits =
-      hn::And(hn::ShiftRight<13>(bits), hn::Set(du32, 0x00007c00u));
-  const auto mantissa_bits = hn::And(bits, hn::Set(du32, 0x00000fffu));
-  auto result =
-      hn::Or(hn::ShiftRight<16>(sign), hn::Add(exp_bits, mantissa_bits));
-  result = hn::IfThenElse(hn::Gt(shl1_w, hn::Set(du32, 0xff000000u)),
-                          hn::Set(du32, kCanonicalFloat16NaN), result);
-  return hn::TruncateTo(HalfBitsTag<DF>(), result);
+  return LaneByLane(HalfBitsTag<DF>(), df, f, FloatToFloat16);
 #endif
 }
 
