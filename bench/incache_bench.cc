@@ -106,7 +106,16 @@ void HalfRows(DType dtype, const uint16_t* x, uint16_t* y,
   LayerNormKernel(dtype, {reinterpret_cast<const char*>(x)}, y, rows, 1e-5,
                   style, weight, bias);
 }
+Moments Widened(DType dtype, const uint16_t* x, float* out, int64_t n,
+                bool store) {
+  return WidenedMoments(dtype, x, out, n, store);
+}
 #else
+Moments Widened(DType dtype, const uint16_t* x, float* out, int64_t n,
+                bool store) {
+  return store ? WidenWithMoments(dtype, x, out, n)
+               : HalfMoments(dtype, x, out, n);
+}
 std::vector<Moments> HalfChannels(DType dtype, const uint16_t* x,
                                   const ChannelLayout& layout) {
   return HalfChannelMoments(dtype, x, layout);
@@ -156,7 +165,7 @@ void RegisterAll() {
           Buffer<float> scratch(kMomentsBlock);
           for (auto _ : state) {
             benchmark::DoNotOptimize(
-                HalfMoments(dtype, x.data(), scratch.data(), kValues));
+                Widened(dtype, x.data(), scratch.data(), kValues, false));
           }
           Report(state);
         });
@@ -167,7 +176,7 @@ void RegisterAll() {
           Buffer<float> out(kValues);
           for (auto _ : state) {
             benchmark::DoNotOptimize(
-                WidenWithMoments(dtype, x.data(), out.data(), kValues));
+                Widened(dtype, x.data(), out.data(), kValues, true));
           }
           Report(state);
         });

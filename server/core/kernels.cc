@@ -156,8 +156,7 @@ struct RowsJob {
       } else if (!IsHalf(dtype)) {
         moments[0] = ContiguousMoments(dtype, in, n);
       } else {
-        moments[0] = direct ? HalfMoments(dtype, halves, buffer, n)
-                            : WidenWithMoments(dtype, halves, buffer, n);
+        moments[0] = WidenedMoments(dtype, halves, buffer, n, !direct);
       }
       for (int k = 0; k < rows; ++k) {
         constants[k] = RowConstants(moments[k], eps, style, affine);

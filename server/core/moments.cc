@@ -156,19 +156,6 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
   return result;
 }
 
-// ContiguousMoments of the widened x (kStore: widened into out[0..n);
-// else out is one block's scratch).
-template <bool kStore>
-Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n) {
-  Moments total;
-  for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total,
-                 HalfBlockMoments(dtype, x + begin, kStore ? out + begin : out,
-                                  std::min(kMomentsBlock, n - begin), kStore));
-  }
-  return total;
-}
-
 }  // namespace
 
 double Moments::BiasedVariance() const {
@@ -219,20 +206,15 @@ std::vector<Moments> ChannelMoments(DType dtype, const void* x,
   return ChannelMomentsShortRuns(dtype, x, layout);
 }
 
-std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
-                                            const ChannelLayout& layout) {
-  if (layout.channels == 0) return {};
-  if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  return ChannelMomentsShortRuns(dtype, x, layout);
-}
-
-Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out,
-                         int64_t n) {
-  return WidenedMoments</*kStore=*/true>(dtype, x, out, n);
-}
-
-Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n) {
-  return WidenedMoments</*kStore=*/false>(dtype, x, scratch, n);
+Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
+                       bool store_widened) {
+  Moments total;
+  for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
+    MergeMoments(total, HalfBlockMoments(
+                            dtype, x + begin, store_widened ? out + begin : out,
+                            std::min(kMomentsBlock, n - begin), store_widened));
+  }
+  return total;
 }
 
 }  // namespace normd

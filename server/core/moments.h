@@ -49,18 +49,11 @@ Moments ContiguousMoments(const T* x, int64_t n) {
   return ContiguousMoments(FloatingDType<T>(), x, n);
 }
 
-// ChannelMoments by the short-run row blocks (simd/channel_moments.h)
-// whatever the layout, for tests that compare block widths.
-std::vector<Moments> ShortRunChannelMoments(DType dtype, const void* x,
-                                            const ChannelLayout& layout);
-
-// Widens n 16-bit values of `dtype` at x into out (as WidenHalf) and
-// returns ContiguousMoments(out, n), bit for bit, in one pass. Serial.
-Moments WidenWithMoments(DType dtype, const uint16_t* x, float* out, int64_t n);
-
-// WidenWithMoments' moments without storing the widening: `scratch`
-// (min(n, kMomentsBlock) floats) gets only what the scalar parts read.
-Moments HalfMoments(DType dtype, const uint16_t* x, float* scratch, int64_t n);
+// ContiguousMoments of the n 16-bit values of `dtype` at x widened, bit for
+// bit, in one serial pass. `store_widened`: out[0..n) gets the widening (as
+// WidenHalf); otherwise out is min(n, kMomentsBlock) floats of scratch.
+Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
+                       bool store_widened);
 
 // Per-channel moments of a [outer, channels, inner] tensor of `dtype`
 // (see ChannelLayout): result[c] covers channel c's outer x inner values.

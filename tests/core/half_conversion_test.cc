@@ -242,7 +242,7 @@ TEST(HalfTest, StreamingNarrowingWritesTheSameBitsOnEveryTarget) {
 }
 
 TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
-  // HalfMoments (no widened copy left behind) too.
+  // WidenedMoments, with and without storing the widening.
   // Lengths around the 64-value steps, the 1024-value flushes, the 32-value
   // shift sample and the kMomentsBlock-value blocks; data near and far (1e4)
   // from 0, and a block whose first values sit far from the rest (the exact
@@ -268,10 +268,10 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
         ForEachSimdTarget([&](const std::string&) {
           std::vector<float> fused(n + 1, -1.0f);
           const Moments got =
-              WidenWithMoments(dtype, x.data(), fused.data(), n);
+              WidenedMoments(dtype, x.data(), fused.data(), n, true);
           std::vector<float> scratch(n);
           const Moments unstored =
-              HalfMoments(dtype, x.data(), scratch.data(), n);
+              WidenedMoments(dtype, x.data(), scratch.data(), n, false);
           EXPECT_EQ(fused, plain);
           for (const Moments* m : {&got, &unstored}) {
             EXPECT_EQ(m->count, want.count);
@@ -312,10 +312,10 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
   ForEachSimdTarget([&](const std::string&) {
     std::vector<float> fused(kN);
     const Moments stored =
-        WidenWithMoments(DType::kBFloat16, x.data(), fused.data(), kN);
+        WidenedMoments(DType::kBFloat16, x.data(), fused.data(), kN, true);
     std::vector<float> scratch(kN);
     const Moments unstored =
-        HalfMoments(DType::kBFloat16, x.data(), scratch.data(), kN);
+        WidenedMoments(DType::kBFloat16, x.data(), scratch.data(), kN, false);
     const ChannelLayout run{1, 1, kN};
     const Moments in_place = ChannelMoments(DType::kBFloat16, x.data(), run)[0];
     const Moments fp32 = ChannelMoments(plain.data(), run)[0];
@@ -397,12 +397,11 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
             const void* px = dtype == DType::kFloat32
                                  ? static_cast<const void*>(pf.data())
                                  : static_cast<const void*>(ph.data());
-            return ShortRunChannelMoments(dtype, px,
-                                          ChannelLayout{outer, width, 1});
+            return ChannelMoments(dtype, px, ChannelLayout{outer, width, 1});
           };
           const void* x = typed.data();
           ForEachSimdTarget([&](const std::string&) {
-            const auto all = ShortRunChannelMoments(dtype, x, layout);
+            const auto all = ChannelMoments(dtype, x, layout);
             ASSERT_EQ(all.size(), static_cast<size_t>(channels));
             for (int64_t c0 = 0, width = 64; c0 < channels; c0 += width) {
               while (c0 + width > channels) width /= 2;
@@ -467,7 +466,7 @@ TEST(HalfTest, ShortRunMomentsSameBitsOnEveryTarget) {
                 ReferenceChannelStats(values, outer, channels, inner);
             std::vector<Moments> hand;  // The best target's.
             ForEachSimdTarget([&](const std::string&) {
-              const auto loop = ShortRunChannelMoments(dtype, x, layout);
+              const auto loop = ChannelMoments(dtype, x, layout);
               ASSERT_EQ(loop.size(), static_cast<size_t>(channels));
               if (hand.empty()) hand = loop;
               for (int64_t c = 0; c < channels; ++c) {
