@@ -16,19 +16,11 @@ namespace normd {
 namespace {
 
 // The moments of x[at, at + n) of `dtype`, n <= kMomentsBlock.
-Moments BlockMoments(DType dtype, const void* x, int64_t at, int64_t n) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return FloatBlockMoments(static_cast<const float*>(x) + at, n);
-    case DType::kFloat64:
-      return DoubleBlockMoments(static_cast<const double*>(x) + at, n);
-    case DType::kBFloat16:
-    case DType::kFloat16:
-      break;
-  }
+Moments BlockAt(DType dtype, const void* x, int64_t at, int64_t n) {
   thread_local std::vector<float> scratch(kMomentsBlock);
-  return HalfBlockMoments(dtype, static_cast<const uint16_t*>(x) + at,
-                          scratch.data(), n, /*store_widened=*/false);
+  return BlockMoments(dtype,
+                      static_cast<const char*>(x) + at * ElementSize(dtype), n,
+                      scratch.data());
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -49,9 +41,8 @@ std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
       [&](const tbb::blocked_range<int64_t>& range) {
         for (int64_t i = range.begin(); i < range.end(); ++i) {
           const int64_t begin = (i % per_run) * kMomentsBlock;
-          blocks[i] =
-              BlockMoments(dtype, x, (i / per_run) * layout.inner + begin,
-                           std::min(kMomentsBlock, layout.inner - begin));
+          blocks[i] = BlockAt(dtype, x, (i / per_run) * layout.inner + begin,
+                              std::min(kMomentsBlock, layout.inner - begin));
         }
       });
   std::vector<Moments> result(layout.channels);
@@ -189,7 +180,7 @@ void MergeMoments(Moments& into, const Moments& other) {
 
 Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
   if (n <= 0) return Moments{};
-  if (n <= kMomentsBlock) return BlockMoments(dtype, x, 0, n);
+  if (n <= kMomentsBlock) return BlockAt(dtype, x, 0, n);
   return ChannelMomentsLongRuns(dtype, x,
                                 {.outer = 1, .channels = 1, .inner = n})[0];
 }
@@ -210,9 +201,10 @@ Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
                        bool store_widened) {
   Moments total;
   for (int64_t begin = 0; begin < n; begin += kMomentsBlock) {
-    MergeMoments(total, HalfBlockMoments(
-                            dtype, x + begin, store_widened ? out + begin : out,
-                            std::min(kMomentsBlock, n - begin), store_widened));
+    MergeMoments(
+        total,
+        BlockMoments(dtype, x + begin, std::min(kMomentsBlock, n - begin),
+                     store_widened ? out + begin : out, store_widened));
   }
   return total;
 }

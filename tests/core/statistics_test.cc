@@ -173,7 +173,8 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
     const int64_t n = static_cast<int64_t>(x.size());
     std::vector<std::pair<std::string, Moments>> by_target;
     ForEachSimdTarget([&](const std::string& target) {
-      by_target.emplace_back(target, FloatBlockMoments(x.data(), n));
+      by_target.emplace_back(target,
+                             BlockMoments(DType::kFloat32, x.data(), n));
     });
     const Moments& first = by_target.front().second;
     EXPECT_EQ(first.count, n) << name;
@@ -193,7 +194,7 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
 }
 
 // Rows of up to 128 values reduced sixteen at a time, their folds done
-// across the rows, give each row's FloatBlockMoments bit for bit, whatever
+// across the rows, give each row's BlockMoments bit for bit, whatever
 // row of a batch it is, including rows that take the exact path and a last
 // batch of fewer than 16 rows.
 TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
@@ -214,7 +215,7 @@ TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
       FloatRowsMoments(x.data() + r0 * n, n, count, batch);
       for (int k = 0; k < count; ++k) {
         const float* row = x.data() + (r0 + k) * n;
-        const Moments one = FloatBlockMoments(row, n);
+        const Moments one = BlockMoments(DType::kFloat32, row, n);
         EXPECT_EQ(batch[k].count, n);
         EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].mean),
                   std::bit_cast<uint64_t>(one.mean))

@@ -363,14 +363,21 @@ void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
   }
 }
 
-Moments DoubleBlock(const double* x, int64_t n) { return ExactMoments(x, n); }
-
-Moments HalfBlock(DType dtype, const uint16_t* x, float* out, int64_t n,
-                  bool store_widened) {
-  if (dtype == DType::kBFloat16) {
-    return HalfMoments<DType::kBFloat16>(x, out, n, store_widened);
-  }
-  return HalfMoments<DType::kFloat16>(x, out, n, store_widened);
+Moments Block(DType dtype, const void* x, float* out, int64_t n,
+              bool store_widened) {
+  Moments result;
+  ForDType(dtype, [&]<DType kType>() {
+    const auto* values =
+        static_cast<const typename Elements<kType>::Stored*>(x);
+    if constexpr (kType == DType::kFloat64) {
+      result = ExactMoments(values, n);
+    } else if constexpr (kType == DType::kFloat32) {
+      FloatRows(values, n, 1, &result);
+    } else {
+      result = HalfMoments<kType>(values, out, n, store_widened);
+    }
+  });
+  return result;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -381,20 +388,15 @@ HWY_AFTER_NAMESPACE();
 namespace normd {
 
 HWY_EXPORT(FloatRows);
-HWY_EXPORT(DoubleBlock);
-HWY_EXPORT(HalfBlock);
+HWY_EXPORT(Block);
 
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
   HWY_DYNAMIC_DISPATCH(FloatRows)(x, n, count, out);
 }
 
-Moments DoubleBlockMoments(const double* x, int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(DoubleBlock)(x, n);
-}
-
-Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
-                         bool store_widened) {
-  return HWY_DYNAMIC_DISPATCH(HalfBlock)(dtype, x, out, n, store_widened);
+Moments BlockMoments(DType dtype, const void* x, int64_t n, float* out,
+                     bool store_widened) {
+  return HWY_DYNAMIC_DISPATCH(Block)(dtype, x, out, n, store_widened);
 }
 
 }  // namespace normd

@@ -27,19 +27,12 @@ inline constexpr int64_t kShortRow = 128;
 // 1 <= n <= kMomentsBlock.
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
 
-// The moments of x[0..n), 1 <= n <= kMomentsBlock.
-inline Moments FloatBlockMoments(const float* x, int64_t n) {
-  Moments result;
-  FloatRowsMoments(x, n, 1, &result);
-  return result;
-}
-Moments DoubleBlockMoments(const double* x, int64_t n);
-
-// FloatBlockMoments of the 16-bit block x[0..n) widened to fp32, bit for
-// bit, widening as it loads. `store_widened`: out[0..n) gets the widening;
-// otherwise out (n floats) gets only what the scalar parts read.
-Moments HalfBlockMoments(DType dtype, const uint16_t* x, float* out, int64_t n,
-                         bool store_widened);
+// The moments of the block x[0..n) of `dtype`, 1 <= n <= kMomentsBlock.
+// 16-bit blocks: those of their fp32 widening, bit for bit, widened as
+// loaded; out[0..n) gets the widening with `store_widened`, else (out n
+// floats) only what the scalar parts read.
+Moments BlockMoments(DType dtype, const void* x, int64_t n,
+                     float* out = nullptr, bool store_widened = false);
 
 }  // namespace normd
 
