@@ -58,8 +58,8 @@ void Range(const typename Elements<kType>::Stored* x,
         dout, out + (from - begin), to - from,
         [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-          if constexpr (kUniform && kType == DType::kBFloat16) {
-            if (count == hn::Lanes(dout)) {
+          if constexpr (kType == DType::kBFloat16) {
+            if (kUniform && count == hn::Lanes(dout)) {
               const hn::RebindToUnsigned<decltype(d)> du32;
               const auto pairs =
                   hn::LoadU(du32, reinterpret_cast<const uint32_t*>(xs + j));
