@@ -259,8 +259,6 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   HWY_ALIGN float sq[kFloatLanes];
   double wide_dev[kWideLanes];
   double wide_sq[kWideLanes];
-  const hn::CappedTag<double, kWideLanes> dd;
-  const hn::Rebind<float, decltype(dd)> dh;
   int64_t i = 0;
   while (i + kFloatLanes <= n) {
     const int64_t len =
@@ -290,21 +288,11 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
           dev + p, sq + p);
     }
     // The flush: lane j + 32 onto lane j in fp32, then into fp64.
-    for (int64_t j = 0; j < kWideLanes; j += hn::Lanes(dd)) {
-      const auto dev_pair = hn::PromoteTo(
-          dd,
-          hn::Add(hn::Load(dh, dev + j), hn::Load(dh, dev + j + kWideLanes)));
-      const auto sq_pair = hn::PromoteTo(
-          dd, hn::Add(hn::Load(dh, sq + j), hn::Load(dh, sq + j + kWideLanes)));
-      if (i == 0) {
-        hn::StoreU(dev_pair, dd, wide_dev + j);
-        hn::StoreU(sq_pair, dd, wide_sq + j);
-      } else {
-        hn::StoreU(hn::Add(hn::LoadU(dd, wide_dev + j), dev_pair), dd,
-                   wide_dev + j);
-        hn::StoreU(hn::Add(hn::LoadU(dd, wide_sq + j), sq_pair), dd,
-                   wide_sq + j);
-      }
+    for (int j = 0; j < kWideLanes; ++j) {
+      const double dev_pair = dev[j] + dev[j + kWideLanes];
+      const double sq_pair = sq[j] + sq[j + kWideLanes];
+      wide_dev[j] = i == 0 ? dev_pair : wide_dev[j] + dev_pair;
+      wide_sq[j] = i == 0 ? sq_pair : wide_sq[j] + sq_pair;
     }
     i += len;
   }
