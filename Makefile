@@ -53,8 +53,15 @@ build: deps $(BUILD_DIR)/Makefile
 # Every test: the suite (core, end-to-end against a real normd, the PyTorch
 # cross-check, the concurrency proof, durability, overload, security), then
 # the suite again under ASan+UBSan, the concurrency tests under TSan, and
-# each fuzz target for FUZZ_SECONDS.
-test: test-main test-asan test-tsan fuzz test-arm64
+# each fuzz target for FUZZ_SECONDS, then the ARM64 build under qemu. Each
+# stage in turn, its wall time printed (CI's budget is 45 minutes in all).
+TEST_STAGES ?= test-main test-asan test-tsan fuzz test-arm64
+test:
+	@for stage in $(TEST_STAGES); do \
+	  start=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$stage || exit 1; \
+	  echo "make test: $$stage took $$(( $$(date +%s) - start )) s"; \
+	done
 
 test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
