@@ -65,9 +65,10 @@ using HalfBitsTag = hn::Rebind<uint16_t, DF>;
 // NaNs come out quiet, as from the instructions.
 template <DType kType, class DF>
 HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
-  const hn::RebindToUnsigned<DF> du32;
-  const auto w = hn::ShiftLeft<16>(hn::PromoteTo(du32, h));
-  if constexpr (kType == DType::kBFloat16) return hn::BitCast(df, w);
+  if constexpr (kType == DType::kBFloat16) {
+    const hn::RebindToUnsigned<DF> du32;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, h)));
+  }
 #if NORMD_HWY_EXACT_F16
   const hn::Rebind<hwy::float16_t, DF> df16;
   return hn::PromoteTo(df, hn::BitCast(df16, h));
