@@ -67,12 +67,15 @@ test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 # Sanitizer builds: Debian's libraries are not instrumented; ours are. Each
-# has its own build tree (no benchmarks). TSan runs the in-process
+# has its own build tree (no benchmarks), compiled at -O1 with line tables
+# only (-g1: enough for the reports' stacks): instrumented, -O2 -g took
+# twice as long to compile, most of these stages' time. TSan runs the in-process
 # concurrency tests (label tsan: the model store, the durable state and the
 # engine under racing threads): gRPC, oneTBB and Abseil synchronize in code
 # TSan cannot see, so a server under TSan would only report their handoffs
 # (server/core/sync.h makes normd's own mutexes visible to it).
-SANITIZER_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF
+SANITIZER_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF \
+  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG'
 # Fewer SIMD targets there (NORMD_SIMD_SKIP, CMakeLists.txt): each target
 # compiles every kernel again, which is most of an instrumented build. ASan,
 # TSan and the fuzzers run AVX2 and the scalar fallback: the two whose tails
