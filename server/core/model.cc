@@ -158,6 +158,22 @@ absl::Status ValidateModelName(absl::string_view name,
   return absl::OkStatus();
 }
 
+absl::Status CheckNotReservedModelName(absl::string_view name,
+                                       absl::string_view field) {
+  constexpr absl::string_view kReserved[] = {"layer_norm", "rms_norm",
+                                             "group_norm", "instance_norm",
+                                             "l2_norm",    "weight_norm"};
+  for (absl::string_view reserved : kReserved) {
+    if (name == reserved) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": \"", name,
+          "\" is reserved for the Open Inference Protocol's built-in "
+          "stateless model of that name; choose another name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateEps(double eps, absl::string_view field) {
   if (!std::isfinite(eps) || eps <= 0) {
     return absl::InvalidArgumentError(

@@ -75,6 +75,14 @@ struct ModelStateSpec {
 // [A-Za-z0-9._:/-].
 absl::Status ValidateModelName(absl::string_view name, absl::string_view field);
 
+// INVALID_ARGUMENT naming `field` if `name` is reserved: the Open Inference
+// Protocol names its built-in stateless models layer_norm, rms_norm,
+// group_norm, instance_norm, l2_norm and weight_norm, so no store model is
+// created with one of them (models recovered from a state directory are
+// kept whatever their name).
+absl::Status CheckNotReservedModelName(absl::string_view name,
+                                       absl::string_view field);
+
 // INVALID_ARGUMENT naming `field` unless eps is finite and > 0.
 absl::Status ValidateEps(double eps, absl::string_view field);
 

@@ -123,6 +123,9 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   // Malformed first (INVALID_ARGUMENT precedes RESOURCE_EXHAUSTED), then the
   // limits, before MakeModel allocates num_features-sized arrays.
   if (absl::Status s = ValidateModelSpec(spec); !s.ok()) return s;
+  if (absl::Status s = CheckNotReservedModelName(spec.name, "name"); !s.ok()) {
+    return s;
+  }
   {
     ReaderMutexLock lock(&mu_);
     if (absl::Status s = CheckLimits(spec.num_features, spec.name.size(), 0,
@@ -199,6 +202,9 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
                            Change change, Describe describe) {
   MutexLock lock(&mu_);
   if (models_.contains(name)) return std::nullopt;
+  if (absl::Status s = CheckNotReservedModelName(name, "model"); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckLimits(channels, name.size(), 0,
                                    /*new_model=*/true, "input.shape");
       !s.ok()) {
@@ -350,6 +356,10 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
       replaced = model;
       model_bytes_ += footprint - freed;
     } else {
+      if (absl::Status s = CheckNotReservedModelName(model.name, "name");
+          !s.ok()) {
+        return s;
+      }
       if (absl::Status s =
               CheckLimits(model.num_features, model.name.size(), 0,
                           /*new_model=*/true, "model.num_features");

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
 #include "server/core/model_store.h"
@@ -301,6 +302,42 @@ TEST(EngineLimitsTest, RanksPastTheLimitAreRefusedNamingTheFlag) {
   const absl::Status weight = engine.Normalize(normalize, out.data()).status();
   EXPECT_NE(weight.message().find("weight.shape: rank 5"), std::string::npos)
       << weight;
+}
+
+// The Open Inference Protocol's built-in model names: no way of creating a
+// store model takes one, and nothing is stored; a recovered model keeps it.
+TEST(ReservedNamesTest, NoStoreModelIsCreatedUnderABuiltInName) {
+  for (const char* name : {"layer_norm", "rms_norm", "group_norm",
+                           "instance_norm", "l2_norm", "weight_norm"}) {
+    Engine engine;
+    const absl::Status created =
+        engine.store().Create({.name = name, .num_features = 2}).status();
+    EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument) << created;
+    EXPECT_NE(created.message().find(
+                  absl::StrCat("name: \"", name, "\" is reserved")),
+              std::string::npos)
+        << created;
+    EXPECT_EQ(
+        engine.store().Put(MakeDefaultModel(name, 2), false).status().code(),
+        absl::StatusCode::kInvalidArgument);
+    const std::vector<double> values = {1, 2, 3, 4};
+    FitSpec fit;
+    fit.model = name;
+    fit.input = {.dtype = DType::kFloat64,
+                 .shape = {2, 2},
+                 .data = values.data(),
+                 .size = 4};
+    const absl::Status fitted = engine.Fit(fit).status();
+    EXPECT_EQ(fitted.code(), absl::StatusCode::kInvalidArgument) << fitted;
+    EXPECT_NE(fitted.message().find("model: \""), std::string::npos) << fitted;
+    EXPECT_EQ(engine.store().size(), 0);
+    engine.store().Restore(MakeDefaultModel(name, 2));
+    EXPECT_TRUE(engine.store().Get(name).ok());
+  }
+  Engine engine;
+  EXPECT_TRUE(engine.store()
+                  .Create({.name = "layer_norm.bn1", .num_features = 2})
+                  .ok());
 }
 
 }  // namespace
