@@ -105,6 +105,11 @@ HealthService::ServingStatus HealthService::StatusLocked(
                                : it->second;
 }
 
+bool HealthService::IsServing(absl::string_view service) {
+  MutexLock lock(&mu_);
+  return StatusLocked(std::string(service)) == HealthCheckResponse::SERVING;
+}
+
 void HealthService::SetServing(absl::string_view service, bool serving) {
   MutexLock lock(&mu_);
   if (shut_down_) return;

@@ -38,6 +38,9 @@ class HealthService final
   // Shutdown.
   void SetServing(absl::string_view service, bool serving);
 
+  // Whether `service` ("" = the whole server) is SERVING now.
+  bool IsServing(absl::string_view service);
+
   // Every service NOT_SERVING, every watch told so and then finished; later
   // SetServing calls are ignored.
   void Shutdown();

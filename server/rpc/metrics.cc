@@ -5,20 +5,34 @@
 namespace normd {
 namespace {
 
-constexpr const char* kService = "normd.v1.Normalizer";
+constexpr const char* kNative = "normd.v1.Normalizer";
+constexpr const char* kOip = "inference.GRPCInferenceService";
 
 struct MethodInfo {
+  const char* service;
   const char* name;
   const char* type;  // grpc_type, as in go-grpc-prometheus.
 };
 
 constexpr MethodInfo kMethods[kNumRpcMethods] = {
-    {"Normalize", "unary"},         {"Fit", "unary"},
-    {"CreateModel", "unary"},       {"GetModel", "unary"},
-    {"ListModels", "unary"},        {"DeleteModel", "unary"},
-    {"ResetModel", "unary"},        {"NormalizeStream", "bidi_stream"},
-    {"FitStream", "client_stream"}, {"ExportModel", "unary"},
-    {"ImportModel", "unary"},       {"MergeModel", "unary"},
+    {kNative, "Normalize", "unary"},
+    {kNative, "Fit", "unary"},
+    {kNative, "CreateModel", "unary"},
+    {kNative, "GetModel", "unary"},
+    {kNative, "ListModels", "unary"},
+    {kNative, "DeleteModel", "unary"},
+    {kNative, "ResetModel", "unary"},
+    {kNative, "NormalizeStream", "bidi_stream"},
+    {kNative, "FitStream", "client_stream"},
+    {kNative, "ExportModel", "unary"},
+    {kNative, "ImportModel", "unary"},
+    {kNative, "MergeModel", "unary"},
+    {kOip, "ServerLive", "unary"},
+    {kOip, "ServerReady", "unary"},
+    {kOip, "ModelReady", "unary"},
+    {kOip, "ServerMetadata", "unary"},
+    {kOip, "ModelMetadata", "unary"},
+    {kOip, "ModelInfer", "unary"},
 };
 
 constexpr const char* kCodeNames[] = {
@@ -66,7 +80,7 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
       0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
   for (int m = 0; m < kNumRpcMethods; ++m) {
-    const prometheus::Labels labels = {{"grpc_service", kService},
+    const prometheus::Labels labels = {{"grpc_service", kMethods[m].service},
                                        {"grpc_method", kMethods[m].name},
                                        {"grpc_type", kMethods[m].type}};
     started_[m] = &started.Add(labels);

@@ -1,4 +1,4 @@
-// Prometheus metrics of the Normalizer service. Every family and every
+// Prometheus metrics of the gRPC services. Every family and every
 // labelled handle is created once, in the constructor; the hot path only
 // indexes cached pointers. Thread-safe (prometheus-cpp metrics are atomic).
 // No label carries a model name or any other unbounded value.
@@ -19,7 +19,8 @@
 
 namespace normd {
 
-// The Normalizer RPCs, as metric label values.
+// The RPCs of normd.v1.Normalizer and of the Open Inference Protocol
+// (inference.GRPCInferenceService), as metric label values.
 enum class RpcMethod {
   kNormalize,
   kFit,
@@ -33,8 +34,14 @@ enum class RpcMethod {
   kExportModel,
   kImportModel,
   kMergeModel,
+  kServerLive,
+  kServerReady,
+  kModelReady,
+  kServerMetadata,
+  kModelMetadata,
+  kModelInfer,
 };
-inline constexpr int kNumRpcMethods = 12;
+inline constexpr int kNumRpcMethods = 18;
 
 // What normd_elements_total counts, as its `mode` label.
 enum class ElementsMode {

@@ -16,6 +16,7 @@
 #include "server/rpc/logging.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/status_mapping.h"
+#include "server/rpc/unary_call.h"
 
 namespace normd {
 namespace {
@@ -24,179 +25,6 @@ namespace {
 // fields (a copy is cheaper than the extra allocations); larger ones are
 // computed in place into their own slice.
 constexpr int64_t kSmallOutputBytes = 64 << 10;
-
-// Runs a handler body, turning an allocation failure into RESOURCE_EXHAUSTED
-// so that no exception crosses into gRPC.
-template <typename Fn>
-absl::Status Guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        "the server could not allocate memory for this request");
-  }
-}
-
-// Logs server-side faults (not client errors, which are per request).
-void LogIfServerFault(const char* method, const grpc::Status& status) {
-  switch (status.error_code()) {
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::UNKNOWN:
-    case grpc::StatusCode::DATA_LOSS:
-      Log(LogSeverity::kError,
-          absl::StrCat(method, " failed: ", status.error_message()));
-      break;
-    default:
-      break;
-  }
-}
-
-// Finishes a unary call with `status`, logged and counted.
-void FinishUnary(grpc::ServerUnaryReactor* reactor, CallTracker& tracker,
-                 const char* name, const absl::Status& status) {
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  LogIfServerFault(name, grpc_status);
-  tracker.Finish(grpc_status.error_code());
-  reactor->Finish(grpc_status);
-}
-
-// What a unary call holds from admission to its reply.
-struct UnaryCall {
-  UnaryCall(NormalizerService& service, RpcMethod method,
-            grpc::CallbackServerContext* call_context, const char* method_name)
-      : tracker(service.metrics(), method),
-        reactor(call_context->DefaultReactor()),
-        context(call_context),
-        name(method_name) {}
-  CallTracker tracker;
-  grpc::ServerUnaryReactor* const reactor;
-  grpc::CallbackServerContext* const context;
-  const char* const name;
-  Admission::Ticket ticket;
-
-  // Releases the call's admission, then finishes it: released first, so
-  // that a client sending one call at a time is never refused because its
-  // last call, already answered, still counts.
-  void Finish(const absl::Status& status) {
-    ticket.Release();
-    FinishUnary(reactor, tracker, name, status);
-  }
-};
-
-// Runs `body` and finishes the call with its status. A call whose client
-// has gone (cancelled, or past its deadline) is not run. A body that changed
-// models finishes only once its changes are durable (with --state_dir): it
-// runs in a DeferDurability scope, and the log's thread finishes the call,
-// so that no gRPC thread blocks on a disk sync.
-template <typename Fn>
-void CompleteUnary(std::shared_ptr<UnaryCall> call, ModelStore& store,
-                   const Fn& body) {
-  if (call->context->IsCancelled()) {
-    call->Finish(absl::CancelledError(
-        "the call was cancelled or its deadline passed before it ran"));
-    return;
-  }
-  absl::Status status;
-  uint64_t sequence = 0;
-  {
-    DeferDurability defer;
-    status = Guarded(body);
-    sequence = defer.sequence();
-  }
-  if (!status.ok() || sequence == 0) {
-    call->Finish(status);
-    return;
-  }
-  store.OnDurable(
-      sequence, [call](const absl::Status& durable) { call->Finish(durable); });
-}
-
-// Admits an authenticated call of `request_bytes`, or refuses it with
-// UNAUTHENTICATED or RESOURCE_EXHAUSTED and finishes it (false).
-bool AdmitUnary(NormalizerService& service, UnaryCall& call,
-                int64_t request_bytes) {
-  if (absl::Status s = service.Authenticate(*call.context); !s.ok()) {
-    FinishUnary(call.reactor, call.tracker, call.name, s);
-    return false;
-  }
-  absl::StatusOr<Admission::Ticket> ticket =
-      service.admission().Admit(1, request_bytes);
-  if (!ticket.ok()) {
-    service.metrics().Rejected();
-    FinishUnary(call.reactor, call.tracker, call.name, ticket.status());
-    return false;
-  }
-  call.ticket = std::move(*ticket);
-  return true;
-}
-
-// Requests at least this large are computed in the compute arena rather than
-// on the gRPC callback thread that received them, so that one big tensor
-// never holds up the threads serving everyone else; smaller ones are cheaper
-// to compute in place than to hand over.
-constexpr size_t kOffloadRequestBytes = 256 << 10;
-
-// Completes a unary call: admits it, runs `body` (on this thread, or in the
-// compute arena when `offload` and the request is large; `body` must own or
-// point to everything it uses), records the metrics, finishes.
-template <typename Fn>
-grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
-                                   NormalizerService& service, RpcMethod method,
-                                   const char* name,
-                                   const grpc::ByteBuffer& request,
-                                   bool offload, Fn body) {
-  auto call = std::make_shared<UnaryCall>(service, method, context, name);
-  grpc::ServerUnaryReactor* reactor = call->reactor;
-  const size_t request_bytes = request.Length();
-  if (!AdmitUnary(service, *call, static_cast<int64_t>(request_bytes))) {
-    return reactor;
-  }
-  if (offload && request_bytes >= kOffloadRequestBytes) {
-    EnqueueCompute([call = std::move(call), &service, body = std::move(body)] {
-      CompleteUnary(call, service.store(), body);
-    });
-  } else {
-    CompleteUnary(std::move(call), service.store(), body);
-  }
-  return reactor;
-}
-
-// RunUnary for a method that takes a `Request` message and answers a
-// `Response`: `run(request, response)` between parsing and serializing.
-template <typename Request, typename Response, typename Fn>
-grpc::ServerUnaryReactor* RunParsed(grpc::CallbackServerContext* context,
-                                    NormalizerService& service,
-                                    RpcMethod method, const char* name,
-                                    const grpc::ByteBuffer* request,
-                                    grpc::ByteBuffer* response, bool offload,
-                                    Fn run) {
-  return RunUnary(context, service, method, name, *request, offload,
-                  [request, response, run = std::move(run)] {
-                    Request parsed;
-                    if (absl::Status s = ParseMessage(*request, parsed);
-                        !s.ok()) {
-                      return s;
-                    }
-                    Response reply;
-                    if (absl::Status s = run(parsed, reply); !s.ok()) return s;
-                    return SerializeMessage(reply, *response);
-                  });
-}
-
-// RunParsed for the model RPCs, which run NormalizerService::`run` on the
-// gRPC thread.
-template <typename Request, typename Response>
-grpc::ServerUnaryReactor* RunModelRpc(
-    grpc::CallbackServerContext* context, NormalizerService& service,
-    RpcMethod method, const char* name, const grpc::ByteBuffer* request,
-    grpc::ByteBuffer* response,
-    absl::Status (NormalizerService::*run)(const Request&, Response&)) {
-  return RunParsed<Request, Response>(
-      context, service, method, name, request, response, /*offload=*/false,
-      [&service, run](const Request& parsed, Response& reply) {
-        return (service.*run)(parsed, reply);
-      });
-}
 
 // NormalizeStream: read a message, answer it, read the next; responses go
 // out in request order. A failed message, one that is not a
@@ -594,7 +422,7 @@ grpc::ServerUnaryReactor* NormalizerService::Normalize(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
   return RunUnary(context, *this, RpcMethod::kNormalize, "Normalize", *request,
-                  /*offload=*/true, [this, request, response] {
+                  UnaryOptions{.offload = true}, [this, request, response] {
                     return DoNormalizeRaw(*request, *response);
                   });
 }
@@ -604,7 +432,7 @@ grpc::ServerUnaryReactor* NormalizerService::Fit(
     grpc::ByteBuffer* response) {
   return RunParsed<v1::FitRequest, v1::FitResponse>(
       context, *this, RpcMethod::kFit, "Fit", request, response,
-      /*offload=*/true,
+      UnaryOptions{.offload = true},
       [this](const v1::FitRequest& parsed, v1::FitResponse& reply) {
         return DoFit(parsed, reply);
       });
@@ -677,57 +505,65 @@ absl::Status NormalizerService::DoResetModel(
 grpc::ServerUnaryReactor* NormalizerService::CreateModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kCreateModel, "CreateModel",
-                     request, response, &NormalizerService::DoCreateModel);
+  return RunMember(context, *this, RpcMethod::kCreateModel, "CreateModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoCreateModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::GetModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kGetModel, "GetModel", request,
-                     response, &NormalizerService::DoGetModel);
+  return RunMember(context, *this, RpcMethod::kGetModel, "GetModel", request,
+                   response, UnaryOptions{}, *this,
+                   &NormalizerService::DoGetModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ListModels(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kListModels, "ListModels",
-                     request, response, &NormalizerService::DoListModels);
+  return RunMember(context, *this, RpcMethod::kListModels, "ListModels",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoListModels);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::DeleteModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kDeleteModel, "DeleteModel",
-                     request, response, &NormalizerService::DoDeleteModel);
+  return RunMember(context, *this, RpcMethod::kDeleteModel, "DeleteModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoDeleteModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ResetModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kResetModel, "ResetModel",
-                     request, response, &NormalizerService::DoResetModel);
+  return RunMember(context, *this, RpcMethod::kResetModel, "ResetModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoResetModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ExportModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kExportModel, "ExportModel",
-                     request, response, &NormalizerService::DoExportModel);
+  return RunMember(context, *this, RpcMethod::kExportModel, "ExportModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoExportModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::ImportModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kImportModel, "ImportModel",
-                     request, response, &NormalizerService::DoImportModel);
+  return RunMember(context, *this, RpcMethod::kImportModel, "ImportModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoImportModel);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::MergeModel(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
-  return RunModelRpc(context, *this, RpcMethod::kMergeModel, "MergeModel",
-                     request, response, &NormalizerService::DoMergeModel);
+  return RunMember(context, *this, RpcMethod::kMergeModel, "MergeModel",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoMergeModel);
 }
 
 absl::Status NormalizerService::DoExportModel(

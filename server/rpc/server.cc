@@ -17,6 +17,7 @@ namespace normd {
 namespace {
 
 constexpr const char* kServiceName = "normd.v1.Normalizer";
+constexpr const char* kOipServiceName = "inference.GRPCInferenceService";
 
 // The contents of the file `path` given by `flag`; INVALID_ARGUMENT naming
 // the flag if it cannot be read or is empty.
@@ -50,6 +51,7 @@ class StateObserver final : public state::DurabilityObserver {
     Log(LogSeverity::kError,
         absl::StrCat(error.message(), "; health is now NOT_SERVING"));
     health_.SetServing(kServiceName, false);
+    health_.SetServing(kOipServiceName, false);
     health_.SetServing("", false);
   }
 
@@ -268,14 +270,18 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         *server->state_metrics_, *server->health_);
     server->durable_->SetObserver(server->state_observer_.get());
   }
+  server->oip_ =
+      std::make_unique<OipService>(*server->service_, *server->health_);
   server->reflection_ = std::make_unique<ReflectionService>(
-      std::vector<std::string>{kServiceName, "grpc.health.v1.Health",
+      std::vector<std::string>{kServiceName, kOipServiceName,
+                               "grpc.health.v1.Health",
                                "grpc.reflection.v1alpha.ServerReflection"},
       auth_token_for_reflection, server->service_->watchdog());
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
   ConfigureServerBuilder(options, builder, &server->port_, *credentials);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->oip_.get());
   builder.RegisterService(server->health_.get());
   builder.RegisterService(server->reflection_.get());
   server->server_ = builder.BuildAndStart();
@@ -285,6 +291,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   }
   server->health_->SetServing("", true);
   server->health_->SetServing(kServiceName, true);
+  server->health_->SetServing(kOipServiceName, true);
   return server;
 }
 

@@ -1,5 +1,6 @@
-// A running normd server: the gRPC server (Normalizer, health, reflection
-// behind the same bearer token as the Normalizer),
+// A running normd server: the gRPC server (Normalizer, the Open Inference
+// Protocol, health, reflection behind the same bearer token as the
+// Normalizer),
 // the Prometheus exposer, the engine they share and, with a state_dir, the
 // durable state behind the engine's models. Start() recovers the state and
 // brings everything up; Shutdown() marks health NOT_SERVING, drains calls in
@@ -24,6 +25,7 @@
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/oip_service.h"
 #include "server/rpc/reflection_service.h"
 #include "server/state/durable_state.h"
 
@@ -115,6 +117,7 @@ class NormdServer {
   std::unique_ptr<state::DurableState> durable_;
   std::unique_ptr<NormalizerService> service_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<OipService> oip_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

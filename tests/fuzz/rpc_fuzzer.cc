@@ -2,9 +2,10 @@
 // decoding, the raw (zero-copy) Normalize path with its hand-written wire
 // reader over arbitrarily split slices, validation, the kernels and the
 // model store. The first byte picks the RPC and how the bytes are split
-// (0xf0 and above: ImportModel, MergeModel, ExportModel); the rest is the
-// serialized request. Any crash, sanitizer report or
-// inconsistency between the raw and protobuf paths is a bug.
+// (0xf0 and above: ImportModel, MergeModel, ExportModel; 0xe0-0xef: the
+// Open Inference Protocol's ModelMetadata and ModelInfer through its
+// translation); the rest is the serialized request. Any crash, sanitizer report
+// or inconsistency between the raw and protobuf paths is a bug.
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 
@@ -19,8 +20,10 @@
 #include "server/core/engine.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/oip_service.h"
 
 namespace {
 
@@ -35,6 +38,8 @@ struct Fixture {
   normd::Engine engine{normd::ModelStoreOptions{64, 4096}};
   normd::Admission admission{0, 0};
   normd::NormalizerService service{engine, metrics, admission};
+  normd::HealthService health;
+  normd::OipService oip{service, health};
 };
 
 // `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
@@ -55,6 +60,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t selector = data[0];
   const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
   normd::NormalizerService& service = fixture->service;
+  if (selector >= 0xe0 && selector < 0xf0) {  // The Open Inference Protocol.
+    inference::ModelInferRequest request;
+    if (!request.ParseFromString(bytes)) return 0;
+    inference::ModelMetadataRequest metadata;
+    metadata.set_name(request.model_name());
+    metadata.set_version(request.model_version());
+    inference::ModelMetadataResponse described;
+    (void)fixture->oip.DoModelMetadata(metadata, described);
+    inference::ModelInferResponse response;
+    (void)fixture->oip.DoModelInfer(request, response);
+    return 0;
+  }
   if (selector >= 0xf0) {  // The model-state RPCs.
     normd::v1::ModelState response;
     switch (selector & 3) {
