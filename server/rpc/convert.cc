@@ -548,6 +548,39 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
   return absl::OkStatus();
 }
 
+bool SplitTopLevelField(absl::Span<const absl::string_view> chunks,
+                        uint32_t field, std::string& rest,
+                        std::vector<WireEntry>& entries) {
+  WireReader reader(chunks);
+  while (reader.pos() < reader.size()) {
+    const int64_t start = reader.pos();
+    uint64_t tag = 0;
+    if (!reader.ReadVarint(tag)) return false;
+    if (tag >> 3 != field || (tag & 7) != kLengthDelimited) {
+      if (!reader.SkipValue(tag & 7, reader.size())) return false;
+      reader.AppendRange(start, reader.pos(), rest);
+      continue;
+    }
+    uint64_t length = 0;
+    if (!reader.ReadVarint(length) ||
+        length > static_cast<uint64_t>(reader.size() - reader.pos())) {
+      return false;
+    }
+    WireEntry& entry = entries.emplace_back();
+    const int64_t size = static_cast<int64_t>(length);
+    entry.contiguous = reader.Contiguous(reader.pos(), size);
+    reader.Chunks(reader.pos(), size, entry.pieces);
+    if (!reader.Skip(length, reader.size())) return false;
+  }
+  return true;
+}
+
+void AppendLengthDelimitedKey(uint32_t field, int64_t length,
+                              std::string& out) {
+  out.push_back(Tag(field, kLengthDelimited));
+  AppendVarint(static_cast<uint64_t>(length), out);
+}
+
 ResponseFrame MakeResponseFrame(const v1::Tensor& output, int64_t payload_bytes,
                                 const v1::NormalizeResponse& rest) {
   ResponseFrame frame;

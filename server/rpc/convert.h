@@ -84,6 +84,22 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
 // held by split.gathered; nothing to do if the input is not scattered.
 void GatherInput(SplitRequest& split, ParsedNormalize& parsed);
 
+// The entries of a repeated bytes field at the top level of a serialized
+// message (the Open Inference Protocol's raw_input_contents), left where they
+// lie in the slices.
+struct WireEntry {
+  std::optional<absl::string_view> contiguous;  // When in one slice.
+  ScatteredBytes pieces;                        // Always.
+};
+
+// Splits the message in `chunks` into the entries of field `field` (length
+// delimited, at the top level) and every other byte, in order, in `rest`.
+// False if the bytes are not well-formed wire format (let protobuf say what
+// they are).
+bool SplitTopLevelField(absl::Span<const absl::string_view> chunks,
+                        uint32_t field, std::string& rest,
+                        std::vector<WireEntry>& entries);
+
 // A NormalizeResponse whose output.data payload is written in place: the
 // serialized response is head + payload + tail, byte-identical to protobuf's
 // serialization of the same message.
@@ -91,6 +107,10 @@ struct ResponseFrame {
   std::string head;  // Fields up to and including output.data's length.
   std::string tail;  // request_id and model.
 };
+
+// Appends the key of a length-delimited field `field` holding `length`
+// bytes (its tag and length), e.g. before a payload written in place.
+void AppendLengthDelimitedKey(uint32_t field, int64_t length, std::string& out);
 
 // Builds the frame for a response with `output` (its data empty; the payload
 // of `payload_bytes` goes there) and the other fields from `rest` (its output

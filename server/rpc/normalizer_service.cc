@@ -352,21 +352,27 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
     response = grpc::ByteBuffer(&slice, 1);
     return absl::OkStatus();
   }
+  return NormalizeFramed(split.message, parsed, MakeResponseFrame, response);
+}
+
+absl::Status NormalizerService::NormalizeFramed(
+    const v1::NormalizeRequest& request, const ParsedNormalize& parsed,
+    FrameFn make_frame, grpc::ByteBuffer& response) {
+  v1::NormalizeResponse reply;
   const int64_t bytes =
       parsed.input.view.size * ElementSize(parsed.input.view.dtype);
   v1::Tensor meta;
-  SetOutputMeta(split.message.input(), meta);
+  SetOutputMeta(request.input(), meta);
   if (bytes <= kSmallOutputBytes) {
     // Small: compute into this thread's scratch, then one slice holding the
     // whole message — one allocation, one copy of a few KiB.
     thread_local std::unique_ptr<double[]> scratch(
         new double[kSmallOutputBytes / sizeof(double)]);
-    if (absl::Status s =
-            RunNormalize(split.message, parsed, scratch.get(), reply);
+    if (absl::Status s = RunNormalize(request, parsed, scratch.get(), reply);
         !s.ok()) {
       return s;
     }
-    const ResponseFrame frame = MakeResponseFrame(meta, bytes, reply);
+    const ResponseFrame frame = make_frame(meta, bytes, reply);
     grpc::Slice slice(frame.head.size() + bytes + frame.tail.size());
     char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
     std::memcpy(out, frame.head.data(), frame.head.size());
@@ -379,11 +385,11 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
   // Large: computed straight into a pooled, uninitialized buffer that becomes
   // the middle slice of the response (gRPC gives it back to the pool).
   PooledBuffer output = AcquirePooled(bytes);
-  if (absl::Status s = RunNormalize(split.message, parsed, output.get(), reply);
+  if (absl::Status s = RunNormalize(request, parsed, output.get(), reply);
       !s.ok()) {
     return s;
   }
-  const ResponseFrame frame = MakeResponseFrame(meta, bytes, reply);
+  const ResponseFrame frame = make_frame(meta, bytes, reply);
   grpc::Slice parts[3];
   size_t count = 0;
   parts[count++] = grpc::Slice(frame.head);

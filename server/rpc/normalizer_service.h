@@ -13,6 +13,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "normd/v1/normalizer.grpc.pb.h"
@@ -109,6 +110,19 @@ class NormalizerService final : public NormalizerServiceBase {
   // DoNormalize's response.
   absl::Status DoNormalizeRaw(const grpc::ByteBuffer& request,
                               grpc::ByteBuffer& response);
+  // The frame of a response around an output of `payload_bytes` written in
+  // place (see ResponseFrame), given the output's dtype and shape and the
+  // reply's other fields.
+  using FrameFn = absl::FunctionRef<ResponseFrame(
+      const v1::Tensor& output_meta, int64_t payload_bytes,
+      const v1::NormalizeResponse& reply)>;
+  // DoNormalizeRaw's computation of a parsed request whose input is not in
+  // the values form: into this thread's scratch (small outputs) or a pooled
+  // buffer that becomes a slice of `response` (large ones), framed by
+  // `make_frame` (the Open Inference Protocol frames ModelInferResponses).
+  absl::Status NormalizeFramed(const v1::NormalizeRequest& request,
+                               const ParsedNormalize& parsed,
+                               FrameFn make_frame, grpc::ByteBuffer& response);
   absl::Status DoFit(const v1::FitRequest& request, v1::FitResponse& response);
   // The model RPCs (see the .proto).
   absl::Status DoCreateModel(const v1::CreateModelRequest& request,

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/rpc/convert.h"
 
 namespace normd {
 namespace {
@@ -260,6 +261,11 @@ absl::Status TranslateParameters(
   return absl::OkStatus();
 }
 
+// memcpy that takes empty ranges (an empty repeated field's data() is null).
+void CopyBytes(void* to, const void* from, size_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, bytes);
+}
+
 bool HasTypedContents(const inference::InferTensorContents& c) {
   return c.bool_contents_size() + c.int_contents_size() +
              c.int64_contents_size() + c.uint_contents_size() +
@@ -279,12 +285,12 @@ absl::Status TypedToBytes(const ModelInferRequest::InferInputTensor& input,
                     c.fp64_contents_size() + c.bytes_contents_size();
   if (dtype == v1::FLOAT32 && total == c.fp32_contents_size()) {
     data.resize(sizeof(float) * c.fp32_contents_size());
-    std::memcpy(data.data(), c.fp32_contents().data(), data.size());
+    CopyBytes(data.data(), c.fp32_contents().data(), data.size());
     return absl::OkStatus();
   }
   if (dtype == v1::FLOAT64 && total == c.fp64_contents_size()) {
     data.resize(sizeof(double) * c.fp64_contents_size());
-    std::memcpy(data.data(), c.fp64_contents().data(), data.size());
+    CopyBytes(data.data(), c.fp64_contents().data(), data.size());
     return absl::OkStatus();
   }
   if (dtype == v1::FLOAT16 || dtype == v1::BFLOAT16) {
@@ -451,31 +457,55 @@ void SetHead(const ModelInferRequest& request, ModelInferResponse& response) {
   response.set_id(request.id());
 }
 
+// Everything of the response to a Normalize but the output's elements.
+ModelInferResponse::InferOutputTensor& SetNormalizeHead(
+    const ModelInferRequest& request, const NativeInferCall& call,
+    const v1::Tensor& output_meta, const v1::NormalizeResponse& reply,
+    ModelInferResponse& response) {
+  SetHead(request, response);
+  ModelInferResponse::InferOutputTensor& output = *response.add_outputs();
+  output.set_name("output");
+  output.set_datatype(call.datatype);
+  *output.mutable_shape() = output_meta.shape();
+  if (call.batch_norm && reply.has_model()) {
+    SetCounters(reply.model(), response);
+  }
+  return output;
+}
+
 }  // namespace
+
+std::string OipRawResponseHead(const ModelInferRequest& request,
+                               const NativeInferCall& call,
+                               const v1::Tensor& output_meta,
+                               int64_t payload_bytes,
+                               const v1::NormalizeResponse& reply) {
+  ModelInferResponse response;
+  SetNormalizeHead(request, call, output_meta, reply, response);
+  std::string head = response.SerializeAsString();
+  constexpr uint32_t kRawOutputContentsField = 6;
+  AppendLengthDelimitedKey(kRawOutputContentsField, payload_bytes, head);
+  return head;
+}
 
 void FromNativeNormalize(const ModelInferRequest& request,
                          const NativeInferCall& call,
                          v1::NormalizeResponse& reply,
                          ModelInferResponse& response) {
-  SetHead(request, response);
-  ModelInferResponse::InferOutputTensor& output = *response.add_outputs();
-  output.set_name("output");
-  output.set_datatype(call.datatype);
-  *output.mutable_shape() = reply.output().shape();
+  ModelInferResponse::InferOutputTensor& output =
+      SetNormalizeHead(request, call, reply.output(), reply, response);
   std::string& data = *reply.mutable_output()->mutable_data();
   if (call.raw) {
     response.add_raw_output_contents()->swap(data);
   } else if (reply.output().dtype() == v1::FLOAT64) {
     auto& values = *output.mutable_contents()->mutable_fp64_contents();
     values.Resize(static_cast<int>(data.size() / sizeof(double)), 0.0);
-    std::memcpy(values.mutable_data(), data.data(), data.size());
+    CopyBytes(values.mutable_data(), data.data(), data.size());
   } else {
     auto& values = *output.mutable_contents()->mutable_fp32_contents();
     values.Resize(static_cast<int>(data.size() / sizeof(float)), 0.0f);
-    std::memcpy(values.mutable_data(), data.data(), data.size());
+    CopyBytes(values.mutable_data(), data.data(), data.size());
   }
-  if (call.batch_norm && reply.has_model())
-    SetCounters(reply.model(), response);
 }
 
 void FromNativeFit(const ModelInferRequest& request,

@@ -58,6 +58,19 @@ void FromNativeNormalize(const inference::ModelInferRequest& request,
                          v1::NormalizeResponse& reply,
                          inference::ModelInferResponse& response);
 
+// FromNativeNormalize without the output's elements, for an output of
+// `output_meta`'s dtype and shape written in place: then serialized, followed
+// by the key of one raw_output_contents entry of `payload_bytes` (the bytes
+// themselves follow it on the wire).
+std::string OipRawResponseHead(const inference::ModelInferRequest& request,
+                               const NativeInferCall& call,
+                               const v1::Tensor& output_meta,
+                               int64_t payload_bytes,
+                               const v1::NormalizeResponse& reply);
+
+// The field number of ModelInferRequest.raw_input_contents.
+inline constexpr uint32_t kRawInputContentsField = 7;
+
 // The ModelInferResponse of a native Fit reply: no outputs, the counters.
 void FromNativeFit(const inference::ModelInferRequest& request,
                    const v1::FitResponse& reply,

@@ -73,6 +73,13 @@ class OipService final : public OipServiceBase {
   // Takes the request's raw contents (moved, not copied).
   absl::Status DoModelInfer(inference::ModelInferRequest& request,
                             inference::ModelInferResponse& response);
+  // ModelInfer on serialized bytes, as the RPC runs it: the raw contents of
+  // the input are read in place from the request's slices and the output is
+  // computed into a buffer that becomes a slice of the response, as the
+  // native raw Normalize does (no protobuf copy of either). The same bytes
+  // and errors as DoModelInfer.
+  absl::Status DoModelInferRaw(const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer& response);
 
  private:
   NormalizerService& native_;

@@ -220,6 +220,19 @@ def check_stateless(c, stub, native, rng):
                 c.expect(output_bytes(got, datatype) == want.output.data,
                          f"{what}: bytes differ from the native API's")
                 c.expect(not got.parameters, f"{what}: parameters")
+    # The input after its parameters (read in place from the third raw
+    # entry), and a 4 MiB request (computed into its own response slice).
+    for shape in ([3, 16], [16, 128, 512]):
+        x = rng.normal(3.0, 2.0, size=shape)
+        n = shape[-1:]
+        tensors = [("weight", "FP32", n, rng.normal(1, .2, size=n)),
+                   ("bias", "FP32", n, rng.normal(0, .2, size=n)),
+                   ("input", "FP32", shape, x)]
+        got = stub.ModelInfer(infer_request("layer_norm", tensors))
+        want = native.Normalize(native_request("layer_norm", tensors))
+        c.expect(got.raw_output_contents[0] == want.output.data and
+                 list(got.outputs[0].shape) == shape,
+                 f"input after weight and bias {shape}: bytes differ")
     # One against fp64 numpy: LayerNorm over the last dim of FP64 values.
     x = rng.normal(1e4, 1.0, size=(3, 50))
     got = stub.ModelInfer(infer_request("layer_norm",
@@ -437,7 +450,9 @@ def main():
     rng = np.random.default_rng(31)
     proc, port, metrics_port = normd_process.start_normd(ARGS.normd)
     try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        channel = grpc.insecure_channel(
+            f"127.0.0.1:{port}",
+            options=[("grpc.max_receive_message_length", 64 << 20)])
         stub = oip_grpc.GRPCInferenceServiceStub(channel)
         native = pb_grpc.NormalizerStub(channel)
         check_health_and_metadata(c, stub, native)

@@ -23,6 +23,7 @@
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/oip_convert.h"
 #include "server/rpc/oip_service.h"
 
 namespace {
@@ -61,6 +62,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
   normd::NormalizerService& service = fixture->service;
   if (selector >= 0xe0 && selector < 0xf0) {  // The Open Inference Protocol.
+    // The raw path (split slices) and the protobuf path must agree on the
+    // stateless models (the others may change between the two calls).
+    grpc::ByteBuffer raw_response;
+    const absl::Status raw = fixture->oip.DoModelInferRaw(
+        Split(bytes, 1 + (selector & 0xf) * 7), raw_response);
     inference::ModelInferRequest request;
     if (!request.ParseFromString(bytes)) return 0;
     inference::ModelMetadataRequest metadata;
@@ -68,8 +74,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     metadata.set_version(request.model_version());
     inference::ModelMetadataResponse described;
     (void)fixture->oip.DoModelMetadata(metadata, described);
-    inference::ModelInferResponse response;
-    (void)fixture->oip.DoModelInfer(request, response);
+    const bool stateless =
+        normd::BuiltinOipModel(request.model_name()).has_value();
+    inference::ModelInferResponse reference;
+    const absl::Status proto = fixture->oip.DoModelInfer(request, reference);
+    if (!stateless) return 0;
+    if (raw.code() != proto.code()) std::abort();
+    if (raw.ok()) {
+      std::vector<grpc::Slice> slices;
+      (void)raw_response.Dump(&slices);
+      std::string raw_bytes;
+      for (const auto& s : slices) {
+        raw_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+      inference::ModelInferResponse parsed;
+      if (!parsed.ParseFromString(raw_bytes) ||
+          parsed.SerializeAsString() != reference.SerializeAsString()) {
+        std::abort();
+      }
+    }
     return 0;
   }
   if (selector >= 0xf0) {  // The model-state RPCs.
