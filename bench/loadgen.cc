@@ -1,5 +1,6 @@
-// The service benchmark's load generator: drives Normalize (unary) or
-// NormalizeStream (bidi) on any server that speaks normd.v1.Normalizer —
+// The service benchmark's load generator: drives Normalize (unary),
+// NormalizeStream (bidi), Fit, or the Open Inference Protocol's ModelInfer
+// (raw contents; --rpc=oip) on any server that speaks normd.v1.Normalizer —
 // normd, bench/echo_server or the Python peer — through a GenericStub with one
 // request serialized up front, keeping --inflight calls (or stream messages)
 // in flight for --duration seconds after a --warmup. Prints one JSON object:
@@ -27,12 +28,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "inference/grpc_predict_v2.pb.h"
 #include "normd/v1/normalizer.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Server address.");
 ABSL_FLAG(std::string, rpc, "unary",
-          "unary (Normalize), stream (NormalizeStream) or fit (Fit of "
-          "--model).");
+          "unary (Normalize), stream (NormalizeStream), fit (Fit of "
+          "--model) or oip (the Open Inference Protocol's ModelInfer of "
+          "layer_norm, or of --model with --mode=batch_norm, raw contents).");
 ABSL_FLAG(std::string, mode, "layer_norm", "layer_norm or batch_norm (eval).");
 ABSL_FLAG(std::string, shape, "1,768", "Input shape (fp32), comma-separated.");
 ABSL_FLAG(std::string, model, "bench",
@@ -283,10 +286,22 @@ void FillInput(const std::vector<int64_t>& shape, v1::Tensor& input) {
 }
 
 grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
-                                  bool batch_norm, bool fit,
+                                  bool batch_norm, bool fit, bool oip,
                                   const std::string& model) {
   std::string bytes;
-  if (fit) {
+  if (oip) {  // The same tensor as the native request, as raw contents.
+    inference::ModelInferRequest request;
+    request.set_model_name(batch_norm ? model : "layer_norm");
+    inference::ModelInferRequest::InferInputTensor& input =
+        *request.add_inputs();
+    input.set_name("input");
+    input.set_datatype("FP32");
+    v1::Tensor tensor;
+    FillInput(shape, tensor);
+    *input.mutable_shape() = tensor.shape();
+    request.add_raw_input_contents(tensor.data());
+    bytes = request.SerializeAsString();
+  } else if (fit) {
     v1::FitRequest request;
     request.set_model(model);
     FillInput(shape, *request.mutable_input());
@@ -321,8 +336,8 @@ int Main() {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int channel_count = absl::GetFlag(FLAGS_channels);
   if ((mode != "layer_norm" && mode != "batch_norm") ||
-      (rpc != "unary" && rpc != "stream" && rpc != "fit") || inflight < 1 ||
-      streams < 1 || streams > inflight || channel_count < 1) {
+      (rpc != "unary" && rpc != "stream" && rpc != "fit" && rpc != "oip") ||
+      inflight < 1 || streams < 1 || streams > inflight || channel_count < 1) {
     std::fprintf(stderr,
                  "loadgen: bad --mode, --rpc, --inflight, --streams or "
                  "--channels (see --help)\n");
@@ -364,7 +379,7 @@ int Main() {
     }
   }
   const grpc::ByteBuffer request =
-      SerializeRequest(shape, batch_norm, fit, model);
+      SerializeRequest(shape, batch_norm, fit, rpc == "oip", model);
 
   Run run(absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_duration));
   std::vector<Tally*> tallies;
@@ -372,7 +387,9 @@ int Main() {
   std::vector<std::unique_ptr<StreamCaller>> stream;
   if (rpc != "stream") {
     const std::string method =
-        fit ? "/normd.v1.Normalizer/Fit" : "/normd.v1.Normalizer/Normalize";
+        rpc == "oip" ? "/inference.GRPCInferenceService/ModelInfer"
+        : fit        ? "/normd.v1.Normalizer/Fit"
+                     : "/normd.v1.Normalizer/Normalize";
     for (int i = 0; i < inflight; ++i) {
       unary.push_back(std::make_unique<UnaryCaller>(*stubs[i % stubs.size()],
                                                     method, request, run));

@@ -25,12 +25,14 @@ import time
 import numpy as np
 
 # name -> (loadgen args, servers, metric). Shapes are fp32: 4 MiB is
-# [16,128,512] for LayerNorm and [16,64,32,32] (NCHW) for BatchNorm.
+# [16,128,512] for LayerNorm and [16,64,32,32] (NCHW) for BatchNorm. "oip"
+# is normd again, called through the Open Inference Protocol's ModelInfer
+# (raw contents) instead of Normalize.
 CASES = {
     "ln_768_unary_16": (["--shape=1,768", "--inflight=16"],
-                        ["echo", "normd", "peer"], "qps"),
+                        ["echo", "normd", "oip", "peer"], "qps"),
     "ln_4mib_unary_4": (["--shape=16,128,512", "--inflight=4"],
-                        ["echo", "normd", "peer"], "mb_per_s"),
+                        ["echo", "normd", "oip", "peer"], "mb_per_s"),
     "bn_eval_4mib_unary_4": (["--shape=16,64,32,32", "--mode=batch_norm",
                               "--inflight=4"],
                              ["echo", "normd", "peer"], "mb_per_s"),
@@ -128,7 +130,9 @@ def main():
             for rep in range(args.reps):
                 for name in names:
                     bn = "--mode=batch_norm" in case_args
-                    r = loadgen(build, servers[name][1], case_args,
+                    oip = name == "oip"
+                    r = loadgen(build, servers["normd" if oip else name][1],
+                                case_args + (["--rpc=oip"] if oip else []),
                                 args.duration, bn and name != "echo" and
                                 rep == 0)
                     runs[name].append(r)

@@ -137,10 +137,12 @@ def check_service_pairing(report_py, tmp):
     # 1.083, median 0.90 (the medians' ratio: 100 / 120 = 0.83).
     four_mib = {"metric": "mb_per_s", "normd": server([90, 100, 130]),
                 "echo": server([100, 140, 120]),
-                "peer": server([40, 50, 45])}
+                "peer": server([40, 50, 45]),
+                "oip": server([85, 100, 117])}
     small = {"metric": "qps", "normd": server([1000, 1000, 1000]),
              "echo": server([1000, 1000, 1000]),
-             "peer": server([100, 100, 100])}
+             "peer": server([100, 100, 100]),
+             "oip": server([950, 900, 1000])}
     stream = {"metric": "qps", "normd": server([1500, 2500, 2100]),
               "echo": server([3000, 3000, 3000])}
     service = write(tmp, "service.json", {
@@ -162,6 +164,14 @@ def check_service_pairing(report_py, tmp):
                 if l.startswith("LayerNorm 4 MiB vs Python peer"))
     # 90 / 40, 100 / 50, 130 / 45: 2.25, 2.00, 2.89 -> 2.25.
     assert " 2.25x " in line, text
+    # The OIP against native normd: 85 / 90, 100 / 100, 117 / 130 ->
+    # 0.944, 1.0, 0.9 -> 0.94; 0.95, 0.9, 1.0 -> 0.95.
+    line = next(l for l in text.splitlines()
+                if l.startswith("OIP gRPC raw vs native, LayerNorm 4 MiB"))
+    assert " 0.94x " in line and "MISS" in line, text
+    line = next(l for l in text.splitlines()
+                if l.startswith("OIP gRPC raw vs native, [1,768]"))
+    assert " 0.95x " in line and "MISS" not in line, text
     line = next(l for l in text.splitlines()
                 if l.startswith("NormalizeStream [1,768] vs unary"))
     assert " 2.10x " in line, text  # 2100 / 1000.
