@@ -321,15 +321,8 @@ absl::Status NormalizerService::NormalizeToMessage(
 absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
                                                grpc::ByteBuffer& response) {
   std::vector<grpc::Slice> slices;
-  if (!request.Dump(&slices).ok()) {
-    return absl::InternalError("request: cannot read the message bytes");
-  }
   std::vector<absl::string_view> chunks;
-  chunks.reserve(slices.size());
-  for (const grpc::Slice& slice : slices) {
-    chunks.emplace_back(reinterpret_cast<const char*>(slice.begin()),
-                        slice.size());
-  }
+  if (absl::Status s = SliceViews(request, slices, chunks); !s.ok()) return s;
   SplitRequest split;
   if (absl::Status s = SplitNormalizeRequest(chunks, split); !s.ok()) return s;
   ParsedNormalize parsed;

@@ -89,15 +89,8 @@ absl::Status OipService::DoModelInfer(ModelInferRequest& request,
 absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
                                          grpc::ByteBuffer& response) {
   std::vector<grpc::Slice> slices;
-  if (!request.Dump(&slices).ok()) {
-    return absl::InternalError("request: cannot read the message bytes");
-  }
   std::vector<absl::string_view> chunks;
-  chunks.reserve(slices.size());
-  for (const grpc::Slice& slice : slices) {
-    chunks.emplace_back(reinterpret_cast<const char*>(slice.begin()),
-                        slice.size());
-  }
+  if (absl::Status s = SliceViews(request, slices, chunks); !s.ok()) return s;
   std::string rest;
   std::vector<WireEntry> entries;
   ModelInferRequest message;

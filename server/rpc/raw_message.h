@@ -10,8 +10,11 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace normd {
 
@@ -25,6 +28,23 @@ absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
         "request: not a serialized ", Message::descriptor()->full_name(),
         " (protobuf cannot parse it: malformed wire format, or a string "
         "field that is not UTF-8)"));
+  }
+  return absl::OkStatus();
+}
+
+// The bytes of `message` as views of its slices, which `slices` holds (keep
+// it alive while the views are in use); for the raw paths, which read
+// tensors in place.
+inline absl::Status SliceViews(const grpc::ByteBuffer& message,
+                               std::vector<grpc::Slice>& slices,
+                               std::vector<absl::string_view>& views) {
+  if (!message.Dump(&slices).ok()) {
+    return absl::InternalError("request: cannot read the message bytes");
+  }
+  views.reserve(slices.size());
+  for (const grpc::Slice& slice : slices) {
+    views.emplace_back(reinterpret_cast<const char*>(slice.begin()),
+                       slice.size());
   }
   return absl::OkStatus();
 }
