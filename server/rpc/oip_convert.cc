@@ -266,12 +266,12 @@ void CopyBytes(void* to, const void* from, size_t bytes) {
   if (bytes > 0) std::memcpy(to, from, bytes);
 }
 
-bool HasTypedContents(const inference::InferTensorContents& c) {
+// How many typed values `c` holds, in all its fields together.
+int TypedCount(const inference::InferTensorContents& c) {
   return c.bool_contents_size() + c.int_contents_size() +
-             c.int64_contents_size() + c.uint_contents_size() +
-             c.uint64_contents_size() + c.fp32_contents_size() +
-             c.fp64_contents_size() + c.bytes_contents_size() >
-         0;
+         c.int64_contents_size() + c.uint_contents_size() +
+         c.uint64_contents_size() + c.fp32_contents_size() +
+         c.fp64_contents_size() + c.bytes_contents_size();
 }
 
 // Typed contents as the native tensor's bytes.
@@ -279,10 +279,7 @@ absl::Status TypedToBytes(const ModelInferRequest::InferInputTensor& input,
                           const std::string& field, v1::DataType dtype,
                           std::string& data) {
   const inference::InferTensorContents& c = input.contents();
-  const int total = c.bool_contents_size() + c.int_contents_size() +
-                    c.int64_contents_size() + c.uint_contents_size() +
-                    c.uint64_contents_size() + c.fp32_contents_size() +
-                    c.fp64_contents_size() + c.bytes_contents_size();
+  const int total = TypedCount(c);
   if (dtype == v1::FLOAT32 && total == c.fp32_contents_size()) {
     data.resize(sizeof(float) * c.fp32_contents_size());
     CopyBytes(data.data(), c.fp32_contents().data(), data.size());
@@ -360,7 +357,7 @@ absl::Status TranslateInputs(ModelInferRequest& request,
     tensor->set_dtype(datatype->dtype);
     tensor->mutable_shape()->CopyFrom(input.shape());
     if (call.raw) {
-      if (HasTypedContents(input.contents())) {
+      if (TypedCount(input.contents()) > 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             field,
             ".contents: typed contents in a request with raw_input_contents; "
