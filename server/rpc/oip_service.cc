@@ -1,6 +1,7 @@
 #include "server/rpc/oip_service.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,26 +44,22 @@ absl::Status OipService::DoServerMetadata(
 absl::Status OipService::DoModelMetadata(
     const inference::ModelMetadataRequest& request,
     inference::ModelMetadataResponse& response) {
-  if (BuiltinOipModel(request.name()).has_value()) {
-    if (absl::Status s =
-            CheckOipVersion(request.version(), request.name(), "version");
-        !s.ok()) {
+  // A store model: its channels (a malformed name first, then NOT_FOUND).
+  std::optional<int64_t> num_features;
+  if (!BuiltinOipModel(request.name()).has_value()) {
+    if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
       return s;
     }
-    OipModelMetadata(request.name(), std::nullopt, response);
-    return absl::OkStatus();
+    absl::StatusOr<BatchNormModel> model = native_.store().Get(request.name());
+    if (!model.ok()) return model.status();
+    num_features = model->num_features;
   }
-  if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<BatchNormModel> model = native_.store().Get(request.name());
-  if (!model.ok()) return model.status();
   if (absl::Status s =
           CheckOipVersion(request.version(), request.name(), "version");
       !s.ok()) {
     return s;
   }
-  OipModelMetadata(request.name(), model->num_features, response);
+  OipModelMetadata(request.name(), num_features, response);
   return absl::OkStatus();
 }
 
