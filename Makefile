@@ -5,6 +5,7 @@ BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 PORT ?= 50051
 METRICS_PORT ?= 9464
+HTTP_PORT ?= 8000
 
 # C++ toolchain and libraries, and the Python side of the cross-language tests
 # (Debian's python3-torch / python3-grpcio, run with /usr/bin/python3).
@@ -13,7 +14,8 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libabsl-dev libtbb-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
   python3-numpy python3-pip python3-setuptools python3-yaml openssl clang \
-  libclang-rt-14-dev prometheus haproxy python3-venv libhwy-dev
+  libclang-rt-14-dev prometheus haproxy python3-venv libhwy-dev \
+  libcpp-httplib-dev libsimdjson-dev python3-requests
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
   format bench test-container test-arm64
@@ -134,7 +136,8 @@ fuzz: deps
 ARM64_BUILD_DIR ?= build-arm64
 ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 \
   libabsl-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libgrpc++-dev:arm64 \
-  libprotobuf-dev:arm64 libprometheus-cpp-pull1.0:arm64 zlib1g-dev:arm64
+  libprotobuf-dev:arm64 libprometheus-cpp-pull1.0:arm64 zlib1g-dev:arm64 \
+  libcpp-httplib-dev:arm64 libsimdjson14:arm64
 test-arm64: build
 	@dpkg --print-foreign-architectures | grep -qx arm64 || \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64
@@ -166,7 +169,8 @@ test-container: build
 # starts normd in the foreground with in-memory state; Ctrl-C stops it.
 run: deps $(BUILD_DIR)/Makefile
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target normd normctl
-	$(BUILD_DIR)/normd --port=$(PORT) --metrics_port=$(METRICS_PORT)
+	$(BUILD_DIR)/normd --port=$(PORT) --http_port=$(HTTP_PORT) \
+	  --metrics_port=$(METRICS_PORT)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -114,7 +114,8 @@ def main():
                             r"serving gRPC on [^ ]*:(\d+)")
     servers["normd"] = start(
         [f"{build}/normd", "--bind_address=127.0.0.1", "--port=0",
-         "--metrics_port=0"] + args.server_flag, r"serving gRPC on [^ ]*:(\d+)")
+         "--metrics_port=0", "--http_port=0"] + args.server_flag,
+        r"serving gRPC on [^ ]*:(\d+)")
     servers["peer"] = start(
         ["/usr/bin/python3", f"{bench_dir}/peers/torch_server.py",
          f"--stubs={build}/python", "--port=0"],

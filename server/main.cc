@@ -17,14 +17,25 @@
 #include "server/rpc/server.h"
 
 ABSL_FLAG(std::string, bind_address, "0.0.0.0",
-          "Address the gRPC and metrics ports listen on (e.g. 127.0.0.1, ::).");
+          "Address the gRPC, REST and metrics ports listen on (e.g. "
+          "127.0.0.1, ::).");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (logged).");
 ABSL_FLAG(int, metrics_port, 9464,
           "Prometheus metrics port (HTTP GET /metrics); 0 picks a free port, "
           "-1 disables the endpoint.");
+ABSL_FLAG(int, http_port, 8000,
+          "Open Inference Protocol (KServe v2) REST port (/v2/...); 0 picks a "
+          "free port (logged), -1 disables REST. TLS and the bearer token as "
+          "for gRPC.");
+ABSL_FLAG(int, http_threads, 32,
+          "REST connections served at once (one thread each, keep-alive "
+          "included); more wait for a free thread.");
+ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
+          "A REST keep-alive connection idle this long is closed, and a "
+          "request whose bytes stop arriving this long is dropped (>= 1s).");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest request or response message in bytes; bigger requests get "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED (gRPC) or 413 (a REST body).");
 ABSL_FLAG(int64_t, max_models, 10000,
           "Most BatchNorm models held at once; creating more is "
           "RESOURCE_EXHAUSTED.");
@@ -101,10 +112,13 @@ const char kUsage[] =
     "GroupNorm,\nInstanceNorm; float32, float64, bfloat16, float16) with "
     "PyTorch semantics and keeps\nBatchNorm / InstanceNorm statistics per "
     "model, in memory or durably (--state_dir).\n\n"
-    "Usage: normd [--port=50051] [--metrics_port=9464] [--state_dir=DIR] "
-    "[flags...]\n\n"
-    "Services: normd.v1.Normalizer, grpc.health.v1.Health, server "
-    "reflection.\nSIGINT/SIGTERM: health goes NOT_SERVING, calls in flight "
+    "Usage: normd [--port=50051] [--http_port=8000] [--metrics_port=9464] "
+    "[--state_dir=DIR] [flags...]\n\n"
+    "Services: normd.v1.Normalizer, inference.GRPCInferenceService (the Open "
+    "Inference\nProtocol, KServe v2), grpc.health.v1.Health, server "
+    "reflection; the Open Inference\nProtocol over REST on --http_port "
+    "(GET /v2/health/ready, POST /v2/models/NAME/infer).\nSIGINT/SIGTERM: "
+    "health goes NOT_SERVING, calls in flight "
     "drain (--shutdown_grace),\na final snapshot is written, exit 0.\n"
     "Environment: NORMD_SIMD_TARGET=avx3|avx2|sse4|sve|neon|scalar runs the "
     "kernels on\nthat SIMD target (default: the best this CPU has; every "
@@ -156,6 +170,9 @@ int main(int argc, char** argv) {
   options.bind_address = absl::GetFlag(FLAGS_bind_address);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_models = absl::GetFlag(FLAGS_max_models);
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
@@ -192,6 +209,10 @@ int main(int argc, char** argv) {
                                  ? options.bind_address
                                  : options.metrics_bind_address,
                              ":", (*server)->metrics_port(), "/metrics"),
+          ", REST on ",
+          (*server)->http_port() < 0
+              ? std::string("(disabled)")
+              : absl::StrCat(options.bind_address, ":", (*server)->http_port()),
           options.tls_cert.empty() ? "; plaintext"
           : options.tls_client_ca.empty()
               ? "; TLS"

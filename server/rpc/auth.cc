@@ -6,19 +6,26 @@
 
 namespace normd {
 
+bool BearerTokenMatches(absl::string_view authorization,
+                        absl::string_view token) {
+  const std::string expected = absl::StrCat("Bearer ", token);
+  if (authorization.size() != expected.size()) return false;
+  unsigned char differ = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    differ |= static_cast<unsigned char>(authorization[i] ^ expected[i]);
+  }
+  return differ == 0;
+}
+
 absl::Status CheckBearerToken(const grpc::CallbackServerContext& context,
                               absl::string_view token) {
   if (token.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
-  const std::string expected = absl::StrCat("Bearer ", token);
-  if (it != metadata.end() && it->second.size() == expected.size()) {
-    // Constant time: the comparison does not reveal how much matched.
-    unsigned char differ = 0;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      differ |= static_cast<unsigned char>(it->second.data()[i] ^ expected[i]);
-    }
-    if (differ == 0) return absl::OkStatus();
+  if (it != metadata.end() &&
+      BearerTokenMatches(
+          absl::string_view(it->second.data(), it->second.size()), token)) {
+    return absl::OkStatus();
   }
   return absl::UnauthenticatedError(
       "authorization: this server needs the metadata \"authorization: Bearer "

@@ -10,6 +10,11 @@
 
 namespace normd {
 
+// Whether `authorization` (a header's value) is "Bearer <token>", compared
+// in constant time (the comparison does not reveal how much matched).
+bool BearerTokenMatches(absl::string_view authorization,
+                        absl::string_view token);
+
 // OK if `token` is empty or the call carries "authorization: Bearer
 // <token>" (compared in constant time); UNAUTHENTICATED naming the metadata
 // otherwise.

@@ -59,7 +59,52 @@ constexpr const char* kElementModes[kNumElementsModes] = {
     "layer_norm", "batch_norm_train", "batch_norm_eval", "fit",
     "group_norm", "instance_norm",    "rms_norm"};
 
+constexpr const char* kRestEndpoints[kNumRestEndpoints] = {
+    "server_metadata", "health_live", "health_ready", "model_metadata",
+    "model_ready",     "infer",       "unknown"};
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  return *buckets;
+}
+
 }  // namespace
+
+HttpMetrics::HttpMetrics(prometheus::Registry& registry) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("normd_http_requests_total")
+                       .Help(
+                           "REST requests answered, by endpoint and HTTP "
+                           "status code.")
+                       .Register(registry);
+  auto& seconds =
+      prometheus::BuildHistogram()
+          .Name("normd_http_request_duration_seconds")
+          .Help(
+              "Time from a REST request's headers to its response, in "
+              "seconds.")
+          .Register(registry);
+  for (int e = 0; e < kNumRestEndpoints; ++e) {
+    seconds_[e] =
+        &seconds.Add({{"endpoint", kRestEndpoints[e]}}, LatencyBuckets());
+    for (int c = 0; c < kNumCodes; ++c) {
+      requests_[e][c] = &requests.Add(
+          {{"endpoint", kRestEndpoints[e]},
+           {"code", c + 1 < kNumCodes ? std::to_string(kCodes[c]) : "other"}});
+    }
+  }
+}
+
+void HttpMetrics::Handled(RestEndpoint endpoint, int http_status,
+                          double seconds) {
+  const int e = static_cast<int>(endpoint);
+  int c = 0;
+  while (c + 1 < kNumCodes && kCodes[c] != http_status) ++c;
+  requests_[e][c]->Increment();
+  seconds_[e]->Observe(seconds);
+}
 
 ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
   auto& started = prometheus::BuildCounter()
@@ -76,9 +121,7 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry) {
                           "Time from receiving an RPC to its completion, in "
                           "seconds.")
                       .Register(registry);
-  const prometheus::Histogram::BucketBoundaries buckets = {
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  const prometheus::Histogram::BucketBoundaries& buckets = LatencyBuckets();
   for (int m = 0; m < kNumRpcMethods; ++m) {
     const prometheus::Labels labels = {{"grpc_service", kMethods[m].service},
                                        {"grpc_method", kMethods[m].name},

@@ -1,7 +1,7 @@
-// Prometheus metrics of the gRPC services. Every family and every
-// labelled handle is created once, in the constructor; the hot path only
-// indexes cached pointers. Thread-safe (prometheus-cpp metrics are atomic).
-// No label carries a model name or any other unbounded value.
+// Prometheus metrics of the gRPC services and the REST front-end. Every family
+// and every labelled handle is created once, in the constructor; the hot path
+// only indexes cached pointers. Thread-safe (prometheus-cpp metrics are
+// atomic). No label carries a model name or any other unbounded value.
 #ifndef NORMD_SERVER_RPC_METRICS_H_
 #define NORMD_SERVER_RPC_METRICS_H_
 
@@ -88,6 +88,35 @@ class ServerMetrics {
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Gauge* inflight_limit_ = nullptr;
   prometheus::Counter* rejected_ = nullptr;
+};
+
+// The REST endpoints (server/http), as the `endpoint` label.
+enum class RestEndpoint {
+  kServerMetadata,
+  kHealthLive,
+  kHealthReady,
+  kModelMetadata,
+  kModelReady,
+  kModelInfer,
+  kUnknown,  // No endpoint: a wrong path, or a request httplib refused.
+};
+inline constexpr int kNumRestEndpoints = 7;
+
+// normd_http_requests_total{endpoint,code} and
+// normd_http_request_duration_seconds{endpoint}. The code label takes the
+// statuses normd answers with, and "other" for any other. Thread-safe.
+class HttpMetrics {
+ public:
+  explicit HttpMetrics(prometheus::Registry& registry);
+  void Handled(RestEndpoint endpoint, int http_status, double seconds);
+
+ private:
+  static constexpr int kCodes[] = {200, 400, 401, 404, 405, 408, 413,
+                                   414, 415, 429, 431, 500, 503};
+  static constexpr int kNumCodes = sizeof(kCodes) / sizeof(kCodes[0]) + 1;
+  std::array<std::array<prometheus::Counter*, kNumCodes>, kNumRestEndpoints>
+      requests_{};
+  std::array<prometheus::Histogram*, kNumRestEndpoints> seconds_{};
 };
 
 // Metrics of the durable state (--state_dir): write-ahead log syncs and the

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/status_mapping.h"
 
 namespace normd {
 namespace {
@@ -94,14 +94,6 @@ std::string ParamNames(unsigned params) {
   return absl::StrJoin(names, ", ");
 }
 
-// A client's string in a message: quoted, escaped, at most 64 bytes of it.
-std::string Quoted(absl::string_view text) {
-  constexpr size_t kShown = 64;
-  const bool cut = text.size() > kShown;
-  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kShown)),
-                      cut ? "...\"" : "\"");
-}
-
 const char* KindOf(const InferParameter& p) {
   switch (p.parameter_choice_case()) {
     case InferParameter::kBoolParam:
@@ -147,9 +139,9 @@ absl::StatusOr<double> DoubleParam(absl::string_view name,
   }
   double value = 0;
   if (!absl::SimpleAtod(p.string_param(), &value)) {
-    return absl::InvalidArgumentError(absl::StrCat("parameters.", name, ": ",
-                                                   Quoted(p.string_param()),
-                                                   " is not a number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameters.", name, ": ",
+                     QuotedForMessage(p.string_param()), " is not a number"));
   }
   return value;
 }
@@ -169,7 +161,7 @@ absl::StatusOr<v1::LayerNormStyle> StyleParam(const InferParameter& p) {
   if (p.string_param() == "pytorch") return v1::PYTORCH;
   if (p.string_param() == "bert") return v1::BERT_UNBIASED_STD;
   return absl::InvalidArgumentError(
-      absl::StrCat("parameters.style: ", Quoted(p.string_param()),
+      absl::StrCat("parameters.style: ", QuotedForMessage(p.string_param()),
                    " is not a style; use pytorch or bert"));
 }
 
@@ -194,11 +186,12 @@ absl::Status TranslateParameters(
     if (known == nullptr || (allowed & known->param) == 0) {
       return absl::InvalidArgumentError(
           known == nullptr
-              ? absl::StrCat("parameters: unknown parameter ", Quoted(*name),
-                             "; model ", Quoted(model), " takes ",
+              ? absl::StrCat("parameters: unknown parameter ",
+                             QuotedForMessage(*name), "; model ",
+                             QuotedForMessage(model), " takes ",
                              ParamNames(allowed))
               : absl::StrCat("parameters.", *name, ": does not apply to model ",
-                             Quoted(model), ", which takes ",
+                             QuotedForMessage(model), ", which takes ",
                              ParamNames(allowed)));
     }
     absl::Status status;
@@ -320,9 +313,9 @@ absl::Status TranslateInputs(ModelInferRequest& request,
     int role = 0;
     while (role < 3 && input.name() != kRoles[role]) ++role;
     if (role == 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".name: unknown input ", Quoted(input.name()),
-                       "; the model takes input, weight and bias"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".name: unknown input ", QuotedForMessage(input.name()),
+          "; the model takes input, weight and bias"));
     }
     if (seen[role]) {
       return absl::InvalidArgumentError(
@@ -335,7 +328,7 @@ absl::Status TranslateInputs(ModelInferRequest& request,
     }
     if (datatype == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".datatype: ", Quoted(input.datatype()),
+          absl::StrCat(field, ".datatype: ", QuotedForMessage(input.datatype()),
                        " is not supported; use FP32, FP64, FP16 or BF16"));
     }
     if (!input.parameters().empty()) {
@@ -343,8 +336,9 @@ absl::Status TranslateInputs(ModelInferRequest& request,
       for (const auto& [name, value] : input.parameters()) {
         first = std::min(first, name);
       }
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".parameters: unknown tensor parameter ", Quoted(first)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".parameters: unknown tensor parameter ",
+                       QuotedForMessage(first)));
     }
     if (role != 0 && call.fit) {
       return absl::InvalidArgumentError(
@@ -387,12 +381,19 @@ std::optional<v1::Mode> BuiltinOipModel(absl::string_view name) {
   return std::nullopt;
 }
 
+std::optional<v1::DataType> OipDatatype(absl::string_view name) {
+  for (const Datatype& d : kDatatypes) {
+    if (name == d.name) return d.dtype;
+  }
+  return std::nullopt;
+}
+
 absl::Status CheckOipVersion(absl::string_view version, absl::string_view model,
                              absl::string_view field) {
   if (version.empty() || version == kOipModelVersion) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat(field, ": model ", Quoted(model),
-                                          " has no version ", Quoted(version),
-                                          "; its one version is \"1\""));
+  return absl::NotFoundError(absl::StrCat(
+      field, ": model ", QuotedForMessage(model), " has no version ",
+      QuotedForMessage(version), "; its one version is \"1\""));
 }
 
 absl::Status ToNativeInfer(ModelInferRequest& request, NativeInferCall& call) {
@@ -411,14 +412,14 @@ absl::Status ToNativeInfer(ModelInferRequest& request, NativeInferCall& call) {
     const ModelInferRequest::InferRequestedOutputTensor& output =
         request.outputs(k);
     if (output.name() != "output") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("outputs[", k, "].name: unknown output ",
-                       Quoted(output.name()), "; the model has output"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs[", k, "].name: unknown output ",
+          QuotedForMessage(output.name()), "; the model has output"));
     }
     if (!output.parameters().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("outputs[", k, "].parameters: unknown output parameter ",
-                       Quoted(output.parameters().begin()->first)));
+                       QuotedForMessage(output.parameters().begin()->first)));
     }
   }
   if (absl::Status s = CheckOipVersion(request.model_version(),

@@ -29,6 +29,10 @@ inline constexpr char kOipModelVersion[] = "1";
 // which stands for a BatchNorm model of the store.
 std::optional<v1::Mode> BuiltinOipModel(absl::string_view name);
 
+// The native dtype of an OIP datatype string ("FP32", "FP64", "FP16",
+// "BF16"); nullopt for any other.
+std::optional<v1::DataType> OipDatatype(absl::string_view name);
+
 // NOT_FOUND naming `field` unless `version` is "" or "1".
 absl::Status CheckOipVersion(absl::string_view version, absl::string_view model,
                              absl::string_view field);

@@ -38,6 +38,8 @@ absl::Status OipService::DoServerMetadata(
     inference::ServerMetadataResponse& response) {
   response.set_name("normd");
   response.set_version(NORMD_VERSION);
+  // Triton's binary-data extension of the REST form (server/http).
+  response.add_extensions("binary_tensor_data");
   return absl::OkStatus();
 }
 

@@ -149,6 +149,20 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         "--port must be in 0..65535 and --metrics_port in -1..65535, got ",
         options.port, " and ", options.metrics_port));
   }
+  if (options.http_port < -1 || options.http_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_port: must be in -1..65535 (-1: no REST), got ",
+                     options.http_port));
+  }
+  if (options.http_threads < 1 || options.http_threads > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_threads: must be in 1..4096, got ", options.http_threads));
+  }
+  if (options.http_idle_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_idle_timeout: must be >= 1s, got ",
+                     absl::FormatDuration(options.http_idle_timeout)));
+  }
   if (options.max_inflight_requests < 0 || options.max_inflight_bytes < 0) {
     return absl::InvalidArgumentError(
         "--max_inflight_requests and --max_inflight_bytes must be >= 0 (0: "
@@ -254,7 +268,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   server->admission_ = std::make_unique<Admission>(
       options.max_inflight_requests, options.max_inflight_bytes);
   server->metrics_->SetInflightLimit(options.max_inflight_requests);
-  const std::string auth_token_for_reflection = auth_token;
+  const std::string auth_token_for_others = auth_token;
   server->service_ = std::make_unique<NormalizerService>(
       *server->engine_, *server->metrics_, *server->admission_,
       NormalizerServiceOptions{
@@ -276,7 +290,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
       std::vector<std::string>{kServiceName, kOipServiceName,
                                "grpc.health.v1.Health",
                                "grpc.reflection.v1alpha.ServerReflection"},
-      auth_token_for_reflection, server->service_->watchdog());
+      auth_token_for_others, server->service_->watchdog());
   grpc::ServerBuilder builder;
   const std::string address = HostPort(options.bind_address, options.port);
   ConfigureServerBuilder(options, builder, &server->port_, *credentials);
@@ -289,6 +303,25 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
     return absl::UnavailableError(
         absl::StrCat("--port: cannot listen for gRPC on ", address));
   }
+  if (options.http_port >= 0) {
+    server->http_metrics_ = std::make_unique<HttpMetrics>(*server->registry_);
+    server->rest_handler_ = std::make_unique<RestHandler>(
+        *server->oip_, *server->service_, *server->http_metrics_,
+        auth_token_for_others);
+    absl::StatusOr<std::unique_ptr<RestServer>> rest = RestServer::Start(
+        RestServerOptions{.bind_address = options.bind_address,
+                          .port = options.http_port,
+                          .tls_cert = options.tls_cert,
+                          .tls_key = options.tls_key,
+                          .tls_client_ca = options.tls_client_ca,
+                          .max_body_bytes = options.max_message_bytes,
+                          .threads = options.http_threads,
+                          .idle_timeout = options.http_idle_timeout},
+        *server->rest_handler_);
+    if (!rest.ok()) return rest.status();
+    server->rest_ = std::move(*rest);
+    server->http_port_ = server->rest_->port();
+  }
   server->health_->SetServing("", true);
   server->health_->SetServing(kServiceName, true);
   server->health_->SetServing(kOipServiceName, true);
@@ -300,6 +333,8 @@ void NormdServer::Shutdown() {
   shut_down_ = true;
   // NOT_SERVING for every service name, watches told and ended.
   health_->Shutdown();
+  // REST stops accepting and finishes the requests it is answering.
+  if (rest_ != nullptr) rest_->Stop();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   server_->Wait();
   if (durable_ != nullptr) {

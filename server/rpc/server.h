@@ -1,7 +1,7 @@
 // A running normd server: the gRPC server (Normalizer, the Open Inference
 // Protocol, health, reflection behind the same bearer token as the
-// Normalizer),
-// the Prometheus exposer, the engine they share and, with a state_dir, the
+// Normalizer), the Open Inference Protocol's REST listener, the Prometheus
+// exposer, the engine they share and, with a state_dir, the
 // durable state behind the engine's models. Start() recovers the state and
 // brings everything up; Shutdown() marks health NOT_SERVING, drains calls in
 // flight up to the drain timeout, writes a final snapshot and stops.
@@ -21,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/http/rest_handler.h"
+#include "server/http/rest_server.h"
 #include "server/rpc/admission.h"
 #include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
@@ -36,6 +38,9 @@ struct ServerOptions {
   std::string bind_address = "0.0.0.0";
   int port = 50051;         // 0: pick a free port.
   int metrics_port = 9464;  // 0: pick a free port; -1: no metrics endpoint.
+  int http_port = 8000;     // OIP REST; 0: pick a free port; -1: off.
+  int http_threads = 32;    // REST connections served at once.
+  absl::Duration http_idle_timeout = absl::Seconds(5);
   int64_t max_message_bytes = 64 << 20;
   int64_t max_models = 10000;
   int64_t max_num_features = 65536;
@@ -99,6 +104,7 @@ class NormdServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }  // -1: no REST listener.
 
   void Shutdown();
 
@@ -120,7 +126,11 @@ class NormdServer {
   std::unique_ptr<OipService> oip_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpMetrics> http_metrics_;
+  std::unique_ptr<RestHandler> rest_handler_;
+  std::unique_ptr<RestServer> rest_;
   int port_ = 0;
+  int http_port_ = -1;
   int metrics_port_ = -1;
   bool shut_down_ = false;
 };

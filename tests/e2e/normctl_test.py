@@ -260,7 +260,7 @@ def test_help_everywhere(ctl):
             env["NORMD_SIMD_TARGET"] = simd_target
         server = subprocess.Popen(
             [args.normd, "--bind_address=127.0.0.1", "--port=0",
-             "--metrics_port=-1"], stderr=subprocess.PIPE, text=True, env=env)
+             "--metrics_port=-1", "--http_port=-1"], stderr=subprocess.PIPE, text=True, env=env)
         try:
             line = server.stderr.readline()
             # Running after its first line: serving (its code is not ours).

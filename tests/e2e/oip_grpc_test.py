@@ -33,27 +33,9 @@ from inference import grpc_predict_v2_pb2 as oip  # noqa: E402
 from inference import grpc_predict_v2_pb2_grpc as oip_grpc  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
-
-DTYPES = {"FP32": pb.FLOAT32, "FP64": pb.FLOAT64, "FP16": pb.FLOAT16,
-          "BF16": pb.BFLOAT16}
-MODES = {"layer_norm": pb.LAYER_NORM, "rms_norm": pb.RMS_NORM,
-         "group_norm": pb.GROUP_NORM, "instance_norm": pb.INSTANCE_NORM}
-
-
-def encode(values, datatype):
-    """Little-endian bytes of `values` as `datatype` (BF16 rounded to
-    nearest even from fp32)."""
-    values = np.asarray(values, dtype=np.float64).ravel()
-    if datatype == "FP64":
-        return values.astype("<f8").tobytes()
-    if datatype == "FP16":
-        return values.astype("<f2").tobytes()
-    bits = values.astype("<f4").view("<u4")
-    if datatype == "FP32":
-        return bits.tobytes()
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype("<u2").tobytes()
-
+import oip_cases  # noqa: E402
+from oip_cases import (DTYPES, MODES, STATELESS_CASES, encode,  # noqa: E402
+                       fingerprint, native_request)
 
 def param(value):
     p = oip.InferParameter()
@@ -86,31 +68,6 @@ def infer_request(model, tensors, params=None, raw=True, request_id="r1"):
     return request
 
 
-def native_request(model, tensors, params=None):
-    """The normd.v1 NormalizeRequest api.md maps the OIP request to."""
-    params = params or {}
-    request = pb.NormalizeRequest(request_id="r1")
-    if model in MODES:
-        request.mode = MODES[model]
-    else:
-        request.mode = pb.BATCH_NORM
-        request.model = model
-    for name, datatype, shape, values in tensors:
-        tensor = getattr(request, name)
-        tensor.dtype = DTYPES[datatype]
-        tensor.shape.extend(shape)
-        tensor.data = encode(values, datatype)
-    for key, value in params.items():
-        if key == "style":
-            request.layer_norm_style = (pb.PYTORCH if value == "pytorch"
-                                        else pb.BERT_UNBIASED_STD)
-        elif key == "eps":
-            request.eps = float(value)
-        elif key != "fit":
-            setattr(request, key, value)
-    return request
-
-
 def output_bytes(response, datatype):
     if response.raw_output_contents:
         return response.raw_output_contents[0]
@@ -120,16 +77,7 @@ def output_bytes(response, datatype):
     return np.asarray(contents.fp64_contents, "<f8").tobytes()
 
 
-class Checker:
-    def __init__(self):
-        self.failures = []
-        self.checks = 0
-
-    def expect(self, condition, what):
-        self.checks += 1
-        if not condition:
-            self.failures.append(what)
-
+class Checker(oip_cases.Checker):
     def code(self, call, code, field, what):
         """call() must fail with `code`, its message naming `field`."""
         try:
@@ -139,12 +87,6 @@ class Checker:
             self.expect(e.code() == code and field in (e.details() or ""),
                         f"{what}: got {e.code().name} {e.details()!r}, want "
                         f"{code.name} naming {field!r}")
-
-
-def fingerprint(native):
-    models = native.ListModels(pb.ListModelsRequest()).models
-    return {m.name: native.GetModel(pb.GetModelRequest(name=m.name))
-            .SerializeToString() for m in models}
 
 
 def check_health_and_metadata(c, stub, native):
@@ -183,17 +125,7 @@ def check_health_and_metadata(c, stub, native):
 
 
 def check_stateless(c, stub, native, rng):
-    cases = [
-        ("layer_norm", [4, 3, 8], {"normalized_ndim": 1}),
-        ("layer_norm", [2, 5, 6], {"normalized_ndim": 2, "eps": 1e-3}),
-        ("layer_norm", [3, 16], {"style": "bert", "eps": "0.001"}),
-        ("rms_norm", [5, 12], {}),
-        ("group_norm", [2, 6, 5], {"num_groups": 3}),
-        ("group_norm", [2, 4, 3, 4], {"num_groups": 2, "channel_axis": -1}),
-        ("instance_norm", [2, 3, 7], {}),
-        ("instance_norm", [2, 5, 3], {"channel_axis": -1}),
-    ]
-    for model, shape, params in cases:
+    for model, shape, params in STATELESS_CASES:
         for datatype in DTYPES:
             for raw in (True, False) if datatype in ("FP32", "FP64") else (
                     True,):

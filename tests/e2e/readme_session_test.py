@@ -29,7 +29,8 @@ def main():
         steps.append((command, expected.rstrip("\n")))
 
     proc = subprocess.Popen(
-        [args.normd, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=-1"],
+        [args.normd, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=-1",
+         "--http_port=-1"],
         stderr=subprocess.PIPE, text=True)
     port = re.search(r"serving gRPC on [^ ]*:(\d+)", proc.stderr.readline()).group(1)
     failures = 0

@@ -19,7 +19,8 @@ def parse_test_args(doc):
 
 def start_normd(binary, flags=(), port=0):
     """Starts `binary` on free ports (gRPC on `port` if given); returns
-    (process, grpc_port, metrics_port).
+    (process, grpc_port, metrics_port), the REST port as process.http_port
+    (None when a flag turned REST off).
 
     `binary` is a path, or a whole command (e.g. a chroot into a container
     image and its entrypoint) that the loopback and free-port flags follow.
@@ -30,7 +31,7 @@ def start_normd(binary, flags=(), port=0):
     command = [binary] if isinstance(binary, str) else list(binary)
     proc = subprocess.Popen(
         [*command, "--bind_address=127.0.0.1", f"--port={port}",
-         "--metrics_port=0",
+         "--metrics_port=0", "--http_port=0",
          *flags], stderr=subprocess.PIPE, text=True)
     log = []
     for line in proc.stderr:
@@ -39,6 +40,8 @@ def start_normd(binary, flags=(), port=0):
             r"serving gRPC on [^ ]*:(\d+), metrics on [^ ]*:(\d+)", line)
         if match:
             proc.serving_line = line
+            rest = re.search(r"REST on [^ ]*:(\d+)", line)
+            proc.http_port = int(rest.group(1)) if rest else None
             threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, int(match.group(1)), int(match.group(2))
     proc.kill()

@@ -33,14 +33,15 @@ class ServerProcess {
   }
 
   // Starts `binary` with --bind_address=127.0.0.1 --port=0 --metrics_port=0
-  // plus `extra_args`; false (with the log in `log()`) if it did not report
-  // its ports within 20 s.
+  // --http_port=0 plus `extra_args`; false (with the log in `log()`) if it did
+  // not report its ports within 20 s.
   bool Start(const std::string& binary,
              const std::vector<std::string>& extra_args = {}) {
     int fds[2];
     if (pipe(fds) != 0) return false;
     std::vector<std::string> args = {binary, "--bind_address=127.0.0.1",
-                                     "--port=0", "--metrics_port=0"};
+                                     "--port=0", "--metrics_port=0",
+                                     "--http_port=0"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -65,6 +66,11 @@ class ServerProcess {
       if (std::regex_search(log_, m, ports)) {
         port_ = std::stoi(m[1]);
         metrics_port_ = std::stoi(m[2]);
+        std::smatch rest;
+        if (std::regex_search(log_, rest,
+                              std::regex(R"(REST on [^ ]*:(\d+))"))) {
+          http_port_ = std::stoi(rest[1]);
+        }
         return true;
       }
       int status;
@@ -105,6 +111,7 @@ class ServerProcess {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }  // 0: REST off.
   const std::string& log() {
     ReadLog(0);
     return log_;
@@ -127,6 +134,7 @@ class ServerProcess {
   std::string log_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
 };
 
 // GET http://127.0.0.1:port/path over a plain socket; the body, or "" on

@@ -12,7 +12,7 @@ const { Client, NormdError, halfToNumber, status } = require("..");
 function startNormd() {
   const binary = process.env.NORMD_BINARY;
   assert.ok(binary, "set NORMD_BINARY to the normd to test");
-  const proc = spawn(binary, ["--bind_address=127.0.0.1", "--port=0", "--metrics_port=0"],
+  const proc = spawn(binary, ["--bind_address=127.0.0.1", "--port=0", "--metrics_port=0", "--http_port=0"],
     { stdio: ["ignore", "ignore", "pipe"] });
   return new Promise((resolve, reject) => {
     let log = "";

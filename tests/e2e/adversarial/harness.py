@@ -85,7 +85,7 @@ class Server:
         self.lines = []
         self.proc = subprocess.Popen(
             [self.binary, "--bind_address=127.0.0.1", "--port=0",
-             "--metrics_port=0", *self.flags],
+             "--metrics_port=0", "--http_port=0", *self.flags],
             stderr=subprocess.PIPE, text=True, errors="replace")
         RUNNING.add(self)
         ready = threading.Event()

@@ -1,0 +1,94 @@
+"""What the Open Inference Protocol tests over gRPC and REST share: tensor
+encodings, the native request an OIP request stands for, the state
+fingerprint and a checker. Imported after normd_process.parse_test_args has
+put the generated stubs on sys.path."""
+
+import numpy as np
+from normd.v1 import normalizer_pb2 as pb
+
+DTYPES = {"FP32": pb.FLOAT32, "FP64": pb.FLOAT64, "FP16": pb.FLOAT16,
+          "BF16": pb.BFLOAT16}
+MODES = {"layer_norm": pb.LAYER_NORM, "rms_norm": pb.RMS_NORM,
+         "group_norm": pb.GROUP_NORM, "instance_norm": pb.INSTANCE_NORM}
+
+
+# (model, shape, parameters) of the stateless matrix.
+STATELESS_CASES = [
+    ("layer_norm", [4, 3, 8], {"normalized_ndim": 1}),
+    ("layer_norm", [2, 5, 6], {"normalized_ndim": 2, "eps": 1e-3}),
+    ("layer_norm", [3, 16], {"style": "bert", "eps": "0.001"}),
+    ("rms_norm", [5, 12], {}),
+    ("group_norm", [2, 6, 5], {"num_groups": 3}),
+    ("group_norm", [2, 4, 3, 4], {"num_groups": 2, "channel_axis": -1}),
+    ("instance_norm", [2, 3, 7], {}),
+    ("instance_norm", [2, 5, 3], {"channel_axis": -1}),
+]
+
+
+def encode(values, datatype):
+    """Little-endian bytes of `values` as `datatype` (BF16 rounded to
+    nearest even from fp32)."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if datatype == "FP64":
+        return values.astype("<f8").tobytes()
+    if datatype == "FP16":
+        return values.astype("<f2").tobytes()
+    bits = values.astype("<f4").view("<u4")
+    if datatype == "FP32":
+        return bits.tobytes()
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype("<u2").tobytes()
+
+
+def decode(data, datatype):
+    """`encode`'s bytes back as float64 values (flat)."""
+    if datatype == "BF16":
+        bits = np.frombuffer(data, "<u2").astype("<u4") << 16
+        return bits.view("<f4").astype(np.float64)
+    kind = {"FP64": "<f8", "FP32": "<f4", "FP16": "<f2"}[datatype]
+    return np.frombuffer(data, kind).astype(np.float64)
+
+
+def native_request(model, tensors, params=None):
+    """The normd.v1 NormalizeRequest api.md maps the OIP request to."""
+    params = params or {}
+    request = pb.NormalizeRequest(request_id="r1")
+    if model in MODES:
+        request.mode = MODES[model]
+    else:
+        request.mode = pb.BATCH_NORM
+        request.model = model
+    for name, datatype, shape, values in tensors:
+        tensor = getattr(request, name)
+        tensor.dtype = DTYPES[datatype]
+        tensor.shape.extend(shape)
+        tensor.data = encode(values, datatype)
+    for key, value in params.items():
+        if key == "style":
+            request.layer_norm_style = (pb.PYTORCH if value == "pytorch"
+                                        else pb.BERT_UNBIASED_STD)
+        elif key == "eps":
+            request.eps = float(value)
+        elif key != "fit":
+            setattr(request, key, value)
+    return request
+
+
+def fingerprint(native):
+    models = native.ListModels(pb.ListModelsRequest()).models
+    return {m.name: native.GetModel(pb.GetModelRequest(name=m.name))
+            .SerializeToString() for m in models}
+
+
+
+class Checker:
+    """Counts checks and collects the failures."""
+
+    def __init__(self):
+        self.failures = []
+        self.checks = 0
+
+    def expect(self, condition, what):
+        self.checks += 1
+        if not condition:
+            self.failures.append(what)
