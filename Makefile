@@ -116,9 +116,9 @@ test-tsan: deps
 fuzz: deps
 	CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) $(FUZZ_CMAKE) \
 	  -DNORMD_FUZZ=ON -DNORMD_BUILD_TESTS=OFF '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
-	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rpc_fuzzer state_fuzzer \
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rpc_fuzzer rest_fuzzer state_fuzzer \
 	  npy_fuzzer ops_fuzzer
-	for t in rpc state npy ops; do \
+	for t in rpc rest state npy ops; do \
 	  mkdir -p $(FUZZ_BUILD_DIR)/corpus/$$t && \
 	  $(FUZZ_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
 	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \

@@ -135,9 +135,24 @@ def smoke(command, chroot, healthcheck, failures):
         if (fit.model.num_batches_tracked != 2 or
                 np.abs(np.array(fit.model.mean) - pooled).max() > 1e-12):
             failures.append(f"Fit state {fit.model}")
+        # The Open Inference Protocol's REST from the image (httplib and
+        # simdjson are in its runtime libraries): readiness and an infer
+        # whose bytes match the gRPC LayerNorm's.
+        rest = f"http://127.0.0.1:{proc.http_port}"
+        ready = urllib.request.urlopen(f"{rest}/v2/health/ready", timeout=5)
+        body = json.dumps({"inputs": [{
+            "name": "input", "datatype": "FP32", "shape": list(x.shape),
+            "data": x.ravel().tolist()}]}).encode()
+        answer = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"{rest}/v2/models/layer_norm/infer", data=body), timeout=10))
+        if (ready.status != 200 or
+                np.asarray(answer["outputs"][0]["data"], np.float32).tobytes()
+                != reply.output.data):
+            failures.append(f"REST: ready {ready.status}, infer {answer}")
         metrics = urllib.request.urlopen(
             f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        for name in ("grpc_server_handled_total", "normd_wal_syncs_total"):
+        for name in ("grpc_server_handled_total", "normd_wal_syncs_total",
+                     "normd_http_requests_total"):
             if name not in metrics:
                 failures.append(f"/metrics lacks {name}")
         # The image's own HEALTHCHECK command, inside the image, as its user,

@@ -2,7 +2,9 @@
 """deploy/k8s: each kustomization renders, every object validates against
 the Kubernetes and prometheus-operator schemas (tests/k8s/validate.mjs, npm
 packages kubernetes-models and @kubernetes-models/prometheus-operator), and
-the manifests keep the promises schemas cannot check: native gRPC probes,
+the manifests keep the promises schemas cannot check: native gRPC probes
+(HTTP ones on the REST port in overlays/http-probes),
+deploy/kserve's InferenceService (its PodSpec validated as a Pod),
 named ports, requests and limits, a locked-down securityContext matching the
 image's user, the StatefulSet's pod the same as the Deployment's, state on
 a PersistentVolumeClaim, and the PrometheusRule equal to
@@ -74,7 +76,8 @@ def check_pod(name, pod):
           c_security.get("capabilities", {}).get("drop") == ["ALL"],
           f"{name}: container securityContext {c_security}")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    check(ports == {"grpc": 50051, "metrics": 9464}, f"{name}: ports {ports}")
+    check(ports == {"grpc": 50051, "http": 8000, "metrics": 9464},
+          f"{name}: ports {ports}")
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         grpc_probe = container.get(probe, {}).get("grpc", {})
         check(grpc_probe.get("port") == 50051,
@@ -94,7 +97,7 @@ def check_common(name, kinds):
     (service,) = [s for s in kinds.get("Service", [])
                   if s["metadata"]["name"] == "normd"]
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    check(ports == {"grpc": 50051, "metrics": 9464},
+    check(ports == {"grpc": 50051, "http": 8000, "metrics": 9464},
           f"{name}: Service ports {ports}")
     check(len(kinds.get("PodDisruptionBudget", [])) == 1, f"{name}: no PDB")
     (monitor,) = kinds.get("ServiceMonitor", [{}])
@@ -148,7 +151,7 @@ def check_sharded(kinds, durable_stateful):
         for k, v in entry["selector"].items()),
         "sharded: Service normd-proxy does not select the proxy pods")
     check({p["name"]: p["targetPort"] for p in entry.get("ports", [])} ==
-          {"grpc": "grpc", "metrics": "metrics"},
+          {"grpc": "grpc", "http": "http", "metrics": "metrics"},
           f"sharded: normd-proxy ports {entry.get('ports')}")
     (container,) = pod["spec"]["containers"]
     c_security = container.get("securityContext", {})
@@ -182,26 +185,111 @@ def check_sharded(kinds, durable_stateful):
     sharded = haproxy_sections(cfg)
     check(sharded.get("defaults") == loopback["defaults"],
           "sharded: haproxy.cfg defaults differ from deploy/haproxy's")
-    routing = [line for line in loopback["backend normd"]
-               if not line.startswith(("server ", "default-server"))]
-    check([line for line in sharded.get("backend normd", [])
-           if not line.startswith(("server-template", "default-server"))] ==
-          routing, "sharded: haproxy.cfg routing/health checks differ from "
-                   "deploy/haproxy/haproxy.cfg's")
-    slots = [line.split() for line in sharded.get("backend normd", [])
-             if line.startswith("server-template")]
+    # gRPC and REST: the same routing and health checks, and the same slots
+    # (the same hash ring: a model's calls of both reach one replica).
     service = stateful["spec"]["serviceName"]
-    check(len(slots) >= replicas and all(
-        slot[1] == "normd-" and slot[2] == f"{i}-{i}" and
-        slot[3].strip('"').startswith(f"normd-{i}.{service}.")
-        for i, slot in enumerate(slots)),
-        f"sharded: proxy slots must be normd-<i>.{service}. for each "
-        f"ordinal: {slots}")
+    for backend, port in (("backend normd", 50051),
+                          ("backend normd_rest", 8000)):
+        routing = [line for line in loopback.get(backend, [])
+                   if not line.startswith(("server ", "default-server"))]
+        check(routing and [
+            line for line in sharded.get(backend, [])
+            if not line.startswith(("server-template", "default-server"))] ==
+            routing, f"sharded: haproxy.cfg {backend} routing/health checks "
+                     "differ from deploy/haproxy/haproxy.cfg's")
+        slots = [line.split() for line in sharded.get(backend, [])
+                 if line.startswith("server-template")]
+        check(len(slots) >= replicas and all(
+            slot[1] == "normd-" and slot[2] == f"{i}-{i}" and
+            slot[3].strip('"').startswith(f"normd-{i}.{service}.") and
+            slot[3].strip('"').endswith(f":{port}")
+            for i, slot in enumerate(slots)),
+            f"sharded: {backend} slots must be normd-<i>.{service}.…:{port} "
+            f"for each ordinal: {slots}")
+    check([line for line in sharded.get("frontend normd_rest", [])
+           if not line.startswith("bind ")] ==
+          [line for line in loopback.get("frontend normd_rest", [])
+           if not line.startswith("bind ")],
+          "sharded: the REST frontend's routing differs from "
+          "deploy/haproxy/haproxy.cfg's")
     binds = {line.split()[1].rsplit(":", 1)[1]
-             for name in ("frontend normd", "frontend stats")
+             for name in ("frontend normd", "frontend normd_rest",
+                          "frontend stats")
              for line in sharded.get(name, []) if line.startswith("bind ")}
     check(binds == {str(p["containerPort"]) for p in container["ports"]},
           f"sharded: proxy binds {binds} vs container ports")
+
+
+def check_http_probes(deployed):
+    """overlays/http-probes: the base with HTTP probes on the REST port's
+    health endpoints instead of gRPC ones, nothing else changed."""
+    kinds = by_kind(render(os.path.join(K8S, "overlays", "http-probes")))
+    validate("http-probes", [o for os_ in kinds.values() for o in os_])
+    (deployment,) = kinds.get("Deployment", [None])
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    paths = {probe: container.get(probe, {}).get("httpGet", {})
+             for probe in ("startupProbe", "livenessProbe", "readinessProbe")}
+    check(paths == {"startupProbe": {"path": "/v2/health/live",
+                                     "port": "http"},
+                    "livenessProbe": {"path": "/v2/health/live",
+                                      "port": "http"},
+                    "readinessProbe": {"path": "/v2/health/ready",
+                                       "port": "http"}},
+          f"http-probes: probes {paths}")
+    probes = ("startupProbe", "livenessProbe", "readinessProbe")
+    check({k: v for k, v in container.items() if k not in probes} ==
+          {k: v for k, v in deployed.items() if k not in probes},
+          "http-probes: the container differs from the base's beyond its "
+          "probes")
+
+
+# The fields KServe's v1beta1 PredictorSpec adds to a PodSpec
+# (ComponentExtensionSpec) that the manifest uses; the rest must be a valid
+# PodSpec.
+KSERVE_EXTENSION_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric",
+                           "scaleTarget"}
+
+
+def check_kserve(deployed):
+    """deploy/kserve/inferenceservice.yaml: KServe's schema is not on npm,
+    so its PodSpec part is validated as a Pod against kubernetes-models and
+    the KServe fields by hand; the container is the base's, serving REST on
+    the one port KServe routes to, with HTTP probes on it."""
+    with open(os.path.join(SOURCE, "deploy", "kserve",
+                           "inferenceservice.yaml")) as f:
+        isvc = yaml.safe_load(f)
+    check(isvc.get("apiVersion") == "serving.kserve.io/v1beta1" and
+          isvc.get("kind") == "InferenceService" and
+          isvc.get("metadata", {}).get("name"),
+          f"kserve: {isvc.get('apiVersion')} {isvc.get('kind')}")
+    predictor = isvc["spec"]["predictor"]
+    extension = {k: v for k, v in predictor.items()
+                 if k in KSERVE_EXTENSION_FIELDS}
+    check(set(isvc["spec"]) == {"predictor"} and
+          extension.get("scaleMetric") in ("cpu", "memory", "concurrency",
+                                           "rps") and
+          1 <= extension.get("minReplicas", 0) <= extension.get(
+              "maxReplicas", 0), f"kserve: predictor extension {extension}")
+    pod = {k: v for k, v in predictor.items()
+           if k not in KSERVE_EXTENSION_FIELDS}
+    validate("kserve", [{"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": "normd-predictor"},
+                         "spec": pod}])
+    (container,) = pod["containers"]
+    (port,) = container["ports"]
+    check(f"--http_port={port['containerPort']}" in container["args"],
+          f"kserve: args {container['args']} vs port {port}")
+    for probe, path in (("readinessProbe", "/v2/health/ready"),
+                        ("livenessProbe", "/v2/health/live")):
+        check(container.get(probe, {}).get("httpGet") ==
+              {"path": path, "port": port["containerPort"]},
+              f"kserve: {probe} {container.get(probe)}")
+    for key in ("image", "resources", "securityContext", "volumeMounts"):
+        check(container.get(key) == deployed.get(key),
+              f"kserve: container {key} differs from the base's")
+    check(pod.get("securityContext", {}).get("runAsUser") == 10001 and
+          pod["securityContext"].get("runAsNonRoot") is True,
+          "kserve: pod must run as uid 10001, non-root")
 
 
 def main():
@@ -243,6 +331,8 @@ def main():
           "durable: the StatefulSet's pod differs from the Deployment's")
     check_sharded(by_kind(render(os.path.join(K8S, "overlays", "sharded"))),
                   stateful)
+    check_http_probes(deployed)
+    check_kserve(deployed)
     return normd_process.report(failures, "k8s manifests")
 
 

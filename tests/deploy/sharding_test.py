@@ -36,6 +36,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -96,6 +98,7 @@ class Replica:
     def __init__(self, index, root):
         self.name = f"normd-{index}"
         self.port = free_port()
+        self.http_port = free_port()
         self.state_dir = os.path.join(root, self.name)
         self.proc = None
         self.metrics_port = None
@@ -106,7 +109,8 @@ class Replica:
 
     def start(self):
         self.proc, _, self.metrics_port = normd_process.start_normd(
-            args.normd, [f"--state_dir={self.state_dir}"], port=self.port)
+            args.normd, [f"--state_dir={self.state_dir}",
+                          f"--http_port={self.http_port}"], port=self.port)
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -140,13 +144,16 @@ class Proxy:
 
     def __init__(self, replicas):
         self.port = free_port()
+        self.rest_port = free_port()
         self.stats_port = free_port()
         env = dict(os.environ,
                    NORMD_PROXY_BIND=f"127.0.0.1:{self.port}",
+                   NORMD_PROXY_REST_BIND=f"127.0.0.1:{self.rest_port}",
                    NORMD_STATS_BIND=f"127.0.0.1:{self.stats_port}",
                    NORMD_CHECK_INTER=CHECK_INTER)
         for i, r in enumerate(replicas):
             env[f"NORMD_REPLICA_{i}"] = r.target
+            env[f"NORMD_REST_REPLICA_{i}"] = f"127.0.0.1:{r.http_port}"
         haproxy = shutil.which(args.haproxy)
         if haproxy is None:
             raise RuntimeError(f"{args.haproxy} not found: apt-get install "
@@ -174,8 +181,20 @@ class Proxy:
         except OSError:
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        return {r["svname"]: r["status"] for r in rows
-                if r["pxname"] == "normd" and r["svname"].startswith("normd-")}
+        return {(r["pxname"], r["svname"]): r["status"] for r in rows
+                if r["pxname"] in ("normd", "normd_rest") and
+                r["svname"].startswith("normd-")}
+
+    def rest(self, method, path, body=None):
+        """(status, x-normd-replica) of a REST call through the proxy."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.rest_port}{path}", data=body,
+            method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.headers["x-normd-replica"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["x-normd-replica"]
 
     def stop(self):
         self.proc.terminate()
@@ -271,8 +290,8 @@ def main():
             r.start()
         proxy = Proxy(replicas)
         if not wait_for(lambda: set(proxy.server_status().values()) == {"UP"}
-                        and len(proxy.server_status()) == 3, 30,
-                        "HAProxy to see three replicas UP"):
+                        and len(proxy.server_status()) == 6, 30,
+                        "HAProxy to see three replicas UP (gRPC and REST)"):
             return 1
 
         # 1. Fits from several clients; one replica per model.
@@ -302,6 +321,22 @@ def main():
             header = dict(call.initial_metadata()).get("x-normd-replica")
             check(header == owner.get(m),
                   f"{m}: x-normd-replica {header}, lives on {owner.get(m)}")
+        # REST calls of a model (name in the path) reach the replica its gRPC
+        # calls reach; the built-in models' REST calls spread.
+        for m in MODELS:
+            path = f"/v2/models/{urllib.parse.quote(m, safe='')}"
+            check(proxy.rest("GET", path + "/ready") == (200, owner.get(m)),
+                  f"{m}: REST ready through the proxy "
+                  f"{proxy.rest('GET', path + '/ready')}, lives on "
+                  f"{owner.get(m)}")
+        document = (b'{"inputs": [{"name": "input", "datatype": "FP32", '
+                    b'"shape": [2, 2], "data": [1, 2, 3, 4]}]}')
+        answered = collections.Counter(
+            proxy.rest("POST", "/v2/models/layer_norm/infer", document)
+            for _ in range(30))
+        print("REST LayerNorm answers (of 30):", dict(answered))
+        check(len(answered) == 3 and all(code == 200 for code, _ in answered),
+              f"REST LayerNorm spread: {answered}")
         # LayerNorm spreads over every replica.
         before = {r.name: r.handled("Normalize") for r in replicas}
         with normd.Client(proxy.target) as c:
@@ -320,7 +355,7 @@ def main():
         time.sleep(0.5)
         killed_at = time.monotonic()
         victim.kill()
-        wait_for(lambda: proxy.server_status().get(victim.name) not in
+        wait_for(lambda: proxy.server_status().get(("normd", victim.name)) not in
                  (None, "UP"), 10, "HAProxy to mark the killed replica down")
         # Keep fitting until every one of its models has succeeded after its
         # last failure: a fixed pause is too short when a slow (sanitizer)
@@ -382,7 +417,7 @@ def main():
         # 3. Restart it on its state directory.
         acked_b = dict(load.acked)
         victim.start()
-        wait_for(lambda: proxy.server_status().get(victim.name) == "UP", 30,
+        wait_for(lambda: proxy.server_status().get(("normd", victim.name)) == "UP", 30,
                  "HAProxy to see the restarted replica UP")
         restored = victim.models()
         check(set(restored) == victims_models,

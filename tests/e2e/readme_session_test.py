@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""Replays the normctl session shown in README.md against a fresh normd.
+"""Replays the normctl and curl sessions shown in README.md against a fresh
+normd.
 
-Every `$ normctl ...` line of the README's session block is run with the built
-normctl (stdout and stderr together) and must print exactly what the README
-shows, so that the documented session stays true.
+Every `$ normctl ...` line of the README's normctl session is run with the
+built normctl (stdout and stderr together), and every `$ curl ...` line of
+its Open Inference Protocol session with curl (localhost:8000 pointed at the
+server's REST port); each must print exactly what the README shows, so that
+the documented sessions stay true.
 """
 
 import argparse
@@ -21,27 +24,36 @@ def main():
     args = parser.parse_args()
 
     text = open(args.readme, encoding="utf-8").read()
-    section = text.split("## A normctl session", 1)[1]
-    block = re.search(r"```text\n(.*?)```", section, re.S).group(1)
     steps = []  # (command, expected output)
-    for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
-        command, _, expected = chunk.partition("\n")
-        steps.append((command, expected.rstrip("\n")))
+    for heading in ("## A normctl session",
+                    "## The Open Inference Protocol with curl"):
+        section = text.split(heading, 1)[1]
+        block = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+        for chunk in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, expected = chunk.partition("\n")
+            steps.append((command, expected.rstrip("\n")))
 
     proc = subprocess.Popen(
         [args.normd, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=-1",
-         "--http_port=-1"],
+         "--http_port=0"],
         stderr=subprocess.PIPE, text=True)
-    port = re.search(r"serving gRPC on [^ ]*:(\d+)", proc.stderr.readline()).group(1)
+    line = proc.stderr.readline()
+    port = re.search(r"serving gRPC on [^ ]*:(\d+)", line).group(1)
+    http_port = re.search(r"REST on [^ ]*:(\d+)", line).group(1)
     failures = 0
     try:
         for command, expected in steps:
             argv = shlex.split(command)
-            assert argv[0] == "normctl", command
+            if argv[0] == "curl":
+                argv = ["curl"] + [a.replace("localhost:8000",
+                                             f"127.0.0.1:{http_port}")
+                                   for a in argv[1:]]
+            else:
+                assert argv[0] == "normctl", command
+                argv = [args.normctl, f"--server=127.0.0.1:{port}"] + argv[1:]
             run = subprocess.run(
-                [args.normctl, f"--server=127.0.0.1:{port}"] + argv[1:],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                timeout=30)
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, timeout=30)
             got = run.stdout.rstrip("\n")
             if got != expected:
                 failures += 1
