@@ -9,12 +9,16 @@
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 
+#include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
+#include "server/http/rest_codec.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
 
@@ -98,6 +102,64 @@ void Shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Raw)->Apply(Shapes);
 BENCHMARK(BM_Protobuf)->Apply(Shapes);
 BENCHMARK(BM_CopyRequest)->Apply(Shapes);
+
+// The REST front-end's JSON cost per tensor value (items/s is values/s):
+// parsing an infer body of `count` FP32 numbers (as a client's
+// json.dumps would write them) into the OIP message, and formatting a
+// response of `count` values back to JSON. The compute between is left
+// out: these are what JSON adds over binary data.
+std::string JsonInferBody(int64_t count) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(3.0f, 2.0f);
+  std::string body =
+      absl::StrCat(R"({"inputs":[{"name":"input","datatype":"FP32","shape":[)",
+                   count, R"(],"data":[)");
+  for (int64_t i = 0; i < count; ++i) {
+    absl::StrAppend(&body, i > 0 ? "," : "", static_cast<double>(normal(rng)));
+  }
+  return body + "]}]}";
+}
+
+void BM_RestJsonParse(benchmark::State& state) {
+  const std::string body = JsonInferBody(state.range(0));
+  for (auto _ : state) {
+    RestInferRequest request;
+    if (!ParseRestInferRequest(body, std::nullopt, "layer_norm", "", request)
+             .ok()) {
+      state.SkipWithError("ParseRestInferRequest failed");
+    }
+    benchmark::DoNotOptimize(request);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.SetBytesProcessed(state.iterations() * body.size());
+}
+
+void BM_RestJsonFormat(benchmark::State& state) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::string values(static_cast<size_t>(state.range(0)) * sizeof(float), 0);
+  for (int64_t i = 0; i < state.range(0); ++i) {
+    const float v = normal(rng);
+    std::memcpy(values.data() + i * sizeof(float), &v, sizeof(v));
+  }
+  for (auto _ : state) {
+    inference::ModelInferResponse response;
+    response.set_model_name("layer_norm");
+    response.set_model_version("1");
+    auto& output = *response.add_outputs();
+    output.set_name("output");
+    output.set_datatype("FP32");
+    output.add_shape(state.range(0));
+    response.add_raw_output_contents(values);
+    RestBody body;
+    FormatRestInferResponse(response, false, body);
+    benchmark::DoNotOptimize(body);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+BENCHMARK(BM_RestJsonParse)->Arg(768)->Arg(1 << 20)->UseRealTime();
+BENCHMARK(BM_RestJsonFormat)->Arg(768)->Arg(1 << 20)->UseRealTime();
 
 }  // namespace
 }  // namespace normd

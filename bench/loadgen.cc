@@ -4,21 +4,28 @@
 // normd, bench/echo_server or the Python peer — through a GenericStub with one
 // request serialized up front, keeping --inflight calls (or stream messages)
 // in flight for --duration seconds after a --warmup. Prints one JSON object:
-// calls, qps, MB/s of request payload, p50/p99 latency.
+// calls, qps, MB/s of request payload, p50/p99 latency. --rpc=rest_json and
+// --rpc=rest_binary post the same LayerNorm to normd's Open Inference
+// Protocol REST port (--http_target) instead: JSON numbers, or Triton's
+// binary data both ways; one keep-alive connection and thread per call in
+// flight.
 //
 //   build/bench/loadgen --target=127.0.0.1:50051 --shape=1,768 --inflight=16
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -32,10 +39,13 @@
 #include "normd/v1/normalizer.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Server address.");
+ABSL_FLAG(std::string, http_target, "127.0.0.1:8000",
+          "REST address (host:port) for --rpc=rest_json and rest_binary.");
 ABSL_FLAG(std::string, rpc, "unary",
           "unary (Normalize), stream (NormalizeStream), fit (Fit of "
-          "--model) or oip (the Open Inference Protocol's ModelInfer of "
-          "layer_norm, or of --model with --mode=batch_norm, raw contents).");
+          "--model), oip (the Open Inference Protocol's ModelInfer of "
+          "layer_norm, or of --model with --mode=batch_norm, raw contents), "
+          "rest_json or rest_binary (the same LayerNorm over REST).");
 ABSL_FLAG(std::string, mode, "layer_norm", "layer_norm or batch_norm (eval).");
 ABSL_FLAG(std::string, shape, "1,768", "Input shape (fp32), comma-separated.");
 ABSL_FLAG(std::string, model, "bench",
@@ -317,6 +327,80 @@ grpc::ByteBuffer SerializeRequest(const std::vector<int64_t>& shape,
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// The body of a REST LayerNorm of `shape` (FillInput's values): JSON
+// numbers, or the binary-data extension (JSON head, then the bytes; its
+// length in `header_length`).
+std::string RestBody(const std::vector<int64_t>& shape, bool binary,
+                     std::string& header_length) {
+  v1::Tensor tensor;
+  FillInput(shape, tensor);
+  std::string head =
+      R"({"inputs":[{"name":"input","datatype":"FP32","shape":[)";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    absl::StrAppend(&head, i > 0 ? "," : "", shape[i]);
+  }
+  if (binary) {
+    absl::StrAppend(&head, R"(],"parameters":{"binary_data_size":)",
+                    tensor.data().size(),
+                    R"(}}],"outputs":[{"name":"output","parameters":)"
+                    R"({"binary_data":true}}]})");
+    header_length = std::to_string(head.size());
+    return head + tensor.data();
+  }
+  head += R"(],"data":[)";
+  const size_t count = tensor.data().size() / sizeof(float);
+  for (size_t i = 0; i < count; ++i) {
+    float value;
+    std::memcpy(&value, tensor.data().data() + i * sizeof(float),
+                sizeof(value));
+    absl::StrAppend(&head, i > 0 ? "," : "", value);
+  }
+  return head + "]}]}";
+}
+
+// --inflight threads, each posting `body` on its own keep-alive connection
+// until the run is over.
+void RunRest(const std::string& target, const std::string& body,
+             const std::string& header_length, int inflight, Run& run,
+             std::vector<Tally>& tallies) {
+  const std::vector<std::string> host_port = absl::StrSplit(target, ':');
+  int port = 0;
+  if (host_port.size() != 2 || !absl::SimpleAtoi(host_port[1], &port)) {
+    run.Fail("--http_target must be host:port");
+    return;
+  }
+  tallies.resize(static_cast<size_t>(inflight));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < inflight; ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client client(host_port[0], port);
+      client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);
+      client.set_read_timeout(60);
+      httplib::Headers headers;
+      if (!header_length.empty()) {
+        headers.emplace("Inference-Header-Content-Length", header_length);
+      }
+      while (!run.Over(Clock::now())) {
+        const Clock::time_point start = Clock::now();
+        const httplib::Result result =
+            client.Post("/v2/models/layer_norm/infer", headers, body,
+                        header_length.empty() ? "application/json"
+                                              : "application/octet-stream");
+        if (!result || result->status != 200) {
+          run.Fail(result ? absl::StrCat("HTTP ", result->status, ": ",
+                                         result->body.substr(0, 200))
+                          : absl::StrCat("HTTP: ",
+                                         httplib::to_string(result.error())));
+          return;
+        }
+        run.Record(tallies[static_cast<size_t>(i)], start, Clock::now());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
 double Percentile(std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
   const size_t index =
@@ -336,7 +420,8 @@ int Main() {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int channel_count = absl::GetFlag(FLAGS_channels);
   if ((mode != "layer_norm" && mode != "batch_norm") ||
-      (rpc != "unary" && rpc != "stream" && rpc != "fit" && rpc != "oip") ||
+      (rpc != "unary" && rpc != "stream" && rpc != "fit" && rpc != "oip" &&
+       rpc != "rest_json" && rpc != "rest_binary") ||
       inflight < 1 || streams < 1 || streams > inflight || channel_count < 1) {
     std::fprintf(stderr,
                  "loadgen: bad --mode, --rpc, --inflight, --streams or "
@@ -383,9 +468,17 @@ int Main() {
 
   Run run(absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_duration));
   std::vector<Tally*> tallies;
+  std::vector<Tally> rest_tallies;
+  std::string rest_body;
   std::vector<std::unique_ptr<UnaryCaller>> unary;
   std::vector<std::unique_ptr<StreamCaller>> stream;
-  if (rpc != "stream") {
+  if (rpc == "rest_json" || rpc == "rest_binary") {
+    std::string header_length;
+    rest_body = RestBody(shape, rpc == "rest_binary", header_length);
+    RunRest(absl::GetFlag(FLAGS_http_target), rest_body, header_length,
+            inflight, run, rest_tallies);
+    for (Tally& tally : rest_tallies) tallies.push_back(&tally);
+  } else if (rpc != "stream") {
     const std::string method =
         rpc == "oip" ? "/inference.GRPCInferenceService/ModelInfer"
         : fit        ? "/normd.v1.Normalizer/Fit"
@@ -405,7 +498,7 @@ int Main() {
     }
     for (auto& caller : stream) caller->Start();
   }
-  run.WaitAllDone();
+  if (rest_body.empty()) run.WaitAllDone();
   const std::string error = run.error();
   if (!error.empty()) {
     std::fprintf(stderr, "loadgen: %s\n", error.c_str());
@@ -421,12 +514,13 @@ int Main() {
   std::sort(latencies.begin(), latencies.end());
   const double seconds = absl::GetFlag(FLAGS_duration);
   const double qps = calls / seconds;
+  const size_t request_bytes =
+      rest_body.empty() ? request.Length() : rest_body.size();
   std::printf(
       "{\"calls\": %lld, \"qps\": %.1f, \"mb_per_s\": %.2f, "
       "\"request_bytes\": %zu, \"p50_us\": %.1f, \"p99_us\": %.1f}\n",
-      static_cast<long long>(calls), qps, qps * request.Length() / 1e6,
-      request.Length(), Percentile(latencies, 0.5),
-      Percentile(latencies, 0.99));
+      static_cast<long long>(calls), qps, qps * request_bytes / 1e6,
+      request_bytes, Percentile(latencies, 0.5), Percentile(latencies, 0.99));
   return 0;
 }
 

@@ -27,12 +27,16 @@ import numpy as np
 # name -> (loadgen args, servers, metric). Shapes are fp32: 4 MiB is
 # [16,128,512] for LayerNorm and [16,64,32,32] (NCHW) for BatchNorm. "oip"
 # is normd again, called through the Open Inference Protocol's ModelInfer
-# (raw contents) instead of Normalize.
+# (raw contents) instead of Normalize; "rest_json" and "rest_binary" the
+# same LayerNorm over the protocol's REST form on normd's --http_port (JSON
+# numbers, or Triton's binary data both ways; a connection per call in
+# flight).
 CASES = {
     "ln_768_unary_16": (["--shape=1,768", "--inflight=16"],
-                        ["echo", "normd", "oip", "peer"], "qps"),
+                        ["echo", "normd", "oip", "rest_json", "peer"], "qps"),
     "ln_4mib_unary_4": (["--shape=16,128,512", "--inflight=4"],
-                        ["echo", "normd", "oip", "peer"], "mb_per_s"),
+                        ["echo", "normd", "oip", "rest_binary", "peer"],
+                        "mb_per_s"),
     "bn_eval_4mib_unary_4": (["--shape=16,64,32,32", "--mode=batch_norm",
                               "--inflight=4"],
                              ["echo", "normd", "peer"], "mb_per_s"),
@@ -51,6 +55,7 @@ def start(argv, pattern):
             break
         m = re.search(pattern, line)
         if m:
+            proc.serving_line = line
             # Keep draining its log so that it can never block on a full pipe.
             threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, int(m.group(1))
@@ -116,6 +121,8 @@ def main():
         [f"{build}/normd", "--bind_address=127.0.0.1", "--port=0",
          "--metrics_port=0", "--http_port=0"] + args.server_flag,
         r"serving gRPC on [^ ]*:(\d+)")
+    http_port = re.search(r"REST on [^ ]*:(\d+)",
+                          servers["normd"][0].serving_line).group(1)
     servers["peer"] = start(
         ["/usr/bin/python3", f"{bench_dir}/peers/torch_server.py",
          f"--stubs={build}/python", "--port=0"],
@@ -131,9 +138,13 @@ def main():
             for rep in range(args.reps):
                 for name in names:
                     bn = "--mode=batch_norm" in case_args
-                    oip = name == "oip"
-                    r = loadgen(build, servers["normd" if oip else name][1],
-                                case_args + (["--rpc=oip"] if oip else []),
+                    via_normd = name in ("oip", "rest_json", "rest_binary")
+                    r = loadgen(build,
+                                servers["normd" if via_normd else name][1],
+                                case_args + ([f"--rpc={name}",
+                                              f"--http_target=127.0.0.1:"
+                                              f"{http_port}"]
+                                             if via_normd else []),
                                 args.duration, bn and name != "echo" and
                                 rep == 0)
                     runs[name].append(r)

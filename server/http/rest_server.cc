@@ -45,6 +45,9 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
   // A connection stays open for any number of requests (up to the idle
   // timeout between them).
   server.set_keep_alive_max_count(std::numeric_limits<int32_t>::max());
+  // Headers and body go out in separate writes: without TCP_NODELAY,
+  // Nagle's algorithm holds the body until the client's delayed ACK.
+  server.set_tcp_nodelay(true);
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would
   // let a second normd bind the same port and take half its connections.
   server.set_socket_options([](socket_t sock) {
