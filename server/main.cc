@@ -31,8 +31,12 @@ ABSL_FLAG(int, http_threads, 32,
           "REST connections served at once (one thread each, keep-alive "
           "included); more wait for a free thread.");
 ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
-          "A REST keep-alive connection idle this long is closed, and a "
-          "request whose bytes stop arriving this long is dropped (>= 1s).");
+          "A REST keep-alive connection idle this long is closed; a request's "
+          "line and headers must arrive within it (else 408), and each read "
+          "or write of a body too (>= 1s).");
+ABSL_FLAG(int64_t, http_max_header_bytes, 64 << 10,
+          "Largest REST request line and headers together; past it the "
+          "client gets 431 and the connection is closed.");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest request or response message in bytes; bigger requests get "
           "RESOURCE_EXHAUSTED (gRPC) or 413 (a REST body).");
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  options.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_models = absl::GetFlag(FLAGS_max_models);
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);

@@ -239,6 +239,10 @@ class DataReader {
 
   absl::Status AppendNumber(const dom::element& e) {
     double value = 0;
+    if (e.is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": nested deeper than the shape"));
+    }
     if (e.get_double().get(value) != simdjson::SUCCESS) {
       return WrongJsonType(Where(), "a number", e);
     }

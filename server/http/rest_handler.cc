@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/http/connection.h"
 #include "server/http/rest_codec.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/status_mapping.h"
@@ -135,6 +136,8 @@ void RestHandler::Install(httplib::Server& server, int64_t max_body_bytes) {
       }));
   server.set_logger([this](const httplib::Request& request,
                            const httplib::Response& response) {
+    // Cut off by the connection guard: counted as its 431 or 408.
+    if (RequestRefusedOnThisThread()) return;
     double seconds = 0;
     if (request_start.has_value()) {
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -

@@ -49,6 +49,12 @@ class RestHandler {
   // RestServer and by the fuzzer on its in-memory server.
   void Install(httplib::Server& server, int64_t max_body_bytes);
 
+  // Counts a request the connection guard refused (connection.h) with
+  // `http_status` (431, 408) before httplib saw it.
+  void RecordRefusal(int http_status) {
+    metrics_.Handled(RestEndpoint::kUnknown, http_status, 0);
+  }
+
   // Answers one request whose body is `body`.
   void Handle(const httplib::Request& request, absl::string_view body,
               httplib::Response& response);

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/connection.h"
 
 namespace normd {
 
@@ -16,9 +17,14 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
     return absl::InvalidArgumentError(
         "--tls_cert and --tls_key: give both or neither");
   }
+  const ConnectionLimits limits{
+      .max_header_bytes = static_cast<size_t>(options.max_header_bytes),
+      .header_timeout = absl::ToChronoMilliseconds(options.idle_timeout),
+      .io_timeout = absl::ToChronoMilliseconds(options.idle_timeout)};
+  auto on_refused = [&handler](int status) { handler.RecordRefusal(status); };
   if (!options.tls_cert.empty()) {
-    auto tls = std::make_unique<httplib::SSLServer>(
-        options.tls_cert.c_str(), options.tls_key.c_str(),
+    auto tls = std::make_unique<GuardedHttpsServer>(
+        limits, on_refused, options.tls_cert.c_str(), options.tls_key.c_str(),
         options.tls_client_ca.empty() ? nullptr
                                       : options.tls_client_ca.c_str());
     if (!tls->is_valid()) {
@@ -29,7 +35,7 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
     rest->server_ = std::move(tls);
     rest->tls_ = true;
   } else {
-    rest->server_ = std::make_unique<httplib::Server>();
+    rest->server_ = std::make_unique<GuardedHttpServer>(limits, on_refused);
   }
   httplib::Server& server = *rest->server_;
   handler.Install(server, options.max_body_bytes);
@@ -37,13 +43,10 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
   server.new_task_queue = [threads] {
     return new httplib::ThreadPool(static_cast<size_t>(threads));
   };
-  const auto idle = absl::ToChronoMicroseconds(options.idle_timeout);
-  server.set_keep_alive_timeout(std::max<time_t>(
-      1, std::chrono::duration_cast<std::chrono::seconds>(idle).count()));
-  server.set_read_timeout(idle);
-  server.set_write_timeout(idle);
-  // A connection stays open for any number of requests (up to the idle
-  // timeout between them).
+  // The Keep-Alive header httplib writes; the connection loop itself is
+  // ConnectionStream's (idle timeout, any number of requests).
+  server.set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options.idle_timeout)));
   server.set_keep_alive_max_count(std::numeric_limits<int32_t>::max());
   // Headers and body go out in separate writes: without TCP_NODELAY,
   // Nagle's algorithm holds the body until the client's delayed ACK.

@@ -1,9 +1,11 @@
 // The HTTP/REST listener of the Open Inference Protocol on --http_port:
 // cpp-httplib's server (plain, or TLS with the gRPC port's certificate
 // flags) running RestHandler on a pool of --http_threads threads, one per
-// connection in progress; idle keep-alive connections are closed after
-// --http_idle_timeout. Start binds the port (or fails) before returning;
-// Stop stops accepting, finishes the requests in progress and joins.
+// connection in progress, each connection read through the guard of
+// connection.h (bounded headers, in bounded time); idle keep-alive
+// connections are closed after --http_idle_timeout. Start binds the port (or
+// fails) before returning; Stop stops accepting, finishes the requests in
+// progress and joins.
 //
 // Thread-safe: Stop may be called from any thread (once; the destructor
 // calls it).
@@ -33,9 +35,11 @@ struct RestServerOptions {
   std::string tls_client_ca;
   int64_t max_body_bytes = 64 << 20;  // Past it: 413.
   int threads = 32;                   // Connections served at once.
-  // A keep-alive connection with no request for this long is closed, and a
-  // request whose bytes stop arriving this long is dropped.
+  // A keep-alive connection with no request for this long is closed; a
+  // request's line and headers must arrive within it (else 408), and each
+  // read and write of a body within it.
   absl::Duration idle_timeout = absl::Seconds(5);
+  int64_t max_header_bytes = 64 << 10;  // A request line and headers (431).
 };
 
 class RestServer {

@@ -158,6 +158,12 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "--http_threads: must be in 1..4096, got ", options.http_threads));
   }
+  if (options.http_max_header_bytes < 1024 ||
+      options.http_max_header_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_max_header_bytes: must be in 1024..2^30, got ",
+                     options.http_max_header_bytes));
+  }
   if (options.http_idle_timeout < absl::Seconds(1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--http_idle_timeout: must be >= 1s, got ",
@@ -316,7 +322,8 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
                           .tls_client_ca = options.tls_client_ca,
                           .max_body_bytes = options.max_message_bytes,
                           .threads = options.http_threads,
-                          .idle_timeout = options.http_idle_timeout},
+                          .idle_timeout = options.http_idle_timeout,
+                          .max_header_bytes = options.http_max_header_bytes},
         *server->rest_handler_);
     if (!rest.ok()) return rest.status();
     server->rest_ = std::move(*rest);

@@ -509,6 +509,35 @@ def check_limits(c):
             idle = time.monotonic() - start
         c.expect(first.startswith(b"HTTP/1.1 200") and rest_of_it == b"" and
                  idle < 8, f"idle connection: {rest_of_it!r} after {idle} s")
+        # Headers past --http_max_header_bytes: 431, connection closed, and
+        # nothing held; headers trickled past --http_idle_timeout: 408.
+        with socket.create_connection(("127.0.0.1", proc.http_port),
+                                      timeout=10) as s:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+            try:
+                for _ in range(1000):
+                    s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+            except OSError:
+                pass  # The server closed the connection: expected.
+            reply = s.recv(65536)
+        c.expect(reply.startswith(b"HTTP/1.1 431") and
+                 b"--http_max_header_bytes" in reply,
+                 f"header flood: {reply[:120]!r}")
+        with socket.create_connection(("127.0.0.1", proc.http_port),
+                                      timeout=10) as s:
+            start = time.monotonic()
+            try:
+                for byte in b"GET /v2/health/live HTTP/1.1\r\nHost: slow\r\n":
+                    s.sendall(bytes([byte]))
+                    time.sleep(0.2)
+            except OSError:
+                pass
+            reply = s.recv(65536)
+            waited = time.monotonic() - start
+        c.expect(reply.startswith(b"HTTP/1.1 408") and waited < 5,
+                 f"trickled headers: {reply[:120]!r} after {waited:.1f} s")
+        c.expect(rest.get("/v2/health/live").status_code == 200,
+                 "serving after the header flood and the trickle")
         # One in flight at a time: of many concurrent requests, some get 429
         # naming the flag, the rest 200 (retried until both happen).
         document = one_input(shape=(2000,), data=list(range(2000)))
