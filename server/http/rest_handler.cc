@@ -51,6 +51,15 @@ int64_t AdmittedBytes(const httplib::Request& request, absl::string_view body) {
   return static_cast<int64_t>(body.size() - json + json * kJsonMemoryFactor);
 }
 
+// The OIP request (ModelMetadata, ModelReady) for a model route.
+template <typename Request>
+Request ModelQuery(const RestRoute& route) {
+  Request query;
+  query.set_name(route.model);
+  query.set_version(route.version);
+  return query;
+}
+
 // The message of a refusal httplib made before any handler ran.
 std::string RefusalMessage(int status, int64_t max_body_bytes) {
   switch (status) {
@@ -273,22 +282,22 @@ absl::Status RestHandler::Run(const RestRoute& route,
       return absl::OkStatus();
     }
     case RestEndpoint::kModelMetadata: {
-      inference::ModelMetadataRequest query;
-      query.set_name(route.model);
-      query.set_version(route.version);
       inference::ModelMetadataResponse reply;
-      if (absl::Status s = oip_.DoModelMetadata(query, reply); !s.ok()) {
+      if (absl::Status s = oip_.DoModelMetadata(
+              ModelQuery<inference::ModelMetadataRequest>(route), reply);
+          !s.ok()) {
         return s;
       }
       SetJson(200, ModelMetadataJson(reply), response);
       return absl::OkStatus();
     }
     case RestEndpoint::kModelReady: {
-      inference::ModelReadyRequest query;
-      query.set_name(route.model);
-      query.set_version(route.version);
       inference::ModelReadyResponse reply;
-      if (absl::Status s = oip_.DoModelReady(query, reply); !s.ok()) return s;
+      if (absl::Status s = oip_.DoModelReady(
+              ModelQuery<inference::ModelReadyRequest>(route), reply);
+          !s.ok()) {
+        return s;
+      }
       // OIP: a 4xx status says "not ready".
       SetJson(reply.ready() ? 200 : 400,
               ModelReadyJson(route.model, reply.ready()), response);

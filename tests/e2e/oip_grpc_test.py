@@ -34,8 +34,9 @@ from inference import grpc_predict_v2_pb2_grpc as oip_grpc  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
 import oip_cases  # noqa: E402
-from oip_cases import (DTYPES, MODES, STATELESS_CASES, encode,  # noqa: E402
-                       fingerprint, native_request)
+from oip_cases import (BATCH_NORM_STEPS, DTYPES, MODES,  # noqa: E402
+                       STATELESS_CASES, encode, fingerprint,
+                       layer_norm_reference, native_request)
 
 def param(value):
     p = oip.InferParameter()
@@ -170,11 +171,8 @@ def check_stateless(c, stub, native, rng):
     got = stub.ModelInfer(infer_request("layer_norm",
                                         [("input", "FP64", [3, 50], x)]))
     y = np.frombuffer(got.raw_output_contents[0], "<f8").reshape(3, 50)
-    mean = x.mean(axis=1, keepdims=True)
-    ref = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1,
-                                                      keepdims=True) + 1e-5)
-    c.expect(np.max(np.abs(y - ref)) < 1e-9,
-             f"LayerNorm FP64 vs numpy: {np.max(np.abs(y - ref))}")
+    error = np.max(np.abs(y - layer_norm_reference(x)))
+    c.expect(error < 1e-9, f"LayerNorm FP64 vs numpy: {error}")
 
 
 def check_batch_norm(c, stub, native, rng):
@@ -182,10 +180,7 @@ def check_batch_norm(c, stub, native, rng):
     for name in ("oip.bn", "twin.bn"):
         native.CreateModel(pb.CreateModelRequest(name=name, num_features=4,
                                                  momentum=0.2))
-    steps = [("FP32", {"fit": True}), ("FP64", {"training": True}),
-             ("BF16", {}), ("FP16", {"fit": True, "channel_axis": 1}),
-             ("FP32", {"eps": 1e-3}), ("FP16", {"training": True})]
-    for datatype, params in steps:
+    for datatype, params in BATCH_NORM_STEPS:
         x = rng.normal(2.0, 3.0, size=(6, 4, 5))
         tensors = [("input", datatype, [6, 4, 5], x)]
         what = f"BatchNorm {datatype} {params}"

@@ -41,8 +41,9 @@ import requests  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
 import oip_cases  # noqa: E402
-from oip_cases import (DTYPES, MODES, STATELESS_CASES, decode,  # noqa: E402
-                       encode, fingerprint, native_request)
+from oip_cases import (BATCH_NORM_STEPS, DTYPES, MODES,  # noqa: E402
+                       STATELESS_CASES, decode, encode, fingerprint,
+                       layer_norm_reference, native_request)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -240,11 +241,8 @@ def check_stateless(c, rest, native, rng):
     got = rest.infer("layer_norm", {"inputs": [
         json_tensor("input", "FP64", [3, 50], x)]})
     y = np.asarray(got.json()["outputs"][0]["data"]).reshape(3, 50)
-    mean = x.mean(axis=1, keepdims=True)
-    ref = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=1,
-                                                      keepdims=True) + 1e-5)
-    c.expect(np.max(np.abs(y - ref)) < 1e-9,
-             f"LayerNorm FP64 vs numpy: {np.max(np.abs(y - ref))}")
+    error = np.max(np.abs(y - layer_norm_reference(x)))
+    c.expect(error < 1e-9, f"LayerNorm FP64 vs numpy: {error}")
 
 
 def check_batch_norm(c, rest, native, rng):
@@ -252,10 +250,7 @@ def check_batch_norm(c, rest, native, rng):
     for name in ("rest.bn", "twin.bn"):
         native.CreateModel(pb.CreateModelRequest(name=name, num_features=4,
                                                  momentum=0.2))
-    steps = [("FP32", {"fit": True}), ("FP64", {"training": True}),
-             ("BF16", {}), ("FP16", {"fit": True, "channel_axis": 1}),
-             ("FP32", {"eps": 1e-3}), ("FP16", {"training": True})]
-    for i, (datatype, params) in enumerate(steps):
+    for i, (datatype, params) in enumerate(BATCH_NORM_STEPS):
         x = quantized(rng.normal(2.0, 3.0, size=(6, 4, 5)), datatype)
         tensors = [("input", datatype, [6, 4, 5], x)]
         what = f"BatchNorm {datatype} {params}"

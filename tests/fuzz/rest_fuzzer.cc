@@ -23,6 +23,7 @@
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
 #include "server/rpc/oip_service.h"
+#include "tests/fuzz/service_fixture.h"
 
 namespace {
 
@@ -73,9 +74,6 @@ class FuzzedServer final : public httplib::Server {
 
 struct Fixture {
   Fixture() {
-    // Invalid UTF-8 in string fields makes protobuf log each time.
-    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*,
-                                       int, const std::string&) {});
     handler.Install(server, 1 << 20);
     // BatchNorm models for the inputs to find: 4 channels and 1.
     for (const auto& [name, channels] :
@@ -87,15 +85,10 @@ struct Fixture {
       if (!service.DoCreateModel(create, created).ok()) abort();
     }
   }
-  prometheus::Registry registry;
-  normd::ServerMetrics metrics{registry};
-  normd::HttpMetrics http_metrics{registry};
-  normd::Engine engine{normd::ModelStoreOptions{64, 4096}};
-  normd::Admission admission{0, 0};
-  normd::NormalizerService service{engine, metrics, admission};
-  normd::HealthService health;
-  normd::OipService oip{service, health};
-  normd::RestHandler handler{oip, service, http_metrics, ""};
+  normd::fuzzing::ServiceFixture services;
+  normd::NormalizerService& service = services.service;
+  normd::HttpMetrics http_metrics{services.registry};
+  normd::RestHandler handler{services.oip, service, http_metrics, ""};
   FuzzedServer server;
 };
 

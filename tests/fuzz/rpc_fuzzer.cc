@@ -25,23 +25,11 @@
 #include "server/rpc/normalizer_service.h"
 #include "server/rpc/oip_convert.h"
 #include "server/rpc/oip_service.h"
+#include "tests/fuzz/service_fixture.h"
 
 namespace {
 
-struct Fixture {
-  Fixture() {
-    // Invalid UTF-8 in string fields makes protobuf log each time.
-    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*,
-                                       int, const std::string&) {});
-  }
-  prometheus::Registry registry;
-  normd::ServerMetrics metrics{registry};
-  normd::Engine engine{normd::ModelStoreOptions{64, 4096}};
-  normd::Admission admission{0, 0};
-  normd::NormalizerService service{engine, metrics, admission};
-  normd::HealthService health;
-  normd::OipService oip{service, health};
-};
+using Fixture = normd::fuzzing::ServiceFixture;
 
 // `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
 grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {

@@ -25,6 +25,20 @@ STATELESS_CASES = [
 ]
 
 
+# (datatype, parameters) of the BatchNorm sequence run on a model and on its
+# native twin: fits, training, eval, an eps.
+BATCH_NORM_STEPS = [("FP32", {"fit": True}), ("FP64", {"training": True}),
+                    ("BF16", {}), ("FP16", {"fit": True, "channel_axis": 1}),
+                    ("FP32", {"eps": 1e-3}), ("FP16", {"training": True})]
+
+
+def layer_norm_reference(x, eps=1e-5):
+    """LayerNorm over the last axis of `x` in fp64 (numpy)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1,
+                                                       keepdims=True) + eps)
+
+
 def encode(values, datatype):
     """Little-endian bytes of `values` as `datatype` (BF16 rounded to
     nearest even from fp32)."""
