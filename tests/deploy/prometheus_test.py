@@ -3,7 +3,8 @@
 
 Starts normd (durable, so the state metrics exist) and Debian's prometheus
 on loopback with deploy/prometheus's configuration and rules (the target and
-intervals rewritten for a short test), drives mixed traffic, then asks
+intervals rewritten for a short test), drives mixed traffic (native gRPC, and the Open Inference
+Protocol over gRPC and REST), then asks
 Prometheus' HTTP API: the target is up, the rate of grpc_server_handled_total
 matches the client's own count, histogram_quantile over
 grpc_server_handling_seconds_bucket gives a plausible p99, every alert rule
@@ -86,6 +87,28 @@ class Prometheus:
         return True, [float(r["value"][1]) for r in reply["data"]["result"]]
 
 
+def oip_traffic(grpc_port, http_port, stop, counter):
+    """The same LayerNorm over the Open Inference Protocol, gRPC and REST,
+    for the dashboard's OIP panels."""
+    from inference import grpc_predict_v2_pb2 as oip
+    from inference import grpc_predict_v2_pb2_grpc as oip_grpc
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
+                                   "shape": [2, 3],
+                                   "data": [1, 2, 3, 4, 5, 6]}]}).encode()
+    request = oip.ModelInferRequest(model_name="layer_norm")
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=[2, 3])
+    tensor.contents.fp32_contents.extend([1, 2, 3, 4, 5, 6])
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = oip_grpc.GRPCInferenceServiceStub(channel)
+    while not stop.is_set():
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v2/models/layer_norm/infer",
+            data=body), timeout=10).read()
+        stub.ModelInfer(request, timeout=10)
+        counter[0] += 2
+    channel.close()
+
+
 def traffic(stub, stop, counter):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 16)).astype(np.float32)
@@ -155,6 +178,9 @@ def main():
             threads = [threading.Thread(target=traffic,
                                         args=(stub, stop, counter))
                        for _ in range(4)]
+            threads.append(threading.Thread(
+                target=oip_traffic,
+                args=(port, proc.http_port, stop, [0])))
             for t in threads:
                 t.start()
             time.sleep(12)
