@@ -1,8 +1,9 @@
 // In-process cost of one Normalize in the RPC layer, without the transport:
 // the raw path the server runs (DoNormalizeRaw: ByteBuffer in, ByteBuffer
 // out) against the protobuf reference path (parse, DoNormalize, serialize)
-// and against a plain copy of the request bytes. Small requests show the
-// fixed per-call overhead; 4 MiB ones the per-byte cost.
+// and against a plain copy of the request bytes, and the Open Inference
+// Protocol's raw ModelInfer of the same tensor (DoModelInferRaw). Small
+// requests show the fixed per-call overhead; 4 MiB ones the per-byte cost.
 //
 //   build/bench/codec_bench --benchmark_repetitions=3
 #include <benchmark/benchmark.h>
@@ -19,8 +20,10 @@
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/http/rest_codec.h"
+#include "server/rpc/health_service.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/oip_service.h"
 
 namespace normd {
 namespace {
@@ -46,12 +49,30 @@ grpc::ByteBuffer ToBuffer(const std::string& bytes) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// The same LayerNorm as the Open Inference Protocol's ModelInfer with raw
+// contents, serialized.
+std::string OipRequest(int64_t rows, int64_t cols) {
+  v1::NormalizeRequest native;
+  native.ParseFromString(Request(rows, cols));
+  inference::ModelInferRequest request;
+  request.set_model_name("layer_norm");
+  auto& input = *request.add_inputs();
+  input.set_name("input");
+  input.set_datatype("FP32");
+  input.add_shape(rows);
+  input.add_shape(cols);
+  request.add_raw_input_contents(native.input().data());
+  return request.SerializeAsString();
+}
+
 struct Fixture {
   prometheus::Registry registry;
   ServerMetrics metrics{registry};
   Engine engine;
   Admission admission{0, 0};
   NormalizerService service{engine, metrics, admission};
+  HealthService health;
+  OipService oip{service, health};
 };
 
 Fixture& Shared() {
@@ -66,6 +87,20 @@ void BM_Raw(benchmark::State& state) {
     grpc::ByteBuffer response;
     if (!Shared().service.DoNormalizeRaw(request, response).ok()) {
       state.SkipWithError("DoNormalizeRaw failed");
+    }
+    benchmark::DoNotOptimize(response);
+  }
+  state.SetBytesProcessed(state.iterations() * request.Length());
+}
+
+// The OIP's raw ModelInfer: the translation's cost over BM_Raw.
+void BM_OipRaw(benchmark::State& state) {
+  const grpc::ByteBuffer request =
+      ToBuffer(OipRequest(state.range(0), state.range(1)));
+  for (auto _ : state) {
+    grpc::ByteBuffer response;
+    if (!Shared().oip.DoModelInferRaw(request, response).ok()) {
+      state.SkipWithError("DoModelInferRaw failed");
     }
     benchmark::DoNotOptimize(response);
   }
@@ -100,6 +135,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 768})->Args({2048, 512})->UseRealTime();
 }
 BENCHMARK(BM_Raw)->Apply(Shapes);
+BENCHMARK(BM_OipRaw)->Apply(Shapes);
 BENCHMARK(BM_Protobuf)->Apply(Shapes);
 BENCHMARK(BM_CopyRequest)->Apply(Shapes);
 

@@ -69,7 +69,7 @@ def check_config(inspect, failures):
     config = inspect["Config"]
     expect = {
         "User": "10001:10001",
-        "ExposedPorts": {"50051/tcp": {}, "9464/tcp": {}},
+        "ExposedPorts": {"50051/tcp": {}, "8000/tcp": {}, "9464/tcp": {}},
         "Volumes": {STATE_DIR: {}},
     }
     for key, value in expect.items():

@@ -409,20 +409,28 @@ def check_bad_input(c, rest, native):
 
 
 def raw_exchange(port, data, read_timeout=10):
-    """Sends `data` on a fresh connection; what comes back until close."""
+    """Sends `data` on a fresh connection; what comes back until the
+    connection closes or one whole response (by its Content-Length) has
+    arrived."""
     with socket.create_connection(("127.0.0.1", port), timeout=read_timeout) \
             as s:
         s.sendall(data)
-        chunks = []
+        reply = b""
         try:
             while True:
                 chunk = s.recv(65536)
                 if not chunk:
                     break
-                chunks.append(chunk)
+                reply += chunk
+                head, found, body = reply.partition(b"\r\n\r\n")
+                length = [int(line.split(b":")[1]) for line in
+                          head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:")]
+                if found and length and len(body) >= length[0]:
+                    break
         except socket.timeout:
-            chunks.append(b"<timeout>")
-        return b"".join(chunks)
+            reply += b"<timeout>"
+        return reply
 
 
 def check_connections(c, rest, port, native):
