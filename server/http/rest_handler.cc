@@ -128,19 +128,22 @@ void RestHandler::Install(httplib::Server& server, int64_t max_body_bytes) {
                              httplib::Response& response) {
     Handle(request, request.body, response);
   };
+  // Methods whose body httplib reads: through ReadBodyAndHandle, which caps
+  // chunked bodies too.
+  const auto read_and_handle = [this, max_body_bytes](
+                                   const httplib::Request& request,
+                                   httplib::Response& response,
+                                   const httplib::ContentReader& reader) {
+    ReadBodyAndHandle(request, reader, max_body_bytes, response);
+  };
   // Every path of every method: routing is RouteRestRequest's, so that a
   // wrong path is 404 and a wrong method 405, both with a JSON body.
   constexpr char kAnyPath[] = "/.*";
   server.Get(kAnyPath, handle)
-      .Post(kAnyPath,
-            [this, max_body_bytes](const httplib::Request& request,
-                                   httplib::Response& response,
-                                   const httplib::ContentReader& reader) {
-              ReadBodyAndHandle(request, reader, max_body_bytes, response);
-            })
-      .Put(kAnyPath, handle)
-      .Patch(kAnyPath, handle)
-      .Delete(kAnyPath, handle)
+      .Post(kAnyPath, read_and_handle)
+      .Put(kAnyPath, read_and_handle)
+      .Patch(kAnyPath, read_and_handle)
+      .Delete(kAnyPath, read_and_handle)
       .Options(kAnyPath, handle);
   server.set_payload_max_length(static_cast<size_t>(max_body_bytes));
   server.set_pre_routing_handler(
