@@ -33,7 +33,6 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
           "load them as PEM certificate, key and CA bundle");
     }
     rest->server_ = std::move(tls);
-    rest->tls_ = true;
   } else {
     rest->server_ = std::make_unique<GuardedHttpServer>(limits, on_refused);
   }

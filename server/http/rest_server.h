@@ -52,7 +52,6 @@ class RestServer {
   ~RestServer();
 
   int port() const { return port_; }
-  bool tls() const { return tls_; }
   void Stop();
 
  private:
@@ -61,7 +60,6 @@ class RestServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   int port_ = 0;
-  bool tls_ = false;
 };
 
 }  // namespace normd
