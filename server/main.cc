@@ -34,6 +34,12 @@ ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
           "A REST keep-alive connection idle this long is closed; a request's "
           "line and headers must arrive within it (else 408), and each read "
           "or write of a body too (>= 1s).");
+ABSL_FLAG(absl::Duration, http_linger_timeout, absl::Seconds(30),
+          "After answering a REST request whose body it did not read (413), "
+          "how long normd goes on reading and discarding the rest before it "
+          "closes the connection, so that the client reads the answer rather "
+          "than a reset; each read waits at most --http_idle_timeout "
+          "(>= 0s).");
 ABSL_FLAG(int64_t, http_max_header_bytes, 64 << 10,
           "Largest REST request line and headers together; past it the "
           "client gets 431 and the connection is closed.");
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  options.http_linger_timeout = absl::GetFlag(FLAGS_http_linger_timeout);
   options.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_models = absl::GetFlag(FLAGS_max_models);

@@ -19,6 +19,7 @@ namespace {
 constexpr size_t kReadChunk = 16 << 10;
 
 thread_local bool request_refused = false;
+thread_local bool close_after_response = false;
 
 void SetTimeouts(socket_t sock, std::chrono::milliseconds timeout) {
   timeval tv{};
@@ -50,6 +51,8 @@ void IpAndPort(const sockaddr_storage& address, socklen_t length,
 
 bool RequestRefusedOnThisThread() { return request_refused; }
 
+void CloseConnectionAfterResponse() { close_after_response = true; }
+
 ConnectionStream::ConnectionStream(socket_t sock, SSL* ssl,
                                    const ConnectionLimits& limits)
     : sock_(sock), ssl_(ssl), limits_(limits) {
@@ -64,6 +67,7 @@ bool ConnectionStream::WaitForRequest(std::chrono::milliseconds timeout) {
 
 void ConnectionStream::StartRequest() {
   request_refused = false;
+  close_after_response = false;
   in_headers_ = true;
   header_bytes_ = 0;
   terminator_ = 0;
@@ -169,6 +173,23 @@ void ConnectionStream::SendRefusal() {
   }
 }
 
+void ConnectionStream::DrainBeforeClose() {
+  ::shutdown(sock_, SHUT_WR);
+  const auto deadline =
+      std::chrono::steady_clock::now() + limits_.linger_timeout;
+  char discarded[kReadChunk];
+  for (auto now = std::chrono::steady_clock::now(); now < deadline;
+       now = std::chrono::steady_clock::now()) {
+    const auto left = std::min(
+        limits_.io_timeout,
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    if (!Poll(sock_, POLLIN, left) ||
+        ::recv(sock_, discarded, sizeof(discarded), 0) <= 0) {
+      return;
+    }
+  }
+}
+
 void ConnectionStream::get_remote_ip_and_port(std::string& ip,
                                               int& port) const {
   sockaddr_storage address{};
@@ -220,6 +241,10 @@ void GuardedServer<Base>::Serve(ConnectionStream& stream) {
     if (stream.refused() != 0) {
       stream.SendRefusal();
       on_refused_(stream.refused());
+      return;
+    }
+    if (close_after_response) {
+      stream.DrainBeforeClose();
       return;
     }
     if (!answered || closed) return;

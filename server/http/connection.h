@@ -30,6 +30,8 @@ struct ConnectionLimits {
   size_t max_header_bytes = 64 << 10;
   std::chrono::milliseconds header_timeout{5000};
   std::chrono::milliseconds io_timeout{5000};
+  // DrainBeforeClose's limit in all.
+  std::chrono::milliseconds linger_timeout{30000};
 };
 
 class ConnectionStream final : public httplib::Stream {
@@ -47,6 +49,12 @@ class ConnectionStream final : public httplib::Stream {
   int refused() const { return refused_; }
   // Writes the refusal's response directly (the stream refuses writes).
   void SendRefusal();
+  // Before closing a connection whose request was answered unread (see
+  // CloseConnectionAfterResponse): half-closes it and discards what the
+  // client still sends until it closes, sends nothing for `io_timeout`, or
+  // `linger_timeout` has passed, so that a client still sending its body
+  // reads the answer rather than a reset.
+  void DrainBeforeClose();
 
   bool is_readable() const override;
   bool is_writable() const override;
@@ -102,6 +110,12 @@ class GuardedServer final : public Base {
 // httplib's own answer to the cut-off request is not counted besides the
 // refusal).
 bool RequestRefusedOnThisThread();
+
+// For a handler that answers before it has read the request's whole body
+// (a body past the limit): the connection serving this thread's request is
+// closed once the response is written, instead of reading the rest of the
+// body as the next request. No effect outside a GuardedServer.
+void CloseConnectionAfterResponse();
 
 using GuardedHttpServer = GuardedServer<httplib::Server>;
 using GuardedHttpsServer = GuardedServer<httplib::SSLServer>;

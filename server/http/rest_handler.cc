@@ -199,6 +199,9 @@ void RestHandler::ReadBodyAndHandle(const httplib::Request& request,
   // httplib sets 413 when a Content-Length is past the limit.
   too_large = too_large || response.status == 413;
   if (too_large || !complete) {
+    // What is left of the body is not a next request.
+    CloseConnectionAfterResponse();
+    response.set_header("Connection", "close");
     SetJson(too_large ? 413 : 400,
             ErrorJson(too_large ? RefusalMessage(413, max_body_bytes)
                                 : "body: the connection ended before the "

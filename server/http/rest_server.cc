@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<RestServer>> RestServer::Start(
   const ConnectionLimits limits{
       .max_header_bytes = static_cast<size_t>(options.max_header_bytes),
       .header_timeout = absl::ToChronoMilliseconds(options.idle_timeout),
-      .io_timeout = absl::ToChronoMilliseconds(options.idle_timeout)};
+      .io_timeout = absl::ToChronoMilliseconds(options.idle_timeout),
+      .linger_timeout = absl::ToChronoMilliseconds(options.linger_timeout)};
   auto on_refused = [&handler](int status) { handler.RecordRefusal(status); };
   if (!options.tls_cert.empty()) {
     auto tls = std::make_unique<GuardedHttpsServer>(

@@ -39,6 +39,8 @@ struct RestServerOptions {
   // request's line and headers must arrive within it (else 408), and each
   // read and write of a body within it.
   absl::Duration idle_timeout = absl::Seconds(5);
+  // Discarding an unread body before closing (413; see ConnectionLimits).
+  absl::Duration linger_timeout = absl::Seconds(30);
   int64_t max_header_bytes = 64 << 10;  // A request line and headers (431).
 };
 

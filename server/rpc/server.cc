@@ -169,6 +169,11 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
         absl::StrCat("--http_idle_timeout: must be >= 1s, got ",
                      absl::FormatDuration(options.http_idle_timeout)));
   }
+  if (options.http_linger_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_linger_timeout: must be >= 0s, got ",
+                     absl::FormatDuration(options.http_linger_timeout)));
+  }
   if (options.max_inflight_requests < 0 || options.max_inflight_bytes < 0) {
     return absl::InvalidArgumentError(
         "--max_inflight_requests and --max_inflight_bytes must be >= 0 (0: "
@@ -323,6 +328,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
                           .max_body_bytes = options.max_message_bytes,
                           .threads = options.http_threads,
                           .idle_timeout = options.http_idle_timeout,
+                          .linger_timeout = options.http_linger_timeout,
                           .max_header_bytes = options.http_max_header_bytes},
         *server->rest_handler_);
     if (!rest.ok()) return rest.status();

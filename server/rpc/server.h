@@ -41,6 +41,7 @@ struct ServerOptions {
   int http_port = 8000;     // OIP REST; 0: pick a free port; -1: off.
   int http_threads = 32;    // REST connections served at once.
   absl::Duration http_idle_timeout = absl::Seconds(5);
+  absl::Duration http_linger_timeout = absl::Seconds(30);
   int64_t http_max_header_bytes = 64 << 10;
   int64_t max_message_bytes = 64 << 20;
   int64_t max_models = 10000;

@@ -525,6 +525,11 @@ TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
   EXPECT_NE(bad_arenas.log().find("--malloc_arenas must be >= 0, is -1"),
             std::string::npos)
       << bad_arenas.log();
+  ServerProcess bad_linger;
+  EXPECT_FALSE(bad_linger.Start(NORMD_BINARY, {"--http_linger_timeout=-1s"}));
+  EXPECT_NE(bad_linger.log().find("--http_linger_timeout: must be >= 0s"),
+            std::string::npos)
+      << bad_linger.log();
   EXPECT_EQ(first.Stop(), 0);
 }
 

@@ -503,6 +503,28 @@ def check_limits(c):
                 data=(b"x" * 4096 for _ in range(60)))
             c.status(r, 413, "--max_message_bytes",
                      f"oversize chunked {method} body")
+            c.expect(r.headers.get("Connection") == "close",
+                     f"oversize {method} body closes the connection: "
+                     f"{r.headers.get('Connection')!r}")
+        # The rest of a refused body is not read as a next request: one
+        # answer, then the connection is closed.
+        with socket.create_connection(("127.0.0.1", proc.http_port),
+                                      timeout=10) as s:
+            chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
+            s.sendall(b"PUT /v2/models/layer_norm HTTP/1.1\r\nHost: x\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 40)
+            reply = b""
+            try:
+                while True:
+                    data = s.recv(65536)
+                    if not data:
+                        break
+                    reply += data
+            except (ConnectionResetError, socket.timeout):
+                pass
+            c.expect(reply.startswith(b"HTTP/1.1 413") and
+                     reply.count(b"HTTP/1.1 ") == 1,
+                     f"one answer to an oversize chunked body: {reply[:300]!r}")
         c.expect(rest.get("/v2/health/live").status_code == 200,
                  "serving after oversize bodies")
         # An idle keep-alive connection is closed after the idle timeout.
