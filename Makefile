@@ -69,33 +69,35 @@ test-main: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 # Sanitizer builds: Debian's libraries are not instrumented; ours are. Each
-# has its own build tree (no benchmarks). ASan and TSan (GCC) compile at -O1
-# with line tables only (-g1: enough for the reports' stacks): instrumented,
-# GCC took twice as long at -O2 -g, most of these stages' time. TSan runs the in-process
+# has its own build tree (no benchmarks). ASan+UBSan is clang's, with
+# libFuzzer's coverage: one instrumented build runs the suite (test-asan)
+# and the fuzz targets (fuzz). Its -O2 with line tables only (-g1: enough
+# for the reports' stacks) compiles faster than GCC's instrumented -O1.
+# TSan (GCC, -O1 -g1: GCC took twice as long at -O2 -g) runs the in-process
 # concurrency tests (label tsan: the model store, the durable state and the
 # engine under racing threads): gRPC, oneTBB and Abseil synchronize in code
 # TSan cannot see, so a server under TSan would only report their handoffs
 # (server/core/sync.h makes normd's own mutexes visible to it).
-SANITIZER_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF \
-  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG'
-# The fuzz build (clang) keeps -O2 -g and the core's -O3: clang is the
-# other way round, row_affine.cc instrumented took 186 s at -O1 -g1 and 87 s
-# at -O2 -g -O3.
-FUZZ_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNORMD_BUILD_BENCH=OFF
 # Fewer SIMD targets there (NORMD_SIMD_SKIP, CMakeLists.txt): each target
 # compiles every kernel again, which is most of an instrumented build. ASan,
 # TSan and the fuzzers run AVX2 and the scalar fallback: the two whose tails
 # go through padded copies rather than masked loads and stores, and a
 # choice for Highway's dispatch. AVX3 and SSE4 run in the main suite.
 SANITIZER_SIMD_SKIP = HWY_SSE4|HWY_AVX3
+ASAN_CMAKE = -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DNORMD_BUILD_BENCH=OFF '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' \
+  -DNORMD_SANITIZE=address,undefined -DNORMD_FUZZ=ON \
+  '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
+TSAN_CMAKE = -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DNORMD_BUILD_BENCH=OFF '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG' \
+  -DNORMD_SANITIZE=thread '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
-FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := rpc rest state npy ops
 
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD_DIR) $(SANITIZER_CMAKE) \
-	  -DNORMD_SANITIZE=address,undefined '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
+	cmake -S . -B $(ASAN_BUILD_DIR) $(ASAN_CMAKE)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
 	cd $(ASAN_BUILD_DIR) && \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
@@ -104,26 +106,25 @@ test-asan: deps
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -LE 'pytorch|install'
 
 test-tsan: deps
-	cmake -S . -B $(TSAN_BUILD_DIR) $(SANITIZER_CMAKE) -DNORMD_SANITIZE=thread \
-	  '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
+	cmake -S . -B $(TSAN_BUILD_DIR) $(TSAN_CMAKE)
 	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target state_test
 	cd $(TSAN_BUILD_DIR) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L tsan
 
-# libFuzzer (clang): each target for FUZZ_SECONDS from the seed corpus in
-# tests/fuzz/corpus; new inputs go to $(FUZZ_BUILD_DIR)/corpus, crashes to
-# $(FUZZ_BUILD_DIR)/crash-* (add them to tests/fuzz/regressions).
+# libFuzzer: each target for FUZZ_SECONDS from the seed corpus in
+# tests/fuzz/corpus, in the ASan build tree (built there by test-asan, or
+# here); new inputs go to $(ASAN_BUILD_DIR)/corpus, crashes to
+# $(ASAN_BUILD_DIR)/<target>-crash-* (add them to tests/fuzz/regressions).
 fuzz: deps
-	CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) $(FUZZ_CMAKE) \
-	  -DNORMD_FUZZ=ON -DNORMD_BUILD_TESTS=OFF '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
-	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rpc_fuzzer rest_fuzzer state_fuzzer \
-	  npy_fuzzer ops_fuzzer
-	for t in rpc rest state npy ops; do \
-	  mkdir -p $(FUZZ_BUILD_DIR)/corpus/$$t && \
-	  $(FUZZ_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
+	cmake -S . -B $(ASAN_BUILD_DIR) $(ASAN_CMAKE)
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS) \
+	  --target $(addsuffix _fuzzer,$(FUZZ_TARGETS))
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(ASAN_BUILD_DIR)/corpus/$$t && \
+	  $(ASAN_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
 	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ_BUILD_DIR)/$$t- \
-	    $(FUZZ_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	    -artifact_prefix=$(ASAN_BUILD_DIR)/$$t- \
+	    $(ASAN_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
 	done
 
 # ARM64: the core, its unit tests and normd cross-built with Debian's
@@ -176,8 +177,7 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(FUZZ_BUILD_DIR) \
-	  $(ARM64_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(ARM64_BUILD_DIR)
 
 # One run, two tables: kernels vs copy / read-only-sum baselines and PyTorch;
 # the service (loopback) vs a raw gRPC echo and the Python peer. Medians of

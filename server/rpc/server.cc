@@ -108,7 +108,7 @@ absl::Status LimitMallocArenas(int arenas) {
     return absl::InvalidArgumentError(
         absl::StrCat("--malloc_arenas must be >= 0, is ", arenas));
   }
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef NORMD_SANITIZED_BUILD  // CMakeLists.txt, for GCC's and clang's.
   // The sanitizers bring their own allocator, without glibc's arenas.
   return absl::OkStatus();
 #endif

@@ -279,10 +279,13 @@ TEST(HalfTensorTest, StreamedRowsEqualCachedRowsBitwise) {
       std::vector<uint16_t> x_storage;
       uint16_t* const x_page = page_aligned(x_storage, x.size());
       std::copy(x.begin(), x.end(), x_page);
-      for (const auto& [mode, style] :
+      for (const auto& mode_and_style :
            {std::pair{NormMode::kLayerNorm, LayerNormStyle::kPyTorch},
             std::pair{NormMode::kLayerNorm, LayerNormStyle::kBertUnbiasedStd},
             std::pair{NormMode::kRmsNorm, LayerNormStyle::kPyTorch}}) {
+        // Not a structured binding: clang 14 cannot capture one.
+        const NormMode mode = mode_and_style.first;
+        const LayerNormStyle style = mode_and_style.second;
         for (bool affine : {false, true}) {
           NormalizeSpec spec;
           spec.mode = mode;
@@ -343,7 +346,9 @@ TEST(HalfTensorTest, LongRowsOneAtATimeEqualWholeRowsBitwise) {
   Engine engine;
   for (const int64_t kN : {40000, 70000}) {
     const auto wide = RandomValues<double>(8 * kN, 53, 7.0, 3.0);
-    const auto [w, b] = RowWeightsAndBiases(kN);
+    const auto weights_and_biases = RowWeightsAndBiases(kN);
+    const std::vector<double>& w = weights_and_biases.first;
+    const std::vector<double>& b = weights_and_biases.second;
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
       std::vector<uint16_t> x(wide.size());
       for (size_t i = 0; i < x.size(); ++i) x[i] = DoubleToHalf(dtype, wide[i]);

@@ -169,12 +169,12 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
   std::vector<float> nan = inf;
   nan[2000] = std::numeric_limits<float>::quiet_NaN();
   blocks.emplace_back("nan", nan);
-  for (const auto& [name, x] : blocks) {
-    const int64_t n = static_cast<int64_t>(x.size());
+  for (const auto& [name, values] : blocks) {
+    const int64_t n = static_cast<int64_t>(values.size());
+    const float* x = values.data();  // Clang 14 captures no bindings.
     std::vector<std::pair<std::string, Moments>> by_target;
     ForEachSimdTarget([&](const std::string& target) {
-      by_target.emplace_back(target,
-                             BlockMoments(DType::kFloat32, x.data(), n));
+      by_target.emplace_back(target, BlockMoments(DType::kFloat32, x, n));
     });
     const Moments& first = by_target.front().second;
     EXPECT_EQ(first.count, n) << name;
@@ -187,7 +187,7 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
           << name << " on " << target << ": " << m.m2 << " vs " << first.m2;
     }
     if (name.rfind("normal", 0) == 0 || name.rfind("offset", 0) == 0) {
-      const auto ref = ReferenceChannelStats(x, 1, 1, n);
+      const auto ref = ReferenceChannelStats(values, 1, 1, n);
       ExpectStatsNear<float>(first, ref.mean[0], ref.var[0]);
     }
   }

@@ -100,7 +100,7 @@ TEST(OverloadTest, TenfoldOverloadIsRefusedAtOnceAndMemoryStaysBounded) {
             << " MiB, bound " << bound_mib << " MiB; OK "
             << codes[absl::StatusCode::kOk] << ", RESOURCE_EXHAUSTED "
             << codes[absl::StatusCode::kResourceExhausted] << "\n";
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef NORMD_SANITIZED_BUILD
   // ASan's quarantine and shadow memory make RSS meaningless here.
   (void)bound_mib;
 #else
