@@ -500,12 +500,12 @@ bool SplitWire(WireReader& reader, WireBytes& rest,
 
 }  // namespace
 
-void GatherInput(SplitRequest& split, ParsedNormalize& parsed) {
+void GatherInput(ParsedNormalize& parsed, PooledBuffer& gathered) {
   if (parsed.input.view.scattered == nullptr) return;
   const int64_t size = parsed.input.view.scattered->size();
-  split.gathered = AcquirePooled(size);
-  parsed.input.view.scattered->CopyOut(0, size, split.gathered.get());
-  parsed.input.view.data = split.gathered.get();
+  gathered = AcquirePooled(size);
+  parsed.input.view.scattered->CopyOut(0, size, gathered.get());
+  parsed.input.view.data = gathered.get();
   parsed.input.view.scattered = nullptr;
   parsed.spec.input = parsed.input.view;
 }

@@ -81,8 +81,9 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
                                    SplitRequest& out);
 
 // Points `parsed`'s input at one contiguous copy of its scattered bytes,
-// held by split.gathered; nothing to do if the input is not scattered.
-void GatherInput(SplitRequest& split, ParsedNormalize& parsed);
+// held by `gathered` (a SplitRequest's); nothing to do if the input is not
+// scattered.
+void GatherInput(ParsedNormalize& parsed, PooledBuffer& gathered);
 
 // The entries of a repeated bytes field at the top level of a serialized
 // message (the Open Inference Protocol's raw_input_contents), left where they

@@ -333,7 +333,7 @@ absl::Status NormalizerService::DoNormalizeRaw(const grpc::ByteBuffer& request,
     return s;
   }
   if (!Engine::ReadsScatteredInPlace(parsed.spec)) {
-    GatherInput(split, parsed);  // Into the pool, not a fresh buffer.
+    GatherInput(parsed, split.gathered);  // Into the pool, not a fresh one.
   }
   v1::NormalizeResponse reply;
   if (parsed.input.values_form) {  // The compatibility form: via protobuf.

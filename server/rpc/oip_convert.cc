@@ -396,6 +396,15 @@ absl::Status CheckOipVersion(absl::string_view version, absl::string_view model,
       QuotedForMessage(version), "; its one version is \"1\""));
 }
 
+void NativeInferCall::Clear() {
+  fit = false;
+  normalize.Clear();
+  fit_request.Clear();
+  raw = false;
+  datatype.clear();
+  batch_norm = false;
+}
+
 absl::Status ToNativeInfer(ModelInferRequest& request, NativeInferCall& call) {
   if (request.model_name().empty()) {
     return absl::InvalidArgumentError("model_name: required");
@@ -478,9 +487,19 @@ std::string OipRawResponseHead(const ModelInferRequest& request,
                                const v1::Tensor& output_meta,
                                int64_t payload_bytes,
                                const v1::NormalizeResponse& reply) {
-  ModelInferResponse response;
+  // This thread's head message, reused: protobuf keeps a cleared message's
+  // strings and repeated fields, so a warm thread builds the head without
+  // allocating. It never holds tensor data.
+  thread_local ModelInferResponse response;
+  response.Clear();
   SetNormalizeHead(request, call, output_meta, reply, response);
-  std::string head = response.SerializeAsString();
+  const size_t size = response.ByteSizeLong();
+  constexpr size_t kMaxKeyBytes = 1 + 10;  // The tag and a 64-bit varint.
+  std::string head;
+  head.reserve(size + kMaxKeyBytes);
+  head.resize(size);
+  response.SerializeWithCachedSizesToArray(
+      reinterpret_cast<uint8_t*>(head.data()));
   constexpr uint32_t kRawOutputContentsField = 6;
   AppendLengthDelimitedKey(kRawOutputContentsField, payload_bytes, head);
   return head;

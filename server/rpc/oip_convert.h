@@ -45,6 +45,9 @@ struct NativeInferCall {
   bool raw = false;                // Raw contents in, raw contents out.
   std::string datatype;            // The input's OIP datatype.
   bool batch_norm = false;         // A store model: counters in the reply.
+
+  // As default-constructed, keeping the messages' memory for reuse.
+  void Clear();
 };
 
 // Translates `request` into `call`. The raw contents are moved out of

@@ -1,6 +1,7 @@
 #include "server/rpc/oip_service.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,17 +86,75 @@ absl::Status OipService::DoModelInfer(ModelInferRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
-                                         grpc::ByteBuffer& response) {
-  std::vector<grpc::Slice> slices;
+namespace {
+
+// What DoModelInferRaw reads a request into, one set per thread and reused
+// from call to call: protobuf keeps a cleared message's strings and repeated
+// fields, and a vector its capacity, so that a warm thread reads the small
+// head of a request without allocating. A call takes its thread's set out of
+// the slot (a nested call would make its own) and puts it back only when
+// told to: after a normalize that read its input in place and left little
+// in the set, so that no thread holds on to a large tensor's memory.
+struct RawInferScratch {
+  std::vector<grpc::Slice> slices;  // The request's: released after a call.
   std::vector<absl::string_view> chunks;
-  if (absl::Status s = SliceViews(request, slices, chunks); !s.ok()) return s;
-  std::string rest;
+  std::string head;  // The request without its raw_input_contents.
   std::vector<WireEntry> entries;
   ModelInferRequest message;
-  const bool split =
-      SplitTopLevelField(chunks, kRawInputContentsField, rest, entries) &&
-      message.ParseFromString(rest);
+  NativeInferCall call;
+};
+
+// The most a set kept for the next call may hold of a request's bytes (its
+// head and the entries copied into the message: weight and bias).
+constexpr int64_t kMaxReusedBytes = 64 << 10;
+
+// This thread's RawInferScratch for one call, cleared.
+class RawInferScratchLease {
+ public:
+  RawInferScratchLease() : scratch_(std::move(Slot())) {
+    if (scratch_ == nullptr) scratch_ = std::make_unique<RawInferScratch>();
+  }
+  ~RawInferScratchLease() {
+    if (!keep_) return;
+    scratch_->slices.clear();
+    scratch_->chunks.clear();
+    scratch_->head.clear();
+    scratch_->entries.clear();
+    scratch_->message.Clear();
+    scratch_->call.Clear();
+    Slot() = std::move(scratch_);
+  }
+  RawInferScratchLease(const RawInferScratchLease&) = delete;
+  RawInferScratchLease& operator=(const RawInferScratchLease&) = delete;
+
+  RawInferScratch* operator->() { return scratch_.get(); }
+  // Puts the set back for this thread's next call.
+  void KeepForNextCall() { keep_ = true; }
+
+ private:
+  static std::unique_ptr<RawInferScratch>& Slot() {
+    thread_local std::unique_ptr<RawInferScratch> slot;
+    return slot;
+  }
+
+  std::unique_ptr<RawInferScratch> scratch_;
+  bool keep_ = false;
+};
+
+}  // namespace
+
+absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
+                                         grpc::ByteBuffer& response) {
+  RawInferScratchLease scratch;
+  if (absl::Status s = SliceViews(request, scratch->slices, scratch->chunks);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<WireEntry>& entries = scratch->entries;
+  ModelInferRequest& message = scratch->message;
+  const bool split = SplitTopLevelField(scratch->chunks, kRawInputContentsField,
+                                        scratch->head, entries) &&
+                     message.ParseFromString(scratch->head);
   // The entry of the input named "input", read in place.
   int input_entry = -1;
   for (int i = 0; split && i < message.inputs_size() && input_entry < 0; ++i) {
@@ -108,18 +167,20 @@ absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
   }
   // The entries not read in place (weight, bias: small; all of them for
   // the protobuf path) are copied into the message.
+  int64_t copied_bytes = 0;
   for (int i = 0; split && i < static_cast<int>(entries.size()); ++i) {
     std::string& bytes = *message.add_raw_input_contents();
     if (in_place && i == input_entry) continue;
     bytes.resize(static_cast<size_t>(entries[i].pieces.size()));
     entries[i].pieces.CopyOut(0, entries[i].pieces.size(), bytes.data());
+    copied_bytes += entries[i].pieces.size();
   }
   if (!in_place) {  // Typed contents, or no input to read in place.
     ModelInferResponse reply;
     if (absl::Status s = DoModelInfer(message, reply); !s.ok()) return s;
     return SerializeMessage(reply, response);
   }
-  NativeInferCall call;
+  NativeInferCall& call = scratch->call;
   if (absl::Status s = ToNativeInfer(message, call); !s.ok()) return s;
   WireEntry& input = entries[input_entry];
   if (call.fit) {  // No output; the input copied, as DoModelInfer has it.
@@ -134,25 +195,25 @@ absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
     FromNativeFit(message, fitted, reply);
     return SerializeMessage(reply, response);
   }
-  SplitRequest native;
-  native.message = std::move(call.normalize);
+  std::optional<absl::string_view> input_data;
   if (input.contiguous.has_value() &&
       reinterpret_cast<uintptr_t>(input.contiguous->data()) % sizeof(double) ==
           0) {
-    native.input_data = input.contiguous;
-  } else {
-    native.scattered = std::move(input.pieces);  // See GatherInput.
+    input_data = input.contiguous;
   }
   ParsedNormalize parsed;
   if (absl::Status s = ParseNormalizeRequest(
-          native.message, parsed, native.input_data,
-          native.scattered.has_value() ? &*native.scattered : nullptr);
+          call.normalize, parsed, input_data,
+          input_data.has_value() ? nullptr : &input.pieces);
       !s.ok()) {
     return s;
   }
-  if (!Engine::ReadsScatteredInPlace(parsed.spec)) GatherInput(native, parsed);
-  return native_.NormalizeFramed(
-      native.message, parsed,
+  PooledBuffer gathered(nullptr, &BufferPool::Release);
+  if (!Engine::ReadsScatteredInPlace(parsed.spec)) {
+    GatherInput(parsed, gathered);
+  }
+  const absl::Status status = native_.NormalizeFramed(
+      call.normalize, parsed,
       [&](const v1::Tensor& meta, int64_t bytes,
           const v1::NormalizeResponse& reply) {
         return ResponseFrame{
@@ -160,6 +221,11 @@ absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
             .tail = ""};
       },
       response);
+  if (static_cast<int64_t>(scratch->head.size()) + copied_bytes <=
+      kMaxReusedBytes) {
+    scratch.KeepForNextCall();
+  }
+  return status;
 }
 
 grpc::ServerUnaryReactor* OipService::ServerLive(

@@ -1,7 +1,9 @@
 // The raw (zero-copy) Normalize path against the protobuf reference path:
 // for random requests cut into random slices, DoNormalizeRaw's response bytes
 // must equal the protobuf serialization of DoNormalize's response, and both
-// paths must fail alike on bad requests. Runs in-process (no transport).
+// paths must fail alike on bad requests; the same for the Open Inference
+// Protocol's raw ModelInfer against its protobuf path. Runs in-process (no
+// transport).
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "inference/grpc_predict_v2.pb.h"
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/half.h"
@@ -18,6 +21,7 @@
 #include "server/rpc/buffer_pool.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/normalizer_service.h"
+#include "server/rpc/oip_service.h"
 
 namespace normd {
 namespace {
@@ -29,6 +33,8 @@ struct Stack {
   Engine engine;
   Admission admission{0, 0};
   NormalizerService service{engine, metrics, admission};
+  HealthService health;
+  OipService oip{service, health};
 };
 
 // `bytes` cut at `cuts` random places; each piece its own slice, copied to
@@ -266,6 +272,88 @@ TEST(RawPathTest, UnusualWireFormsMeanWhatProtobufSays) {
       raw.service.DoNormalizeRaw(Slices(garbage, 1, gen), response);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("request"), std::string::npos) << status;
+}
+
+// A ModelInferRequest of `model` with random FP32 or FP64 raw contents for
+// each of `inputs` (name, shape).
+inference::ModelInferRequest OipRequest(
+    const std::string& model, const std::string& id, bool fp64,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
+    std::mt19937& gen) {
+  inference::ModelInferRequest request;
+  request.set_model_name(model);
+  request.set_id(id);
+  std::normal_distribution<double> dist(1.0, 2.0);
+  for (const auto& [name, shape] : inputs) {
+    auto& input = *request.add_inputs();
+    input.set_name(name);
+    input.set_datatype(fp64 ? "FP64" : "FP32");
+    int64_t count = 1;
+    for (int64_t d : shape) {
+      input.add_shape(d);
+      count *= d;
+    }
+    std::string& bytes = *request.add_raw_input_contents();
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = dist(gen);
+      const float f = static_cast<float>(v);
+      bytes.append(fp64 ? reinterpret_cast<const char*>(&v)
+                        : reinterpret_cast<const char*>(&f),
+                   fp64 ? sizeof(v) : sizeof(f));
+    }
+  }
+  return request;
+}
+
+// The raw ModelInfer reuses its thread's parsed messages from call to call:
+// calls of every shape in turn on one thread (weights then none, parameters
+// then none, long ids then none, typed contents, errors) must each give the
+// protobuf path's bytes and status.
+TEST(RawPathTest, OipCallsInTurnAreByteIdenticalToProtobufPath) {
+  Stack reference, raw;
+  std::mt19937 gen(11);
+  std::vector<inference::ModelInferRequest> requests;
+  requests.push_back(
+      OipRequest("layer_norm", std::string(40, 'i'), false,
+                 {{"input", {4, 8}}, {"weight", {8}}, {"bias", {8}}}, gen));
+  (*requests.back().mutable_parameters())["eps"].set_double_param(1e-3);
+  requests.push_back(
+      OipRequest("rms_norm", "", true, {{"input", {2, 16}}}, gen));
+  requests.push_back(OipRequest("group_norm", "g", false,
+                                {{"input", {2, 4, 3}}, {"weight", {4}}}, gen));
+  (*requests.back().mutable_parameters())["num_groups"].set_int64_param(2);
+  requests.push_back(
+      OipRequest("layer_norm", "", false, {{"input", {3}}}, gen));
+  (*requests.back().mutable_parameters())["nope"].set_bool_param(true);
+  requests.push_back(OipRequest("instance_norm", "typed", false, {}, gen));
+  auto& typed = *requests.back().add_inputs();
+  typed.set_name("input");
+  typed.set_datatype("FP32");
+  typed.add_shape(1);
+  typed.add_shape(2);
+  typed.add_shape(3);
+  for (int i = 0; i < 6; ++i) typed.mutable_contents()->add_fp32_contents(i);
+  requests.push_back(
+      OipRequest("layer_norm", "last", false, {{"input", {1, 768}}}, gen));
+  int compared = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (const inference::ModelInferRequest& request : requests) {
+      inference::ModelInferRequest copy = request;
+      inference::ModelInferResponse expected;
+      const absl::Status expected_status =
+          reference.oip.DoModelInfer(copy, expected);
+      grpc::ByteBuffer response;
+      const absl::Status status = raw.oip.DoModelInferRaw(
+          Slices(request.SerializeAsString(), round * 2, gen), response);
+      ASSERT_EQ(status, expected_status) << request.ShortDebugString();
+      if (!status.ok()) continue;
+      ++compared;
+      EXPECT_EQ(Flatten(response), expected.SerializeAsString())
+          << "round " << round << ": " << request.model_name() << " "
+          << request.id();
+    }
+  }
+  EXPECT_EQ(compared, 3 * 5);
 }
 
 TEST(BufferPoolTest, ReusesLargeBuffersWithinItsBudget) {
