@@ -643,7 +643,8 @@ def check_tls_and_token(c):
         proc, _, _ = normd_process.start_normd(ARGS.normd, [
             f"--tls_cert={path('server.crt')}",
             f"--tls_key={path('server.key')}",
-            f"--auth_token_file={path('token')}"])
+            f"--auth_token_file={path('token')}",
+            "--max_message_bytes=100000"])
         try:
             port = proc.http_port
             anonymous = Rest(port, "https", verify=path("ca.crt"))
@@ -665,6 +666,13 @@ def check_tls_and_token(c):
             r = good.infer("layer_norm", document)
             c.expect(r.status_code == 200 and len(output_of(r)[2]) == 16,
                      f"TLS infer with the token: {r.status_code} {r.text}")
+            # A refused body's rest is drained under TLS too.
+            r = good.session.request(
+                "PUT", good.base + "/v2/models/layer_norm", timeout=30,
+                data=(b"x" * 4096 for _ in range(60)))
+            c.status(r, 413, "--max_message_bytes", "TLS oversize body")
+            c.expect(good.infer("layer_norm", document).status_code == 200,
+                     "TLS serving after an oversize body")
             try:
                 requests.get(f"http://127.0.0.1:{port}/v2/health/live",
                              timeout=10)
