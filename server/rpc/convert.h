@@ -81,8 +81,8 @@ absl::Status SplitNormalizeRequest(absl::Span<const absl::string_view> chunks,
                                    SplitRequest& out);
 
 // Points `parsed`'s input at one contiguous copy of its scattered bytes,
-// held by `gathered` (a SplitRequest's); nothing to do if the input is not
-// scattered.
+// held by `gathered` (from the buffer pool); nothing to do if the input is
+// not scattered.
 void GatherInput(ParsedNormalize& parsed, PooledBuffer& gathered);
 
 // The entries of a repeated bytes field at the top level of a serialized
