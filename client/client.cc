@@ -75,6 +75,16 @@ absl::StatusOr<v1::ModelState> NormdClient::CreateModel(
   });
 }
 
+absl::StatusOr<v1::CreateModelsResponse> NormdClient::CreateModels(
+    const v1::CreateModelsRequest& request) {
+  return Unary<v1::CreateModelsResponse>(
+      [&](v1::CreateModelsResponse* response) {
+        grpc::ClientContext context;
+        Prepare(context, "");
+        return stub_->CreateModels(&context, request, response);
+      });
+}
+
 absl::StatusOr<v1::ModelState> NormdClient::GetModel(absl::string_view name) {
   v1::GetModelRequest request;
   request.set_name(std::string(name));

@@ -50,6 +50,10 @@ class NormdClient {
   absl::StatusOr<v1::FitResponse> Fit(const v1::FitRequest& request);
   absl::StatusOr<v1::ModelState> CreateModel(
       const v1::CreateModelRequest& request);
+  // Creates every model of the request or none. Sent without the routing
+  // header: the models are created on the server this client talks to.
+  absl::StatusOr<v1::CreateModelsResponse> CreateModels(
+      const v1::CreateModelsRequest& request);
   absl::StatusOr<v1::ModelState> GetModel(absl::string_view name);
   absl::StatusOr<v1::ListModelsResponse> ListModels();
   absl::Status DeleteModel(absl::string_view name);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace normd {
@@ -61,19 +62,27 @@ absl::Status ModelStore::CheckLimits(int64_t num_features, size_t name_size,
   if (absl::Status s = CheckNumFeatures(num_features, field); !s.ok()) {
     return s;
   }
-  const int64_t needed = ModelFootprintBytes(num_features, name_size);
+  return CheckBudget(ModelFootprintBytes(num_features, name_size),
+                     absl::StrCat("a model of ", num_features, " channels"),
+                     freed_bytes, new_model ? 1 : 0, field);
+}
+
+absl::Status ModelStore::CheckBudget(int64_t needed_bytes,
+                                     absl::string_view what,
+                                     int64_t freed_bytes, int64_t new_models,
+                                     absl::string_view field) const {
   const int64_t held = model_bytes_ - freed_bytes;
-  if (needed > options_.max_model_bytes - held) {
+  if (needed_bytes > options_.max_model_bytes - held) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": a model of ", num_features, " channels takes ", needed,
+        field, ": ", what, " takes ", needed_bytes,
         " bytes, and the models held take ", held, " of the ",
         options_.max_model_bytes, " the server allows (--max_model_bytes)"));
   }
-  if (new_model &&
-      static_cast<int64_t>(models_.size()) >= options_.max_models) {
+  if (new_models > options_.max_models - static_cast<int64_t>(models_.size())) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("model: the server already holds ", models_.size(),
-                     " models, its limit (--max_models)"));
+        absl::StrCat("model: the server holds ", models_.size(), " models and ",
+                     new_models, " more would pass its limit of ",
+                     options_.max_models, " (--max_models)"));
   }
   return absl::OkStatus();
 }
@@ -162,10 +171,97 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
                        .name = spec.name,
                        .model = &*model,
                        .batch = {},
-                       .running_targets = {}});
+                       .running_targets = {},
+                       .models = {}});
   }
   if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
   return model;
+}
+
+absl::StatusOr<std::vector<BatchNormModel>> ModelStore::CreateAll(
+    absl::Span<const ModelSpec> specs) {
+  if (specs.empty()) {
+    return absl::InvalidArgumentError("models: must name at least one model");
+  }
+  // Malformed first, each naming its index and model, then the limits on
+  // the whole set, before any num_features-sized array is made.
+  absl::flat_hash_set<absl::string_view> names;
+  int64_t needed_bytes = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ModelSpec& spec = specs[i];
+    const std::string field = absl::StrCat("models[", i, "]");
+    absl::Status s = ValidateModelSpec(spec);
+    if (s.ok()) s = CheckNotReservedModelName(spec.name, "name");
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(field, ".", s.message(),
+                                                 " (model '", spec.name, "')"));
+    }
+    if (!names.insert(spec.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: model '", spec.name, "' is named twice"));
+    }
+    needed_bytes += ModelFootprintBytes(spec.num_features, spec.name.size());
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (absl::Status s =
+            CheckNumFeatures(specs[i].num_features,
+                             absl::StrCat("models[", i, "].num_features"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  const std::string what = absl::StrCat("the ", specs.size(), " models");
+  const int64_t count = static_cast<int64_t>(specs.size());
+  {
+    ReaderMutexLock lock(&mu_);
+    if (absl::Status s = CheckBudget(needed_bytes, what, 0, count, "models");
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::vector<BatchNormModel> models;
+  models.reserve(specs.size());
+  for (const ModelSpec& spec : specs) {
+    absl::StatusOr<BatchNormModel> model = MakeModel(spec);
+    if (!model.ok()) return model.status();
+    if (absl::Status s = ValidateModel(*model); !s.ok()) return s;
+    models.push_back(*std::move(model));
+  }
+  uint64_t sequence = 0;
+  {
+    ReaderMutexLock pause(&pause_mu_);
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (models_.contains(specs[i].name)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("models[", i, "].name: model '", specs[i].name,
+                         "' already exists; none of the ", specs.size(),
+                         " models was created"));
+      }
+    }
+    if (absl::Status s = CheckBudget(needed_bytes, what, 0, count, "models");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    for (const BatchNormModel& model : models) {
+      auto entry = std::make_shared<Entry>();
+      {
+        MutexLock entry_lock(&entry->mu);
+        entry->model = model;
+      }
+      models_.emplace(model.name, std::move(entry));
+    }
+    model_bytes_ += needed_bytes;
+    sequence = Record({.kind = Mutation::Kind::kCreateAll,
+                       .name = {},
+                       .model = nullptr,
+                       .batch = {},
+                       .running_targets = {},
+                       .models = models});
+  }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return models;
 }
 
 std::shared_ptr<ModelStore::Entry> ModelStore::Find(
@@ -220,7 +316,8 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
           .name = name,
           .model = &created,
           .batch = {},
-          .running_targets = {}});
+          .running_targets = {},
+          .models = {}});
   const uint64_t sequence = Record(describe(*model));
   auto entry = std::make_shared<Entry>();
   {
@@ -281,7 +378,8 @@ absl::Status ModelStore::Delete(absl::string_view name) {
                        .name = name,
                        .model = nullptr,
                        .batch = {},
-                       .running_targets = {}});
+                       .running_targets = {},
+                       .models = {}});
   }
   return WaitDurable(sequence);
 }
@@ -293,7 +391,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
                                   .name = name,
                                   .model = nullptr,
                                   .batch = {},
-                                  .running_targets = {}};
+                                  .running_targets = {},
+                                  .models = {}};
                         });
 }
 
@@ -378,7 +477,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
                        .name = model.name,
                        .model = &model,
                        .batch = {},
-                       .running_targets = {}});
+                       .running_targets = {},
+                       .models = {}});
   }
   if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
   return model;
@@ -396,7 +496,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Merge(absl::string_view name,
                 .name = name,
                 .model = &merged,
                 .batch = {},
-                .running_targets = {}};
+                .running_targets = {},
+                .models = {}};
       });
 }
 
@@ -410,7 +511,8 @@ absl::StatusOr<BatchNormModel> ModelStore::Train(
                 .name = name,
                 .model = nullptr,
                 .batch = batch,
-                .running_targets = {}};
+                .running_targets = {},
+                .models = {}};
       });
 }
 
@@ -433,7 +535,8 @@ absl::StatusOr<BatchNormModel> ModelStore::TrainInstance(
                 .name = name,
                 .model = nullptr,
                 .batch = pooled,
-                .running_targets = running_targets};
+                .running_targets = running_targets,
+                .models = {}};
       });
 }
 

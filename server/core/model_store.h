@@ -67,6 +67,14 @@ class ModelStore {
   // the flag beyond max_models, max_num_features or max_model_bytes.
   absl::StatusOr<BatchNormModel> Create(const ModelSpec& spec);
 
+  // Creates every model of `specs`, or none: INVALID_ARGUMENT naming
+  // "models[i]" and the model if one is malformed or two share a name,
+  // ALREADY_EXISTS naming the first that exists, RESOURCE_EXHAUSTED if
+  // together they pass a limit. One log record holds them all, so recovery
+  // sees all of them or none. Returns the models as created, in order.
+  absl::StatusOr<std::vector<BatchNormModel>> CreateAll(
+      absl::Span<const ModelSpec> specs);
+
   // Stores `model` (e.g. from MakeModelFromState; INVALID_ARGUMENT unless
   // it passes ValidateModel) under its name, replacing the model of that name
   // unless `create_only` (ALREADY_EXISTS then). A replacement's generation is
@@ -197,6 +205,14 @@ class ModelStore {
   // `new_model`. Messages start with `field`.
   absl::Status CheckLimits(int64_t num_features, size_t name_size,
                            int64_t freed_bytes, bool new_model,
+                           absl::string_view field) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED (naming the flag) unless `needed_bytes` more, in
+  // place of models charged `freed_bytes`, fit max_model_bytes and
+  // `new_models` more fit max_models. Messages start with `field` and say
+  // that `what` takes the bytes.
+  absl::Status CheckBudget(int64_t needed_bytes, absl::string_view what,
+                           int64_t freed_bytes, int64_t new_models,
                            absl::string_view field) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The log's health (OK without a log), checked before a change applies.

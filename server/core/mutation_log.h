@@ -24,7 +24,8 @@ struct Mutation {
     kDelete = 3,
     kReset = 4,
     kTrainInstance = 5,
-    kPut = 6
+    kPut = 6,
+    kCreateAll = 7
   };
   Kind kind = Kind::kCreate;
   absl::string_view name;
@@ -39,6 +40,9 @@ struct Mutation {
   // kTrainInstance: `batch` holds the pooled per-channel moments and
   // running_targets the 2C targets of ModelStore::TrainInstance.
   absl::Span<const double> running_targets;
+  // kCreateAll: every model created at once, exactly as created (`name` is
+  // empty); replay creates all of them.
+  absl::Span<const BatchNormModel> models;
 };
 
 // Receives every change of a ModelStore in the order the store applied it.

@@ -27,6 +27,7 @@ constexpr MethodInfo kMethods[kNumRpcMethods] = {
     {kNative, "ExportModel", "unary"},
     {kNative, "ImportModel", "unary"},
     {kNative, "MergeModel", "unary"},
+    {kNative, "CreateModels", "unary"},
     {kOip, "ServerLive", "unary"},
     {kOip, "ServerReady", "unary"},
     {kOip, "ModelReady", "unary"},

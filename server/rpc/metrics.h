@@ -34,6 +34,7 @@ enum class RpcMethod {
   kExportModel,
   kImportModel,
   kMergeModel,
+  kCreateModels,
   kServerLive,
   kServerReady,
   kModelReady,
@@ -41,7 +42,7 @@ enum class RpcMethod {
   kModelMetadata,
   kModelInfer,
 };
-inline constexpr int kNumRpcMethods = 18;
+inline constexpr int kNumRpcMethods = 19;
 
 // What normd_elements_total counts, as its `mode` label.
 enum class ElementsMode {

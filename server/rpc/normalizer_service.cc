@@ -459,6 +459,24 @@ absl::Status NormalizerService::DoCreateModel(
   return absl::OkStatus();
 }
 
+absl::Status NormalizerService::DoCreateModels(
+    const v1::CreateModelsRequest& request,
+    v1::CreateModelsResponse& response) {
+  std::vector<ModelSpec> specs;
+  specs.reserve(request.models_size());
+  for (const v1::CreateModelRequest& model : request.models()) {
+    specs.push_back(ToModelSpec(model));
+  }
+  absl::StatusOr<std::vector<BatchNormModel>> models =
+      engine_.store().CreateAll(specs);
+  if (!models.ok()) return models.status();
+  for (const BatchNormModel& model : *models) {
+    ToModelState(model, /*with_arrays=*/false, *response.add_models());
+  }
+  UpdateModelMetrics();
+  return absl::OkStatus();
+}
+
 absl::Status NormalizerService::DoGetModel(const v1::GetModelRequest& request,
                                            v1::ModelState& response) {
   if (absl::Status s = ValidateModelName(request.name(), "name"); !s.ok()) {
@@ -507,6 +525,14 @@ grpc::ServerUnaryReactor* NormalizerService::CreateModel(
   return RunMember(context, *this, RpcMethod::kCreateModel, "CreateModel",
                    request, response, UnaryOptions{}, *this,
                    &NormalizerService::DoCreateModel);
+}
+
+grpc::ServerUnaryReactor* NormalizerService::CreateModels(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunMember(context, *this, RpcMethod::kCreateModels, "CreateModels",
+                   request, response, UnaryOptions{}, *this,
+                   &NormalizerService::DoCreateModels);
 }
 
 grpc::ServerUnaryReactor* NormalizerService::GetModel(

@@ -38,12 +38,12 @@ using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
                                 v1::Normalizer::WithRawCallbackMethod_FitStream<
                                     v1::Normalizer::
                                         WithRawCallbackMethod_ExportModel<
-                                            v1::Normalizer::
-                                                WithRawCallbackMethod_ImportModel<
-                                                    v1::Normalizer::
-                                                        WithRawCallbackMethod_MergeModel<
+                                            v1::Normalizer::WithRawCallbackMethod_ImportModel<
+                                                v1::Normalizer::
+                                                    WithRawCallbackMethod_MergeModel<
+                                                        v1::Normalizer::WithRawCallbackMethod_CreateModels<
                                                             v1::Normalizer::
-                                                                Service>>>>>>>>>>>>;
+                                                                Service>>>>>>>>>>>>>;
 
 // What the service needs to know of the server's configuration.
 struct NormalizerServiceOptions {
@@ -73,6 +73,9 @@ class NormalizerService final : public NormalizerServiceBase {
   grpc::ServerUnaryReactor* CreateModel(grpc::CallbackServerContext* context,
                                         const Raw* request,
                                         Raw* response) override;
+  grpc::ServerUnaryReactor* CreateModels(grpc::CallbackServerContext* context,
+                                         const Raw* request,
+                                         Raw* response) override;
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const Raw* request,
                                      Raw* response) override;
@@ -127,6 +130,8 @@ class NormalizerService final : public NormalizerServiceBase {
   // The model RPCs (see the .proto).
   absl::Status DoCreateModel(const v1::CreateModelRequest& request,
                              v1::ModelState& response);
+  absl::Status DoCreateModels(const v1::CreateModelsRequest& request,
+                              v1::CreateModelsResponse& response);
   absl::Status DoGetModel(const v1::GetModelRequest& request,
                           v1::ModelState& response);
   absl::Status DoListModels(const v1::ListModelsRequest& request,

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace normd::state {
@@ -199,6 +200,12 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
     case Mutation::Kind::kDelete:
     case Mutation::Kind::kReset:
       break;
+    case Mutation::Kind::kCreateAll:
+      out.PutU64(mutation.models.size());
+      for (const BatchNormModel& model : mutation.models) {
+        EncodeModel(model, out);
+      }
+      break;
   }
 }
 
@@ -208,7 +215,14 @@ absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
   if (!in.GetU8(&kind) || !in.GetString(&record->name)) {
     return absl::InvalidArgumentError("the bytes end inside the record");
   }
-  if (absl::Status s = ValidateModelName(record->name, "name"); !s.ok()) {
+  // A kCreateAll record names its models inside, each.
+  if (static_cast<Mutation::Kind>(kind) == Mutation::Kind::kCreateAll) {
+    if (!record->name.empty()) {
+      return absl::InvalidArgumentError(
+          "a record that creates several models has a name of its own");
+    }
+  } else if (absl::Status s = ValidateModelName(record->name, "name");
+             !s.ok()) {
     return s;
   }
   switch (static_cast<Mutation::Kind>(kind)) {
@@ -245,6 +259,25 @@ absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
     case Mutation::Kind::kDelete:
     case Mutation::Kind::kReset:
       break;
+    case Mutation::Kind::kCreateAll: {
+      // Every encoded model takes more than 64 bytes: the count is bounded
+      // by the record before anything is allocated for it.
+      uint64_t count;
+      if (!in.GetU64(&count) || count == 0 || count > in.remaining() / 64) {
+        return absl::InvalidArgumentError(
+            "the model count is 0 or past the record's end");
+      }
+      record->models.resize(count);
+      absl::flat_hash_set<absl::string_view> names;
+      for (BatchNormModel& model : record->models) {
+        if (absl::Status s = DecodeModel(in, &model); !s.ok()) return s;
+        if (!names.insert(model.name).second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the record creates model '", model.name, "' twice"));
+        }
+      }
+      break;
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown record kind ", kind));

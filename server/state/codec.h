@@ -70,6 +70,7 @@ struct MutationRecord {
   BatchNormModel model;                 // kCreate, kPut.
   std::vector<Moments> batch;           // kTrain, kTrainInstance.
   std::vector<double> running_targets;  // kTrainInstance.
+  std::vector<BatchNormModel> models;   // kCreateAll.
 };
 // INVALID_ARGUMENT, saying why, unless the bytes are exactly one
 // well-formed mutation.

@@ -266,6 +266,9 @@ absl::Status ReplayRecord(ModelStore& store, const MutationRecord& record) {
       return store.Delete(record.name);
     case Mutation::Kind::kReset:
       return store.Reset(record.name).status();
+    case Mutation::Kind::kCreateAll:
+      for (const BatchNormModel& model : record.models) store.Restore(model);
+      return absl::OkStatus();
   }
   return absl::InternalError("unknown record kind");
 }

@@ -125,6 +125,10 @@ class BadInputTest : public ::testing::Test {
     if (rpc == "MergeModel") {
       return run(v1::MergeModelRequest(), v1::ModelState(), &S::MergeModel);
     }
+    if (rpc == "CreateModels") {
+      return run(v1::CreateModelsRequest(), v1::CreateModelsResponse(),
+                 &S::CreateModels);
+    }
     ADD_FAILURE() << "unknown rpc " << rpc;
     return grpc::Status::CANCELLED;
   }

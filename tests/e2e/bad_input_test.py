@@ -29,6 +29,7 @@ REQUEST_TYPES = {
     "DeleteModel": pb.DeleteModelRequest, "ResetModel": pb.ResetModelRequest,
     "ExportModel": pb.ExportModelRequest, "ImportModel": pb.ImportModelRequest,
     "MergeModel": pb.MergeModelRequest,
+    "CreateModels": pb.CreateModelsRequest,
 }
 OVERSIZE_BYTES = 1200000
 

@@ -91,13 +91,24 @@ void MergeSibling(ModelStore& store, const std::string& name,
 }
 
 // Applies `steps` random changes (create, train, InstanceNorm train, reset,
-// delete, import, merge) to `store`.
+// delete, import, merge, create several at once) to `store`.
 void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
   std::mt19937_64 rng(seed);
   for (int i = 0; i < steps; ++i) {
     const std::string name = "m" + std::to_string(rng() % 6);
     const int64_t channels = 1 + static_cast<int64_t>(name.back() - '0');
-    switch (rng() % 12) {
+    switch (rng() % 13) {
+      case 12: {
+        // With "k<digit>" of another channel count; ALREADY_EXISTS is fine.
+        std::vector<ModelSpec> specs = {
+            {.name = name, .num_features = channels, .momentum = 0.5},
+            {.name = "k" + name.substr(1),
+             .num_features = channels + 1,
+             .eps = 1e-2,
+             .running_var = std::vector<double>(channels + 1, 3.5)}};
+        (void)store.CreateAll(specs);
+        break;
+      }
       case 10:
         (void)store.Put(RandomModel(rng, name, channels),
                         /*create_only=*/(rng() & 1) != 0);
@@ -575,6 +586,79 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
   ByteWriter(huge).PutString("x");
   ByteWriter(huge).PutU64(uint64_t{1} << 60);
   EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+}
+
+// A record that creates several models decodes to exactly them, and any
+// damage fails cleanly: a truncation, a count past the record, a name twice.
+TEST(CodecTest, CreateAllRecordsRoundTripAndRefuseDamage) {
+  std::vector<BatchNormModel> models = {MakeDefaultModel("a.bn1", 3),
+                                        MakeDefaultModel("a.bn2", 1)};
+  models[1].running_var = {0.5};
+  std::string bytes;
+  ByteWriter writer(bytes);
+  EncodeMutation({.kind = Mutation::Kind::kCreateAll,
+                  .name = {},
+                  .model = nullptr,
+                  .batch = {},
+                  .running_targets = {},
+                  .models = models},
+                 writer);
+  MutationRecord record;
+  ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
+  EXPECT_EQ(record.kind, Mutation::Kind::kCreateAll);
+  ExpectSameModels(models, record.models);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
+  }
+  std::string huge;
+  ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kCreateAll));
+  ByteWriter(huge).PutString("");
+  ByteWriter(huge).PutU64(uint64_t{1} << 60);
+  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+  std::string twice;
+  ByteWriter twice_writer(twice);
+  models[1].name = "a.bn1";
+  EncodeMutation({.kind = Mutation::Kind::kCreateAll,
+                  .name = {},
+                  .model = nullptr,
+                  .batch = {},
+                  .running_targets = {},
+                  .models = models},
+                 twice_writer);
+  const absl::Status status = DecodeMutation(twice, &record);
+  EXPECT_NE(status.message().find("twice"), std::string::npos) << status;
+}
+
+// Models created together come back together: all of them after a crash,
+// none of them if their record was torn.
+TEST(DurableStateTest, ModelsCreatedTogetherRecoverAllOrNone) {
+  const std::string dir = FreshDir("create_all");
+  std::vector<BatchNormModel> before;
+  const std::vector<ModelSpec> specs = {
+      {.name = "net.bn1", .num_features = 4, .running_mean = {1, 2, 3, 4}},
+      {.name = "net.bn2", .num_features = 2, .num_batches_tracked = 9}};
+  {
+    Opened o = Open(dir);
+    ASSERT_TRUE(o.store->Create({.name = "other", .num_features = 1}).ok());
+    before = o.store->List(true);
+    ASSERT_TRUE(o.store->CreateAll(specs).ok());
+  }
+  {
+    Opened o = Open(dir);
+    ASSERT_EQ(o.store->size(), 3);
+    EXPECT_EQ(o.store->Get("net.bn1")->running_mean,
+              (std::vector<double>{1, 2, 3, 4}));
+    EXPECT_EQ(o.store->Get("net.bn2")->num_batches_tracked, 9);
+    ASSERT_TRUE(o.store->Delete("net.bn1").ok());
+    ASSERT_TRUE(o.store->Delete("net.bn2").ok());
+    ASSERT_TRUE(o.store->CreateAll(specs).ok());
+  }
+  // Cut the last record (the second CreateAll) short.
+  const std::string segment = FilesIn(dir, "wal-").back();
+  fs::resize_file(segment, fs::file_size(segment) - 30);
+  Opened o = Open(dir);
+  ASSERT_EQ(o.report.warnings.size(), 1u);
+  ExpectSameModels(before, o.store->List(true));
 }
 
 // The layout is little-endian whatever the host, and a combined checksum is

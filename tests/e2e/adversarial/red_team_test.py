@@ -619,7 +619,8 @@ def finding7_small_ones():
             ("ResetModel", "ResetModelRequest"),
             ("ExportModel", "ExportModelRequest"),
             ("ImportModel", "ImportModelRequest"),
-            ("MergeModel", "MergeModelRequest")]:
+            ("MergeModel", "MergeModelRequest"),
+            ("CreateModels", "CreateModelsRequest")]:
         call = channel.unary_unary(SERVICE + method)
         CHECKS.expect_error(
             lambda: call(GARBAGE, metadata=auth, timeout=10),
