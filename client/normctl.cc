@@ -23,6 +23,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/checkpoint/checkpoint.h"
+#include "client/checkpoint/safetensors.h"
 #include "client/client.h"
 #include "client/npy.h"
 #include "client/tensor_io.h"
@@ -46,9 +48,16 @@ ABSL_FLAG(bool, json, false,
           "Print the reply (and errors, on stderr) as JSON.");
 ABSL_FLAG(std::string, input, "",
           "normalize, fit: the input tensor from a .npy file (float32, "
-          "float64 or float16, C order; shape and dtype from the file).");
+          "float64 or float16, C order; shape and dtype from the file); "
+          "import-checkpoint: the .safetensors or .onnx file.");
 ABSL_FLAG(std::string, output, "",
-          "normalize: write the output tensor to this .npy file.");
+          "normalize: write the output tensor to this .npy file; "
+          "export-checkpoint: the .safetensors file to write.");
+ABSL_FLAG(std::string, prefix, "",
+          "import-checkpoint, export-checkpoint: the models are named "
+          "PREFIX.<layer> (the layer's PyTorch module path).");
+ABSL_FLAG(uint64_t, max_header_bytes, normd::client::kDefaultMaxHeaderBytes,
+          "import-checkpoint: the largest safetensors header read.");
 ABSL_FLAG(int64_t, chunk_bytes, 4 << 20,
           "fit --input: bytes of input per FitStream message (whole rows "
           "along the first dim); each message is one Fit step.");
@@ -85,16 +94,19 @@ ABSL_FLAG(std::string, channel_axis, "",
           "channels-last).");
 ABSL_FLAG(int, normalized_ndim, 1,
           "LayerNorm / RMSNorm: number of trailing dims normalized together.");
-ABSL_FLAG(std::string, eps, "", "eps (default: model's / 1e-5).");
+ABSL_FLAG(std::string, eps, "",
+          "eps (default: model's / 1e-5; import-checkpoint: the file's).");
 ABSL_FLAG(std::string, weight, "",
           "normalize: affine weight values; create: initial weight.");
 ABSL_FLAG(std::string, bias, "",
           "normalize: affine bias values; create: initial bias.");
 ABSL_FLAG(int64_t, num_features, 0, "create: number of channels C.");
 ABSL_FLAG(std::string, momentum, "",
-          "create: momentum in [0,1] (default 0.1).");
+          "create, import-checkpoint: momentum in [0,1] (default 0.1; "
+          "import-checkpoint: an ONNX node's, converted to PyTorch's).");
 ABSL_FLAG(bool, cumulative_average, false,
-          "create: cumulative moving average (PyTorch momentum=None).");
+          "create, import-checkpoint: cumulative moving average (PyTorch "
+          "momentum=None).");
 ABSL_FLAG(std::string, running_mean, "", "create: initial running_mean.");
 ABSL_FLAG(std::string, running_var, "", "create: initial running_var.");
 ABSL_FLAG(int64_t, num_batches_tracked, 0, "create: initial counter.");
@@ -186,6 +198,26 @@ const std::vector<Command>& Commands() {
        "exactly (Chan's formula), counts added, running statistics averaged "
        "by their batch counts; the model's configuration kept.",
        {"model", "state_file", "from", "from_model"}},
+      {"import-checkpoint",
+       "--input=FILE.safetensors|FILE.onnx --prefix=P",
+       "Creates one model per BatchNorm layer of a checkpoint, named "
+       "P.<layer>, in one CreateModels call: if any layer is invalid or any "
+       "name is taken, none is created. A safetensors layer is a group of "
+       "tensors <layer>.running_mean, .running_var (and .weight, .bias, "
+       ".num_batches_tracked when present); an ONNX layer is a "
+       "BatchNormalization node with its initializers, epsilon and momentum. "
+       "--momentum, --cumulative_average and --eps replace the file's "
+       "settings for every layer.",
+       {"input", "prefix", "momentum", "cumulative_average", "eps",
+        "max_header_bytes"}},
+      {"export-checkpoint",
+       "--prefix=P --output=FILE.safetensors",
+       "Writes every model named P.<layer> as a PyTorch state_dict: "
+       "<layer>.running_mean, .running_var, .weight, .bias (float32) and "
+       ".num_batches_tracked (int64), atomically (a temporary file renamed "
+       "over FILE). Load it with module.load_state_dict("
+       "safetensors.torch.load_file(FILE), strict=False).",
+       {"prefix", "output"}},
       {"health",
        "[--service=normd.v1.Normalizer]",
        "Asks grpc.health.v1; exits 0 only when SERVING.",
@@ -212,7 +244,7 @@ std::string Usage() {
       "       normctl COMMAND --help     (that command's flags)\n\n"
       "Commands:\n";
   for (const Command& c : Commands()) {
-    absl::StrAppendFormat(&out, "  %-10s %s\n", c.name, c.synopsis);
+    absl::StrAppendFormat(&out, "  %-17s %s\n", c.name, c.synopsis);
   }
   absl::StrAppend(&out,
                   "\nExit status: 0 success, 1 server error (its gRPC code and "
@@ -657,24 +689,9 @@ int RunModelCommand(NormdClient& client, absl::string_view command) {
   return kExitOk;
 }
 
-int RunList(NormdClient& client) {
-  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
-  if (!list.ok()) return Fail(list.status());
-  if (Json()) {
-    PrintJson(*list);
-    return kExitOk;
-  }
-  // An aligned table: each column as wide as its widest cell.
-  std::vector<std::vector<std::string>> rows = {
-      {"NAME", "C", "BATCHES", "SAMPLES", "MOMENTUM", "EPS", "GENERATION"}};
-  for (const v1::ModelState& m : list->models()) {
-    rows.push_back(
-        {m.name(), absl::StrCat(m.num_features()),
-         absl::StrCat(m.num_batches_tracked()), absl::StrCat(m.sample_count()),
-         m.cumulative_average() ? std::string("cumulative")
-                                : absl::StrFormat("%g", m.momentum()),
-         absl::StrFormat("%g", m.eps()), absl::StrCat(m.generation())});
-  }
+// Prints an aligned table: each column as wide as its widest cell, the
+// first (a name) left-aligned, the others (numbers) right-aligned.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> widths(rows[0].size(), 0);
   for (const auto& row : rows) {
     for (size_t c = 0; c < row.size(); ++c) {
@@ -685,10 +702,134 @@ int RunList(NormdClient& client) {
     std::string line;
     for (size_t c = 0; c < row.size(); ++c) {
       const std::string pad(widths[c] - row[c].size(), ' ');
-      // The name left-aligned, numbers right-aligned.
       line += c == 0 ? row[c] + pad : "  " + pad + row[c];
     }
     std::cout << absl::StripTrailingAsciiWhitespace(line) << "\n";
+  }
+}
+
+// The columns `list` and `import-checkpoint` print for a model.
+std::vector<std::string> ModelRow(const v1::ModelState& m) {
+  return {m.name(),
+          absl::StrCat(m.num_features()),
+          absl::StrCat(m.num_batches_tracked()),
+          absl::StrCat(m.sample_count()),
+          m.cumulative_average() ? std::string("cumulative")
+                                 : absl::StrFormat("%g", m.momentum()),
+          absl::StrFormat("%g", m.eps()),
+          absl::StrCat(m.generation())};
+}
+
+const std::vector<std::string>& ModelHeader() {
+  static const auto* header = new std::vector<std::string>{
+      "NAME", "C", "BATCHES", "SAMPLES", "MOMENTUM", "EPS", "GENERATION"};
+  return *header;
+}
+
+int RunList(NormdClient& client) {
+  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
+  if (!list.ok()) return Fail(list.status());
+  if (Json()) {
+    PrintJson(*list);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows = {ModelHeader()};
+  for (const v1::ModelState& m : list->models()) rows.push_back(ModelRow(m));
+  PrintTable(rows);
+  return kExitOk;
+}
+
+// --prefix: a model name (or a name's leading part); a usage error if not.
+absl::StatusOr<std::string> PrefixFlag() {
+  const std::string prefix = absl::GetFlag(FLAGS_prefix);
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "--prefix: required (models are named PREFIX.<layer>)");
+  }
+  return prefix;
+}
+
+int RunImportCheckpoint(NormdClient& client) {
+  absl::StatusOr<std::string> prefix = PrefixFlag();
+  if (!prefix.ok()) return Fail(prefix.status(), kExitUsage);
+  const std::string path = absl::GetFlag(FLAGS_input);
+  if (path.empty()) {
+    return Fail(absl::InvalidArgumentError(
+                    "--input: required (a .safetensors or .onnx file)"),
+                kExitUsage);
+  }
+  LayerOverrides overrides;
+  overrides.cumulative_average = absl::GetFlag(FLAGS_cumulative_average);
+  auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
+  if (!momentum.ok()) return Fail(momentum.status(), kExitUsage);
+  overrides.momentum = *momentum;
+  auto eps = OptionalNumber(FLAGS_eps, "--eps");
+  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
+  overrides.eps = *eps;
+  absl::StatusOr<std::vector<CheckpointLayer>> layers =
+      ReadCheckpoint(path, absl::GetFlag(FLAGS_max_header_bytes));
+  if (!layers.ok()) return Fail(layers.status(), kExitUsage);
+  absl::StatusOr<v1::CreateModelsResponse> created =
+      client.CreateModels(CreateModelsFor(*layers, *prefix, overrides));
+  if (!created.ok()) return Fail(created.status());
+  if (Json()) {
+    PrintJson(*created);
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("created %d models from %s\n",
+                               created->models_size(), path);
+  std::vector<std::vector<std::string>> rows = {ModelHeader()};
+  for (const v1::ModelState& m : created->models()) {
+    rows.push_back(ModelRow(m));
+  }
+  PrintTable(rows);
+  return kExitOk;
+}
+
+int RunExportCheckpoint(NormdClient& client) {
+  absl::StatusOr<std::string> prefix = PrefixFlag();
+  if (!prefix.ok()) return Fail(prefix.status(), kExitUsage);
+  const std::string path = absl::GetFlag(FLAGS_output);
+  if (!absl::EndsWith(path, ".safetensors")) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--output: '", path,
+                    "' must name a .safetensors file (the format written)")),
+                kExitUsage);
+  }
+  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
+  if (!list.ok()) return Fail(list.status());
+  std::vector<v1::ModelState> models;
+  for (const v1::ModelState& listed : list->models()) {
+    if (listed.name() != *prefix &&
+        !absl::StartsWith(listed.name(), *prefix + ".")) {
+      continue;
+    }
+    absl::StatusOr<v1::ModelState> model = client.GetModel(listed.name());
+    if (!model.ok()) return Fail(model.status());
+    models.push_back(*std::move(model));
+  }
+  if (models.empty()) {
+    return Fail(absl::NotFoundError(absl::StrCat("--prefix: no model is named ",
+                                                 *prefix, " or ", *prefix,
+                                                 ".<layer> on this server")));
+  }
+  absl::StatusOr<std::vector<SafetensorsOutput>> tensors =
+      StateDictOf(models, *prefix);
+  if (!tensors.ok()) return Fail(tensors.status());
+  absl::StatusOr<std::string> bytes = EncodeSafetensors(*tensors);
+  if (!bytes.ok()) return Fail(bytes.status());
+  if (absl::Status s = WriteFileAtomically(path, *bytes); !s.ok()) {
+    return Fail(s);
+  }
+  if (Json()) {
+    std::cout << "{\"output\": " << JsonString(path)
+              << ", \"models\": " << models.size()
+              << ", \"tensors\": " << tensors->size()
+              << ", \"bytes\": " << bytes->size() << "}\n";
+  } else {
+    std::cout << absl::StrFormat(
+        "wrote %d models (%d tensors, %d bytes) to %s\n", models.size(),
+        tensors->size(), bytes->size(), path);
   }
   return kExitOk;
 }
@@ -911,6 +1052,8 @@ int Main(int argc, char** argv) {
   if (command == "fit") return RunFit(*client, options.timeout);
   if (command == "create") return RunCreate(*client);
   if (command == "list") return RunList(*client);
+  if (command == "import-checkpoint") return RunImportCheckpoint(*client);
+  if (command == "export-checkpoint") return RunExportCheckpoint(*client);
   if (command == "health") return RunHealth(*client);
   if (command == "export") return RunExport(*client);
   if (command == "import" || command == "merge") {

@@ -35,7 +35,8 @@ parser.add_argument("--normctl", required=True)
 args = parser.parse_args()
 
 COMMANDS = ["normalize", "fit", "create", "get", "list", "delete", "reset",
-            "export", "import", "merge", "health"]
+            "export", "import", "merge", "health", "import-checkpoint",
+            "export-checkpoint"]
 failures = []
 
 
@@ -192,6 +193,16 @@ def test_list_table(ctl):
 def test_json_everywhere(ctl, tmp):
     x = os.path.join(tmp, "j.npy")
     np.save(x, np.ones((2, 3), np.float32))
+    # A safetensors file of one BatchNorm layer, written by hand.
+    header = json.dumps({
+        "bn.running_mean": {"dtype": "F32", "shape": [2],
+                            "data_offsets": [0, 8]},
+        "bn.running_var": {"dtype": "F32", "shape": [2],
+                           "data_offsets": [8, 16]}}).encode()
+    checkpoint = os.path.join(tmp, "j.safetensors")
+    with open(checkpoint, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header +
+                np.array([0.5, 1, 2, 3], "<f4").tobytes())
     runs = {
         "normalize": ctl("normalize", f"--input={x}", "--json"),
         "fit": ctl("fit", "--model=j", "--shape=2,2", "--values=1,2,3,4",
@@ -207,6 +218,10 @@ def test_json_everywhere(ctl, tmp):
                      "--model=j3", "--json"),
         "delete": ctl("delete", "--model=j", "--json"),
         "health": ctl("health", "--json"),
+        "import-checkpoint": ctl("import-checkpoint", f"--input={checkpoint}",
+                                 "--prefix=jck", "--json"),
+        "export-checkpoint": ctl("export-checkpoint", "--prefix=jck",
+                                 f"--output={tmp}/out.safetensors", "--json"),
     }
     check(sorted(runs) == sorted(COMMANDS), "a command lacks a --json case")
     for command, run in runs.items():

@@ -1,0 +1,65 @@
+#include "client/checkpoint/layer_values.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace normd::client {
+
+double HalfBitsToDouble(uint16_t bits) {
+  const double sign = (bits & 0x8000) != 0 ? -1.0 : 1.0;
+  const int exponent = (bits >> 10) & 0x1f;
+  const int mantissa = bits & 0x3ff;
+  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
+  if (exponent == 31) {
+    return mantissa == 0 ? sign * HUGE_VAL : std::nan("");
+  }
+  return sign * std::ldexp(1024 + mantissa, exponent - 25);
+}
+
+double BFloat16BitsToDouble(uint16_t bits) {
+  const uint32_t widened = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+absl::Status CheckLayer(const CheckpointLayer& layer,
+                        absl::string_view file_name) {
+  const size_t channels = layer.running_mean.values.size();
+  const auto fail = [&](const LayerTensor& tensor, auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_name, ": layer '", layer.layer, "': tensor '",
+                     tensor.source, "' ", parts...));
+  };
+  for (const LayerTensor* tensor :
+       {&layer.running_mean, &layer.running_var, &layer.weight, &layer.bias}) {
+    const bool optional = tensor == &layer.weight || tensor == &layer.bias;
+    if (optional && tensor->source.empty()) continue;
+    if (tensor->values.size() != channels || channels == 0) {
+      return fail(*tensor, "has ", tensor->values.size(), " values but '",
+                  layer.running_mean.source, "' has ", channels,
+                  ": a layer's tensors must agree on C >= 1");
+    }
+    for (size_t c = 0; c < channels; ++c) {
+      const double value = tensor->values[c];
+      if (!std::isfinite(value)) {
+        return fail(*tensor, "has ", value, " at [", c,
+                    "]: statistics must be finite");
+      }
+      if (tensor == &layer.running_var && value < 0) {
+        return fail(*tensor, "has ", value, " at [", c,
+                    "]: a variance must be >= 0");
+      }
+    }
+  }
+  if (layer.num_batches_tracked < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file_name, ": layer '", layer.layer, "': num_batches_tracked is ",
+        layer.num_batches_tracked, ", below 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace normd::client
