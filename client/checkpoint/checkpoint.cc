@@ -186,7 +186,10 @@ absl::StatusOr<std::vector<CheckpointLayer>> LayersFromSafetensors(
     if (slot != nullptr) *slot = &tensor;
   }
   std::vector<CheckpointLayer> layers;
-  for (const auto& [name, keys] : by_layer) {
+  for (const auto& entry : by_layer) {
+    // Named, not bound: clang 14 lambdas cannot capture structured bindings.
+    const std::string& name = entry.first;
+    const LayerKeys& keys = entry.second;
     const auto fail = [&](auto&&... parts) {
       return absl::InvalidArgumentError(
           absl::StrCat(file_name, ": layer '", name, "': ", parts...));

@@ -13,6 +13,8 @@ repository's proto/ when the package is built; never committed).
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 from normd.client import Client, ModelState, NormdError  # noqa: E402
+from normd.safetensors import load_safetensors, save_safetensors  # noqa: E402
 
-__all__ = ["Client", "ModelState", "NormdError"]
+__all__ = ["Client", "ModelState", "NormdError", "load_safetensors",
+           "save_safetensors"]
 __version__ = "1.0.0"

@@ -6,6 +6,7 @@ from typing import Any, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
+from normd import modules
 from normd.v1 import normalizer_pb2 as pb
 from normd.v1 import normalizer_pb2_grpc as pb_grpc
 
@@ -369,6 +370,83 @@ class Client:
         counts; the model's configuration kept)."""
         request = pb.MergeModelRequest(name=name, source=source.to_proto())
         return ModelState.from_proto(self._call("MergeModel", request, name))
+
+    def create_models(self, requests: Sequence["pb.CreateModelRequest"]
+                      ) -> list:
+        """Creates every model of `requests` (normd.v1.CreateModelRequest
+        messages) or none: if one is invalid or its name is taken, nothing
+        is created. Returns the models without their per-channel arrays."""
+        response = self._call("CreateModels",
+                              pb.CreateModelsRequest(models=list(requests)))
+        return [ModelState.from_proto(m) for m in response.models]
+
+    # -- torch modules ------------------------------------------------------
+
+    def import_module(self, module, prefix: str) -> list:
+        """Creates one model per BatchNorm layer of a torch module
+        (BatchNorm1d/2d/3d, SyncBatchNorm; those with running statistics),
+        named "<prefix>.<module path>", with its statistics, affine
+        parameters, eps and momentum (None: cumulative average), all or
+        none. Returns the models created (without per-channel arrays)."""
+        layers = modules.layers_or_raise(module)
+        return self.create_models(
+            [modules.create_request(prefix, name, layer, fresh=False)
+             for name, layer in layers])
+
+    def export_into(self, module, prefix: str,
+                    statistics: str = "running") -> None:
+        """Writes models "<prefix>.<module path>" back into the module's
+        BatchNorm buffers (running_mean, running_var, num_batches_tracked;
+        their dtypes and devices kept). statistics="pooled" writes the exact
+        pooled mean and (biased) variance instead of the running ones. Every
+        model is fetched and checked before any buffer changes."""
+        if statistics not in ("running", "pooled"):
+            raise ValueError(f"statistics: {statistics!r} is not 'running' "
+                             f"or 'pooled'")
+        layers = modules.layers_or_raise(module)
+        states = [self.get_model(modules.model_name(prefix, name))
+                  for name, _ in layers]
+        modules.write_statistics(layers, states, statistics)
+
+    def recalibrate(self, module, batches, prefix: str,
+                    statistics: str = "cumulative",
+                    replace: bool = False) -> list:
+        """Re-estimates every BatchNorm layer's statistics from scratch over
+        `batches` (AdaBN-style recalibration) and writes them into the
+        module.
+
+        Fresh models "<prefix>.<module path>" are created (all or none;
+        replace=True deletes existing ones of those names first). The module
+        then runs over the batches (tensors, or tuples whose first item is
+        the input) under no_grad with its BatchNorm layers on their batch
+        statistics, as PyTorch's own recalibration does, and each layer's
+        input is fed to Fit. statistics="cumulative" gives PyTorch's
+        momentum=None running statistics; "pooled" the exact mean and
+        (biased) variance of everything each layer saw, which PyTorch
+        cannot. The module's modes and other buffers are left as they
+        were. A progress bar (tqdm) shows on a terminal. Returns the models
+        after the calibration."""
+        if statistics not in ("cumulative", "pooled"):
+            raise ValueError(f"statistics: {statistics!r} is not "
+                             f"'cumulative' or 'pooled'")
+        layers = modules.layers_or_raise(module)
+        names = [modules.model_name(prefix, name) for name, _ in layers]
+        if replace:
+            for name in names:
+                try:
+                    self.delete_model(name)
+                except NormdError as e:
+                    if e.code != grpc.StatusCode.NOT_FOUND:
+                        raise
+        self.create_models(
+            [modules.create_request(prefix, name, layer, fresh=True)
+             for name, layer in layers])
+        modules.run_recalibration(self, module, batches, prefix)
+        states = [self.get_model(name) for name in names]
+        modules.write_statistics(
+            layers, states,
+            "running" if statistics == "cumulative" else "pooled")
+        return states
 
     # -- Internals ----------------------------------------------------------
 
