@@ -200,4 +200,5 @@ bench: build
 	/usr/bin/python3 bench/report.py $(BUILD_DIR)/kernel_bench.json \
 	  $(BUILD_DIR)/torch_bench.json $(BUILD_DIR)/service_bench.json
 	/usr/bin/python3 bench/durable_bench.py --build $(BUILD_DIR) --reps $(BENCH_REPS)
+	/usr/bin/python3 bench/checkpoint_bench.py --build $(BUILD_DIR) --reps $(BENCH_REPS)
 	$(BUILD_DIR)/bench/shape_survey --reps=$(KERNEL_REPS)

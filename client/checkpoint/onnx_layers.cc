@@ -104,13 +104,16 @@ absl::StatusOr<LayerTensor> InitializerValues(const onnx::TensorProto& tensor,
                             ? tensor.double_data_size()
                             : tensor.int32_data_size();
   const bool use_raw = tensor.has_raw_data();
-  if (use_raw ? static_cast<int64_t>(raw.size()) != count * element_bytes
+  // Compared by division: a declared dim may be near INT64_MAX.
+  if (use_raw ? raw.size() % element_bytes != 0 ||
+                    static_cast<int64_t>(raw.size() / element_bytes) != count
               : typed != count) {
     return fail("holds ",
                 use_raw ? absl::StrCat(raw.size(), " bytes")
                         : absl::StrCat(typed, " values"),
-                " where its shape [", count, "] needs ",
-                use_raw ? count * element_bytes : count);
+                " where its shape is [", count, "] of ",
+                use_raw ? absl::StrCat(element_bytes, "-byte values")
+                        : std::string("values"));
   }
   out.values.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
