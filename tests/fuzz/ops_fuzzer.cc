@@ -1,9 +1,9 @@
 // libFuzzer target over sequences of model-store operations, the in-process
 // twin of tests/e2e/adversarial/state_property_test.py: the bytes choose
-// operations (create, import, training and InstanceNorm steps with any
-// moments, merges of a model into itself or another, resets, deletes) on a
-// few names, with counters and statistics from a table of extremes or raw
-// bit patterns. After every accepted operation:
+// operations (create, create several at once, import, training and InstanceNorm
+// steps with any moments, merges of a model into itself or another, resets,
+// deletes) on a few names, with counters and statistics from a table of
+// extremes or raw bit patterns. After every accepted operation:
 //   - every model the store holds passes ValidateModel;
 //   - its snapshot encoding decodes back to the same bytes;
 //   - every log record written so far decodes, and replaying them (as
@@ -138,7 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t replayed = 0;
   const char* const names[] = {"a", "b", "c", "d"};
   for (int op = 0; op < 200 && !in.empty(); ++op) {
-    const uint8_t kind = in.Byte() % 9;
+    const uint8_t kind = in.Byte() % 10;
     const std::string name = names[in.Byte() % 4];
     const int64_t channels = 1 + in.Byte() % 4;
     const std::string before = Encoded(store);
@@ -209,6 +209,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         status = store.Delete(name);
         break;
+      case 9: {  // CreateModels: 1-3 models at once, names may repeat.
+        std::vector<normd::ModelSpec> specs(1 + in.Byte() % 3);
+        for (size_t i = 0; i < specs.size(); ++i) {
+          specs[i].name = i == 0 ? name : names[in.Byte() % 4];
+          specs[i].num_features = 1 + in.Byte() % 4;
+          if (in.Byte() & 1) specs[i].momentum = in.Value();
+          if (in.Byte() & 1) {
+            specs[i].running_var = in.Values(specs[i].num_features);
+          }
+          specs[i].num_batches_tracked = in.Count();
+        }
+        status = store.CreateAll(specs).status();
+        break;
+      }
       case 8: {  // Import of an export under another name.
         absl::StatusOr<BatchNormModel> exported = store.Get(name);
         if (exported.ok()) {
