@@ -20,7 +20,6 @@ Usage: checkpoint_test.py --normd BUILD/normd --stubs BUILD/python
          --normctl BUILD/normctl
 """
 
-import argparse
 import copy
 import json
 import os
@@ -37,12 +36,7 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "testing"))
 import normd_process  # noqa: E402
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--normd", required=True)
-parser.add_argument("--stubs", required=True)
-parser.add_argument("--normctl", required=True)
-args = parser.parse_args()
-sys.path.insert(0, args.stubs)
+args = normd_process.parse_test_args(__doc__, required=("normctl",))
 sys.path.insert(0, os.path.join(SOURCE, "client", "python"))
 
 import numpy as np  # noqa: E402

@@ -12,7 +12,6 @@ Usage: merge_test.py --normd BUILD/normd --stubs BUILD/python
          --normctl BUILD/normctl
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -26,12 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
 import normd_process  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--normd", required=True)
-parser.add_argument("--stubs", required=True)
-parser.add_argument("--normctl", required=True)
-args = parser.parse_args()
-sys.path.insert(0, args.stubs)
+args = normd_process.parse_test_args(__doc__, required=("normctl",))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "client",
                                 "python"))
 

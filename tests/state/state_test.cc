@@ -564,6 +564,22 @@ TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
   ExpectSameModels(before, o.store->List(true));
 }
 
+// Every truncation of `bytes` (a record) fails cleanly, and so does a
+// record of `kind` declaring 2^60 entries: refused before allocating.
+void ExpectTruncationsAndHugeCountsFail(const std::string& bytes,
+                                        Mutation::Kind kind,
+                                        absl::string_view name) {
+  MutationRecord record;
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
+  }
+  std::string huge;
+  ByteWriter(huge).PutU8(static_cast<uint8_t>(kind));
+  ByteWriter(huge).PutString(name);
+  ByteWriter(huge).PutU64(uint64_t{1} << 60);
+  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+}
+
 TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
   BatchNormModel model = MakeDefaultModel("x", 3);
   std::string bytes;
@@ -576,16 +592,7 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
   MutationRecord record;
   ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
   EXPECT_EQ(record.model.num_features, 3);
-  // Every truncation fails cleanly.
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
-  }
-  // A huge declared array length is refused before allocating.
-  std::string huge;
-  ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kTrain));
-  ByteWriter(huge).PutString("x");
-  ByteWriter(huge).PutU64(uint64_t{1} << 60);
-  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+  ExpectTruncationsAndHugeCountsFail(bytes, Mutation::Kind::kTrain, "x");
 }
 
 // A record that creates several models decodes to exactly them, and any
@@ -607,14 +614,7 @@ TEST(CodecTest, CreateAllRecordsRoundTripAndRefuseDamage) {
   ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
   EXPECT_EQ(record.kind, Mutation::Kind::kCreateAll);
   ExpectSameModels(models, record.models);
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    EXPECT_FALSE(DecodeMutation(bytes.substr(0, n), &record).ok()) << n;
-  }
-  std::string huge;
-  ByteWriter(huge).PutU8(static_cast<uint8_t>(Mutation::Kind::kCreateAll));
-  ByteWriter(huge).PutString("");
-  ByteWriter(huge).PutU64(uint64_t{1} << 60);
-  EXPECT_FALSE(DecodeMutation(huge, &record).ok());
+  ExpectTruncationsAndHugeCountsFail(bytes, Mutation::Kind::kCreateAll, "");
   std::string twice;
   ByteWriter twice_writer(twice);
   models[1].name = "a.bn1";

@@ -7,11 +7,14 @@ import sys
 import threading
 
 
-def parse_test_args(doc):
-    """Parses --normd and --stubs (the generated Python stubs, made importable)."""
+def parse_test_args(doc, required=()):
+    """Parses --normd, --stubs (the generated Python stubs, made importable)
+    and each flag named in `required` (e.g. "normctl")."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--normd", required=True)
     parser.add_argument("--stubs", required=True)
+    for name in required:
+        parser.add_argument(f"--{name}", required=True)
     args = parser.parse_args()
     sys.path.insert(0, args.stubs)
     return args
