@@ -139,7 +139,7 @@ ARM64_BUILD_DIR ?= build-arm64
 ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 \
   libabsl-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libgrpc++-dev:arm64 \
   libprotobuf-dev:arm64 libprometheus-cpp-pull1.0:arm64 zlib1g-dev:arm64 \
-  libcpp-httplib-dev:arm64 libsimdjson14:arm64 libonnx-dev:arm64
+  libcpp-httplib-dev:arm64 libsimdjson14:arm64
 test-arm64: build
 	@dpkg --print-foreign-architectures | grep -qx arm64 || \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64
