@@ -14,6 +14,7 @@ and a module of every BatchNorm kind:
   "pooled" against the fp64 statistics of each layer's inputs;
 - bad files (table-driven): each refused naming the file, layer or tensor,
   with nothing created;
+- a durable import survives SIGKILL whole;
 - the worked session of docs/clients.md "Bring a trained model", as written.
 
 Usage: checkpoint_test.py --normd BUILD/normd --stubs BUILD/python
@@ -442,6 +443,33 @@ def test_bad_files(client, port, tmp):
         check(fingerprint() == before, f"{what}: changed the models")
 
 
+def test_durable_import(tmp):
+    """With --state_dir, an imported checkpoint is one log record: after
+    SIGKILL and a restart, every layer's model is back, bitwise."""
+    net = resnet18()
+    path = os.path.join(tmp, "durable.safetensors")
+    normd.save_safetensors(path, net.state_dict())
+    state_dir = os.path.join(tmp, "state")
+    flags = [f"--state_dir={state_dir}"]
+    proc, port, _ = normd_process.start_normd(args.normd, flags)
+    try:
+        run = run_normctl(port, "import-checkpoint", f"--input={path}",
+                          "--prefix=durable")
+        check(run.returncode == 0, f"durable import: {run.stderr}")
+    finally:
+        proc.kill()
+        proc.wait()
+    proc, port, _ = normd_process.start_normd(args.normd, flags)
+    try:
+        with normd.Client(f"127.0.0.1:{port}") as client:
+            check(len(client.list_models()) == len(bn_layers(net)),
+                  "after SIGKILL: not every imported model came back")
+            expect_layers_equal(client, net, "durable", "after SIGKILL")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def test_docs_session(port, tmp):
     """docs/clients.md "Bring a trained model", as written: each python
     block run (pointed at this server) and its output compared with the
@@ -489,6 +517,7 @@ def main():
             test_modules(client)
             test_recalibration(client)
             test_bad_files(client, port, tmp)
+            test_durable_import(tmp)
             with tempfile.TemporaryDirectory() as docs_tmp:
                 test_docs_session(port, docs_tmp)
     finally:
