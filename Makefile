@@ -98,7 +98,7 @@ TSAN_CMAKE = -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DNORMD_SANITIZE=thread '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 25
 FUZZ_TARGETS := rpc rest state npy ops safetensors onnx
 
 test-asan: deps
