@@ -598,34 +598,29 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
 // A record that creates several models decodes to exactly them, and any
 // damage fails cleanly: a truncation, a count past the record, a name twice.
 TEST(CodecTest, CreateAllRecordsRoundTripAndRefuseDamage) {
+  const auto encoded = [](const std::vector<BatchNormModel>& models) {
+    std::string bytes;
+    ByteWriter writer(bytes);
+    EncodeMutation({.kind = Mutation::Kind::kCreateAll,
+                    .name = {},
+                    .model = nullptr,
+                    .batch = {},
+                    .running_targets = {},
+                    .models = models},
+                   writer);
+    return bytes;
+  };
   std::vector<BatchNormModel> models = {MakeDefaultModel("a.bn1", 3),
                                         MakeDefaultModel("a.bn2", 1)};
   models[1].running_var = {0.5};
-  std::string bytes;
-  ByteWriter writer(bytes);
-  EncodeMutation({.kind = Mutation::Kind::kCreateAll,
-                  .name = {},
-                  .model = nullptr,
-                  .batch = {},
-                  .running_targets = {},
-                  .models = models},
-                 writer);
+  const std::string bytes = encoded(models);
   MutationRecord record;
   ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
   EXPECT_EQ(record.kind, Mutation::Kind::kCreateAll);
   ExpectSameModels(models, record.models);
   ExpectTruncationsAndHugeCountsFail(bytes, Mutation::Kind::kCreateAll, "");
-  std::string twice;
-  ByteWriter twice_writer(twice);
   models[1].name = "a.bn1";
-  EncodeMutation({.kind = Mutation::Kind::kCreateAll,
-                  .name = {},
-                  .model = nullptr,
-                  .batch = {},
-                  .running_targets = {},
-                  .models = models},
-                 twice_writer);
-  const absl::Status status = DecodeMutation(twice, &record);
+  const absl::Status status = DecodeMutation(encoded(models), &record);
   EXPECT_NE(status.message().find("twice"), std::string::npos) << status;
 }
 
