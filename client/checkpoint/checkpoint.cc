@@ -33,25 +33,6 @@ struct LayerKeys {
   const SafetensorsTensor* num_batches_tracked = nullptr;
 };
 
-template <typename T>
-T LoadLittleEndian(const char* bytes) {
-  using Bits = std::conditional_t<
-      sizeof(T) == 8, uint64_t,
-      std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>>;
-  Bits bits = 0;
-  for (int i = sizeof(T) - 1; i >= 0; --i) {
-    bits =
-        static_cast<Bits>((bits << 8) | static_cast<unsigned char>(bytes[i]));
-  }
-  T value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // A per-channel statistic: a [C] tensor of a float dtype, widened exactly.
 absl::StatusOr<LayerTensor> ChannelValues(const SafetensorsTensor& tensor,
                                           absl::string_view file_name) {

@@ -4,8 +4,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace normd::client {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 double HalfBitsToDouble(uint16_t bits) {
   const double sign = (bits & 0x8000) != 0 ? -1.0 : 1.0;

@@ -46,16 +46,6 @@ double TorchMomentum(float onnx_momentum) {
   return exact;
 }
 
-template <typename Bits>
-Bits LoadLittleEndian(const char* bytes) {
-  Bits bits = 0;
-  for (int i = sizeof(Bits) - 1; i >= 0; --i) {
-    bits =
-        static_cast<Bits>((bits << 8) | static_cast<unsigned char>(bytes[i]));
-  }
-  return bits;
-}
-
 // The values of a [C] float initializer, raw or typed.
 absl::StatusOr<LayerTensor> InitializerValues(const onnx::TensorProto& tensor,
                                               absl::string_view context) {
@@ -122,18 +112,14 @@ absl::StatusOr<LayerTensor> InitializerValues(const onnx::TensorProto& tensor,
     switch (tensor.data_type()) {
       case onnx::TensorProto::FLOAT:
         if (use_raw) {
-          const uint32_t bits = LoadLittleEndian<uint32_t>(at);
-          float f;
-          std::memcpy(&f, &bits, sizeof(f));
-          value = f;
+          value = LoadLittleEndian<float>(at);
         } else {
           value = tensor.float_data(static_cast<int>(i));
         }
         break;
       case onnx::TensorProto::DOUBLE:
         if (use_raw) {
-          const uint64_t bits = LoadLittleEndian<uint64_t>(at);
-          std::memcpy(&value, &bits, sizeof(value));
+          value = LoadLittleEndian<double>(at);
         } else {
           value = tensor.double_data(static_cast<int>(i));
         }

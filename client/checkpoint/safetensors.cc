@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/checkpoint/layer_values.h"
 #include "simdjson.h"
 
 namespace normd::client {
@@ -21,14 +22,6 @@ namespace {
 namespace dom = simdjson::dom;
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
-
-uint64_t LoadLittleEndian64(const char* bytes) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; --i) {
-    value = (value << 8) | static_cast<unsigned char>(bytes[i]);
-  }
-  return value;
-}
 
 void AppendJsonString(std::string& out, absl::string_view text) {
   out += '"';
@@ -57,10 +50,6 @@ std::optional<int64_t> ShapeBytes(const std::vector<int64_t>& shape,
     bytes *= dim;
   }
   return bytes;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 // A tensor's [begin, end) in the data section.
@@ -92,7 +81,7 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensors(
     return fail("not a safetensors file: ", file.size(),
                 " bytes, fewer than the 8 of its header length");
   }
-  const uint64_t header_bytes = LoadLittleEndian64(file.data());
+  const uint64_t header_bytes = LoadLittleEndian<uint64_t>(file.data());
   if (header_bytes > max_header_bytes) {
     return fail("the header length ", header_bytes, " is over the limit of ",
                 max_header_bytes, " bytes (--max_header_bytes)");
