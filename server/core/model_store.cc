@@ -146,11 +146,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   absl::StatusOr<BatchNormModel> model = MakeModel(spec);
   if (!model.ok()) return model.status();
   if (absl::Status s = ValidateModel(*model); !s.ok()) return s;
-  auto entry = std::make_shared<Entry>();
-  {
-    MutexLock entry_lock(&entry->mu);
-    entry->model = *model;
-  }
+  auto entry = NewEntry(*model);
   uint64_t sequence = 0;
   {
     ReaderMutexLock pause(&pause_mu_);
@@ -245,11 +241,7 @@ absl::StatusOr<std::vector<BatchNormModel>> ModelStore::CreateAll(
     }
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     for (const BatchNormModel& model : models) {
-      auto entry = std::make_shared<Entry>();
-      {
-        MutexLock entry_lock(&entry->mu);
-        entry->model = model;
-      }
+      auto entry = NewEntry(model);
       models_.emplace(model.name, std::move(entry));
     }
     model_bytes_ += needed_bytes;
@@ -262,6 +254,13 @@ absl::StatusOr<std::vector<BatchNormModel>> ModelStore::CreateAll(
   }
   if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
   return models;
+}
+
+std::shared_ptr<ModelStore::Entry> ModelStore::NewEntry(BatchNormModel model) {
+  auto entry = std::make_shared<Entry>();
+  MutexLock entry_lock(&entry->mu);
+  entry->model = std::move(model);
+  return entry;
 }
 
 std::shared_ptr<ModelStore::Entry> ModelStore::Find(
@@ -319,11 +318,7 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
           .running_targets = {},
           .models = {}});
   const uint64_t sequence = Record(describe(*model));
-  auto entry = std::make_shared<Entry>();
-  {
-    MutexLock entry_lock(&entry->mu);
-    entry->model = *model;
-  }
+  auto entry = NewEntry(*model);
   models_.emplace(std::string(name), std::move(entry));
   model_bytes_ += ModelFootprintBytes(channels, name.size());
   return std::make_optional(std::make_pair(sequence, *std::move(model)));
@@ -465,11 +460,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
           !s.ok()) {
         return s;
       }
-      auto entry = std::make_shared<Entry>();
-      {
-        MutexLock entry_lock(&entry->mu);
-        entry->model = model;
-      }
+      auto entry = NewEntry(model);
       models_.emplace(model.name, std::move(entry));
       model_bytes_ += footprint;
     }
@@ -585,12 +576,8 @@ absl::StatusOr<BatchNormModel> ModelStore::GetForEval(absl::string_view name,
 }
 
 void ModelStore::Restore(BatchNormModel model) {
-  auto entry = std::make_shared<Entry>();
   std::string name = model.name;
-  {
-    MutexLock entry_lock(&entry->mu);
-    entry->model = std::move(model);
-  }
+  auto entry = NewEntry(std::move(model));
   MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it != models_.end()) {

@@ -171,6 +171,8 @@ class ModelStore {
   using Describe = absl::FunctionRef<Mutation(const BatchNormModel&)>;
 
   std::shared_ptr<Entry> Find(absl::string_view name) const;
+  // A fresh entry holding `model`, not yet in the map.
+  static std::shared_ptr<Entry> NewEntry(BatchNormModel model);
   // A copy of `current` with `change` applied, if the result passes
   // ValidateModel (OUT_OF_RANGE naming the field otherwise).
   static absl::StatusOr<BatchNormModel> ChangedCopy(
