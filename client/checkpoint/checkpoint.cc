@@ -44,25 +44,24 @@ absl::StatusOr<LayerTensor> ChannelValues(const SafetensorsTensor& tensor,
     return fail("has shape ", ShapeText(tensor.shape),
                 "; a BatchNorm statistic is [C]");
   }
+  FloatKind kind;
+  if (tensor.dtype == "F32") {
+    kind = FloatKind::kFloat32;
+  } else if (tensor.dtype == "F64") {
+    kind = FloatKind::kFloat64;
+  } else if (tensor.dtype == "F16") {
+    kind = FloatKind::kFloat16;
+  } else if (tensor.dtype == "BF16") {
+    kind = FloatKind::kBFloat16;
+  } else {
+    return fail("is ", tensor.dtype,
+                "; BatchNorm statistics must be F32, F64, F16 or BF16");
+  }
   LayerTensor out{.source = tensor.name, .values = {}};
   const int64_t count = tensor.shape[0];
   out.values.reserve(static_cast<size_t>(count));
-  const char* data = tensor.data.data();
   for (int64_t i = 0; i < count; ++i) {
-    if (tensor.dtype == "F32") {
-      out.values.push_back(LoadLittleEndian<float>(data + 4 * i));
-    } else if (tensor.dtype == "F64") {
-      out.values.push_back(LoadLittleEndian<double>(data + 8 * i));
-    } else if (tensor.dtype == "F16") {
-      out.values.push_back(
-          HalfBitsToDouble(LoadLittleEndian<uint16_t>(data + 2 * i)));
-    } else if (tensor.dtype == "BF16") {
-      out.values.push_back(
-          BFloat16BitsToDouble(LoadLittleEndian<uint16_t>(data + 2 * i)));
-    } else {
-      return fail("is ", tensor.dtype,
-                  "; BatchNorm statistics must be F32, F64, F16 or BF16");
-    }
+    out.values.push_back(WidenElement(kind, tensor.data.data(), i));
   }
   return out;
 }

@@ -30,6 +30,34 @@ double BFloat16BitsToDouble(uint16_t bits) {
   return value;
 }
 
+int64_t ElementBytes(FloatKind kind) {
+  switch (kind) {
+    case FloatKind::kFloat32:
+      return 4;
+    case FloatKind::kFloat64:
+      return 8;
+    default:
+      return 2;
+  }
+}
+
+double SixteenBitsToDouble(FloatKind kind, uint16_t bits) {
+  return kind == FloatKind::kFloat16 ? HalfBitsToDouble(bits)
+                                     : BFloat16BitsToDouble(bits);
+}
+
+double WidenElement(FloatKind kind, const char* bytes, int64_t index) {
+  const char* at = bytes + index * ElementBytes(kind);
+  switch (kind) {
+    case FloatKind::kFloat32:
+      return LoadLittleEndian<float>(at);
+    case FloatKind::kFloat64:
+      return LoadLittleEndian<double>(at);
+    default:
+      return SixteenBitsToDouble(kind, LoadLittleEndian<uint16_t>(at));
+  }
+}
+
 absl::Status CheckLayer(const CheckpointLayer& layer,
                         absl::string_view file_name) {
   const size_t channels = layer.running_mean.values.size();

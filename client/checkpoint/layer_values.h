@@ -41,6 +41,19 @@ std::string ShapeText(const std::vector<int64_t>& shape);
 double HalfBitsToDouble(uint16_t bits);
 double BFloat16BitsToDouble(uint16_t bits);
 
+// The float types a BatchNorm statistic may be stored in, in either format.
+enum class FloatKind { kFloat32, kFloat64, kFloat16, kBFloat16 };
+
+// The bytes of one element of `kind`.
+int64_t ElementBytes(FloatKind kind);
+
+// A 16-bit kind's bit pattern as a double (exact).
+double SixteenBitsToDouble(FloatKind kind, uint16_t bits);
+
+// Element `index` of little-endian `kind` values at `bytes`, widened
+// exactly.
+double WidenElement(FloatKind kind, const char* bytes, int64_t index);
+
 // INVALID_ARGUMENT naming `file_name`, the layer and the tensor unless the
 // layer's tensors all have one length C >= 1 (weight and bias may be
 // absent), every value is finite and no variance is negative.

@@ -71,23 +71,26 @@ absl::StatusOr<LayerTensor> InitializerValues(const onnx::TensorProto& tensor,
   const int64_t count = tensor.dims(0);
   LayerTensor out{.source = tensor.name(), .values = {}};
   const std::string& raw = tensor.raw_data();
-  int64_t element_bytes = 0;
+  FloatKind kind;
   switch (tensor.data_type()) {
     case onnx::TensorProto::FLOAT:
-      element_bytes = 4;
+      kind = FloatKind::kFloat32;
       break;
     case onnx::TensorProto::DOUBLE:
-      element_bytes = 8;
+      kind = FloatKind::kFloat64;
       break;
     case onnx::TensorProto::FLOAT16:
+      kind = FloatKind::kFloat16;
+      break;
     case onnx::TensorProto::BFLOAT16:
-      element_bytes = 2;
+      kind = FloatKind::kBFloat16;
       break;
     default:
       return fail("has data type ", tensor.data_type(),
                   "; BatchNorm statistics must be float, double, float16 or "
                   "bfloat16");
   }
+  const int64_t element_bytes = ElementBytes(kind);
   const int64_t typed = tensor.data_type() == onnx::TensorProto::FLOAT
                             ? tensor.float_data_size()
                         : tensor.data_type() == onnx::TensorProto::DOUBLE
@@ -107,35 +110,15 @@ absl::StatusOr<LayerTensor> InitializerValues(const onnx::TensorProto& tensor,
   }
   out.values.reserve(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
-    const char* at = raw.data() + i * element_bytes;
-    double value = 0;
-    switch (tensor.data_type()) {
-      case onnx::TensorProto::FLOAT:
-        if (use_raw) {
-          value = LoadLittleEndian<float>(at);
-        } else {
-          value = tensor.float_data(static_cast<int>(i));
-        }
-        break;
-      case onnx::TensorProto::DOUBLE:
-        if (use_raw) {
-          value = LoadLittleEndian<double>(at);
-        } else {
-          value = tensor.double_data(static_cast<int>(i));
-        }
-        break;
-      default: {
-        // 16-bit types keep their bit patterns in int32_data.
-        const uint16_t bits =
-            use_raw
-                ? LoadLittleEndian<uint16_t>(at)
-                : static_cast<uint16_t>(tensor.int32_data(static_cast<int>(i)));
-        value = tensor.data_type() == onnx::TensorProto::FLOAT16
-                    ? HalfBitsToDouble(bits)
-                    : BFloat16BitsToDouble(bits);
-      }
-    }
-    out.values.push_back(value);
+    const int index = static_cast<int>(i);
+    // Typed 16-bit values keep their bit patterns in int32_data.
+    out.values.push_back(
+        use_raw                       ? WidenElement(kind, raw.data(), i)
+        : kind == FloatKind::kFloat32 ? tensor.float_data(index)
+        : kind == FloatKind::kFloat64
+            ? tensor.double_data(index)
+            : SixteenBitsToDouble(
+                  kind, static_cast<uint16_t>(tensor.int32_data(index))));
   }
   return out;
 }
