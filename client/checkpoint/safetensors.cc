@@ -115,10 +115,14 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensors(
   for (const dom::key_value_pair field : tensors) {
     const std::string name(field.key);
     if (name == "__metadata__") {
+      // A default dom::object has no document: iterate it only once read.
       dom::object metadata;
       bool strings = !seen_metadata && field.value.get_object().get(metadata) ==
                                            simdjson::SUCCESS;
-      for (auto entry : metadata) strings = strings && entry.value.is_string();
+      if (strings) {
+        for (auto entry : metadata)
+          strings = strings && entry.value.is_string();
+      }
       if (!strings) {
         return fail("__metadata__ is not one object of strings");
       }
