@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/euclidean_norm.h"
 #include "server/core/half.h"
 #include "server/core/parallel.h"
 #include "server/core/simd/streaming.h"
@@ -16,6 +17,8 @@ namespace normd {
 namespace {
 
 constexpr double kBertDefaultEps = 1e-6;
+// F.normalize's default.
+constexpr double kL2DefaultEps = 1e-12;
 
 // The element types of the channel paths (BatchNorm, GroupNorm,
 // InstanceNorm, Fit): fp32, fp64, and the 16-bit dtypes, stored as their
@@ -330,6 +333,58 @@ void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
       });
 }
 
+// INVALID_ARGUMENT naming the field a stateless L2_NORM or WEIGHT_NORM
+// request must leave unset.
+absl::Status CheckStatelessFields(const NormalizeSpec& spec,
+                                  absl::string_view mode) {
+  if (!spec.model.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: ", mode, " is stateless; leave model empty"));
+  }
+  if (spec.bias.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bias: ", mode, " takes no bias"));
+  }
+  return absl::OkStatus();
+}
+
+// The fields L2_NORM refuses: it has no affine, and its axis is given by
+// normalized_ndim (the trailing dims), never channel_axis.
+absl::Status CheckL2Fields(const NormalizeSpec& spec) {
+  if (absl::Status s = CheckStatelessFields(spec, "L2_NORM"); !s.ok()) {
+    return s;
+  }
+  if (spec.weight.has_value()) {
+    return absl::InvalidArgumentError(
+        "weight: L2_NORM takes no weight (y = x / max(||x||, eps))");
+  }
+  if (spec.channel_axis.has_value()) {
+    return absl::InvalidArgumentError(
+        "channel_axis: L2_NORM normalizes the last normalized_ndim dims; for "
+        "F.normalize(x, dim=d) move dim d last and send normalized_ndim 1");
+  }
+  return absl::OkStatus();
+}
+
+// g of WEIGHT_NORM per channel: `weight` of shape [C] or the PyTorch
+// parameter's shape (the input's rank, C at `axis`, 1 elsewhere); unset,
+// the norms themselves (PyTorch's initial g), so that the output is v.
+absl::StatusOr<std::vector<double>> WeightNormGains(
+    const NormalizeSpec& spec, int64_t axis, const std::vector<double>& norms) {
+  if (!spec.weight.has_value()) return norms;
+  const int64_t channels = spec.input.shape[axis];
+  Shape parameter_shape(spec.input.shape.size(), 1);
+  parameter_shape[axis] = channels;
+  const Shape& given = spec.weight->shape;
+  if (given != Shape{channels} && given != parameter_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight.shape: ", ShapeString(given), " must be [", channels, "] or ",
+        ShapeString(parameter_shape), " (g of input.shape ",
+        ShapeString(spec.input.shape), " at channel_axis ", axis, ")"));
+  }
+  return spec.weight->values;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
@@ -400,7 +455,8 @@ std::optional<int64_t> Engine::ReturnedModelChannels(
 bool Engine::ReadsScatteredInPlace(const NormalizeSpec& spec) {
   if (IsHalf(spec.input.dtype)) return false;
   if (spec.mode == NormMode::kBatchNorm) return !spec.training;
-  if (spec.mode != NormMode::kLayerNorm && spec.mode != NormMode::kRmsNorm) {
+  if (spec.mode != NormMode::kLayerNorm && spec.mode != NormMode::kRmsNorm &&
+      spec.mode != NormMode::kL2Norm) {
     return false;
   }
   absl::StatusOr<RowLayout> rows =
@@ -437,7 +493,11 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeByMode(
   switch (spec.mode) {
     case NormMode::kLayerNorm:
     case NormMode::kRmsNorm:
+    case NormMode::kL2Norm:
       if (absl::Status s = NormalizeLayer(spec, output); !s.ok()) return s;
+      return std::nullopt;
+    case NormMode::kWeightNorm:
+      if (absl::Status s = NormalizeWeight(spec, output); !s.ok()) return s;
       return std::nullopt;
     case NormMode::kGroupNorm:
     case NormMode::kInstanceNorm:
@@ -452,16 +512,22 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeByMode(
 
 absl::Status Engine::NormalizeLayer(const NormalizeSpec& spec, void* output) {
   const InputTensor& in = spec.input;
+  const bool l2 = spec.mode == NormMode::kL2Norm;
+  if (l2) {
+    if (absl::Status s = CheckL2Fields(spec); !s.ok()) return s;
+  }
   absl::StatusOr<RowLayout> rows =
       ResolveNormalizedDims(in.shape, spec.normalized_ndim);
   if (!rows.ok()) return rows.status();
   const bool bert = spec.layer_norm_style == LayerNormStyle::kBertUnbiasedStd;
-  absl::StatusOr<double> eps =
-      ResolveEps(spec.eps, bert ? kBertDefaultEps : kDefaultEps);
+  absl::StatusOr<double> eps = ResolveEps(spec.eps, l2     ? kL2DefaultEps
+                                                    : bert ? kBertDefaultEps
+                                                           : kDefaultEps);
   if (!eps.ok()) return eps.status();
   const LayerNormStyle style = spec.mode == NormMode::kRmsNorm
                                    ? LayerNormStyle::kRms
-                                   : spec.layer_norm_style;
+                               : l2 ? LayerNormStyle::kL2
+                                    : spec.layer_norm_style;
   const int32_t k = spec.normalized_ndim == 0 ? 1 : spec.normalized_ndim;
   const auto normalized_dims =
       absl::Span<const int64_t>(in.shape).subspan(in.shape.size() - k);
@@ -544,6 +610,62 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
                         scale.data(), bias.data());
   }
   return model;
+}
+
+absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
+  const InputTensor& in = spec.input;
+  if (absl::Status s = CheckStatelessFields(spec, "WEIGHT_NORM"); !s.ok()) {
+    return s;
+  }
+  if (spec.eps.has_value()) {
+    return absl::InvalidArgumentError(
+        "eps: WEIGHT_NORM has none (PyTorch's weight_norm divides by the norm "
+        "itself); leave it unset");
+  }
+  if (spec.normalized_ndim != 0) {
+    return absl::InvalidArgumentError(
+        "normalized_ndim: WEIGHT_NORM takes channel_axis (PyTorch's dim), not "
+        "normalized_ndim; leave it 0");
+  }
+  absl::StatusOr<ChannelLayout> layout =
+      ResolveWeightNormAxis(in.shape, spec.channel_axis);
+  if (!layout.ok()) return layout.status();
+  const int32_t requested_axis = spec.channel_axis.value_or(0);
+  const int64_t axis =
+      requested_axis < 0 ? requested_axis + in.shape.size() : requested_axis;
+  const std::vector<double> no_norms(layout->channels, 1.0);
+  if (absl::Status s = WeightNormGains(spec, axis, no_norms).status();
+      !s.ok()) {
+    return s;
+  }
+  if (in.size == 0) return absl::OkStatus();
+  const std::vector<Moments> moments =
+      VisitChannelDType(in.dtype, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return ChannelMoments(DTypeOf<T>(),
+                              static_cast<const Storage<T>*>(in.data), *layout);
+      });
+  std::vector<double> norms(layout->channels);
+  ParallelFor(tbb::blocked_range<int64_t>(0, layout->channels, 1),
+              layout->channels, [&](const tbb::blocked_range<int64_t>& range) {
+                for (int64_t c = range.begin(); c < range.end(); ++c) {
+                  norms[c] =
+                      EuclideanNorm(moments[c], in.dtype, in.data, *layout, c);
+                }
+              });
+  const std::vector<double> gains = *WeightNormGains(spec, axis, norms);
+  // w = v * (g / ||v||), as PyTorch: the shift -0 keeps v's signed zeros
+  // (x * s + -0 is x * s exactly), and a zero or non-finite norm gives
+  // PyTorch's NaN (0 / 0, Inf / Inf).
+  std::vector<double> scale(layout->channels);
+  for (int64_t c = 0; c < layout->channels; ++c) {
+    scale[c] = gains[c] / norms[c];
+  }
+  const std::vector<double> zero(layout->channels, 0.0);
+  const std::vector<double> minus_zero(layout->channels, -0.0);
+  ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, zero.data(),
+                      scale.data(), minus_zero.data());
+  return absl::OkStatus();
 }
 
 namespace {

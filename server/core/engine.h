@@ -47,6 +47,8 @@ enum class NormMode {
   kGroupNorm,     // Statistics per (sample, group of channels).
   kInstanceNorm,  // Per (sample, channel); a named model's when `model` set.
   kRmsNorm,       // Rows as LayerNorm, scaled by the root mean square.
+  kL2Norm,        // Rows as LayerNorm, scaled to unit Euclidean length.
+  kWeightNorm,    // PyTorch weight_norm: g * v / ||v|| per channel_axis slice.
 };
 
 // The core form of NormalizeRequest.
@@ -58,6 +60,8 @@ struct NormalizeSpec {
   std::optional<int32_t> channel_axis;
   int32_t normalized_ndim = 0;
   int64_t num_groups = 0;  // GroupNorm only.
+  // Unset: the model's (BatchNorm, InstanceNorm with a model), else the
+  // mode's default; WEIGHT_NORM has none.
   std::optional<double> eps;
   LayerNormStyle layer_norm_style = LayerNormStyle::kPyTorch;
   std::optional<AffineParam> weight;
@@ -93,7 +97,7 @@ class Engine {
   absl::StatusOr<BatchNormModel> Fit(const FitSpec& spec);
 
   // True when Normalize reads scattered input (InputTensor::scattered) piece
-  // by piece: fp32/fp64 LayerNorm and RMSNorm with rows shorter than
+  // by piece: fp32/fp64 LayerNorm, RMSNorm and L2 rows shorter than
   // kLongLayerNormRow, and BatchNorm eval. Other calls gather scattered input
   // into one temporary buffer first; callers with a buffer pool may prefer to
   // gather it there.
@@ -114,6 +118,7 @@ class Engine {
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeByMode(
       const NormalizeSpec& spec, void* output);
   absl::Status NormalizeLayer(const NormalizeSpec& spec, void* output);
+  absl::Status NormalizeWeight(const NormalizeSpec& spec, void* output);
   absl::StatusOr<BatchNormModel> NormalizeBatch(const NormalizeSpec& spec,
                                                 void* output);
   absl::StatusOr<std::optional<BatchNormModel>> NormalizeGroups(

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "server/core/euclidean_norm.h"
 #include "server/core/half.h"
 #include "server/core/moments.h"
 #include "server/core/parallel.h"
@@ -59,8 +60,15 @@ T* Staging(int64_t elements) {
   return buffer.data();
 }
 
-double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
+// The scale of a row of n values of `dtype` at `row` with these moments.
+double RowScale(const Moments& moments, double eps, LayerNormStyle style,
+                DType dtype, const void* row, int64_t n) {
   switch (style) {
+    case LayerNormStyle::kL2:
+      // std::max keeps a NaN norm (NaN < eps is false), as PyTorch does.
+      return 1.0 / std::max(EuclideanNorm(moments, dtype, row,
+                                          ChannelLayout{1, 1, n}, 0),
+                            eps);
     case LayerNormStyle::kBertUnbiasedStd:
       return 1.0 / (std::sqrt(moments.UnbiasedVariance()) + eps);
     case LayerNormStyle::kRms:
@@ -78,9 +86,12 @@ double RowScale(const Moments& moments, double eps, LayerNormStyle style) {
 // floats, the center split as hi + lo so that x - hi is exact near it.
 template <typename T>
 RowAffine RowConstants(const Moments& moments, double eps, LayerNormStyle style,
+                       DType dtype, const void* row, int64_t n,
                        const AffineParams<T>& affine) {
-  const double center = style == LayerNormStyle::kRms ? 0.0 : moments.mean;
-  const double scale = RowScale(moments, eps, style);
+  const bool centered =
+      style != LayerNormStyle::kRms && style != LayerNormStyle::kL2;
+  const double center = centered ? moments.mean : 0.0;
+  const double scale = RowScale(moments, eps, style, dtype, row, n);
   const bool fp64 = std::is_same_v<T, double>;
   const double hi = fp64 ? center : static_cast<float>(center);
   return RowAffine{.hi = hi,
@@ -159,7 +170,8 @@ struct RowsJob {
         moments[0] = WidenedMoments(dtype, halves, buffer, n, !direct);
       }
       for (int k = 0; k < rows; ++k) {
-        constants[k] = RowConstants(moments[k], eps, style, affine);
+        constants[k] = RowConstants(moments[k], eps, style, dtype,
+                                    in + k * RowBytes(), n, affine);
       }
       const void* values = Widened() ? buffer : static_cast<const void*>(in);
       RowWrite write{.stream = stream};
@@ -176,8 +188,8 @@ struct RowsJob {
   // One row, reduced and then written by every thread in pieces (widened
   // 16-bit rows a staging buffer at a time).
   void WriteLongRow(const char* x, char* y) const {
-    const RowAffine row =
-        RowConstants(ContiguousMoments(dtype, x, n), eps, style, affine);
+    const RowAffine row = RowConstants(ContiguousMoments(dtype, x, n), eps,
+                                       style, dtype, x, n, affine);
     const int64_t size = ElementSize(dtype);
     ParallelFor(
         tbb::blocked_range<int64_t>(0, n, kApplyChunk), n,

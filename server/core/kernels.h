@@ -18,6 +18,7 @@ enum class LayerNormStyle {
   kPyTorch,          // x - mean, times 1 / sqrt(biased_var + eps)
   kBertUnbiasedStd,  // x - mean, times 1 / (sqrt(unbiased_var) + eps)
   kRms,  // RMSNorm: x (no centering), times 1 / sqrt(mean(x^2) + eps)
+  kL2,   // L2_NORM: x (no centering), times 1 / max(||x||_2, eps)
 };
 
 // Where a kernel reads its input: contiguous memory, or (fp32 and fp64)

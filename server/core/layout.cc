@@ -13,6 +13,29 @@ int64_t Product(absl::Span<const int64_t> dims) {
                          [](int64_t a, int64_t b) { return a * b; });
 }
 
+// `shape` split around axis `axis` (0 <= axis < rank).
+ChannelLayout SplitAround(absl::Span<const int64_t> shape, int64_t axis) {
+  ChannelLayout layout;
+  layout.outer = Product(shape.subspan(0, axis));
+  layout.channels = shape[axis];
+  layout.inner = Product(shape.subspan(axis + 1));
+  return layout;
+}
+
+// `requested` as an axis of a rank `rank` shape (negative from the end), or
+// INVALID_ARGUMENT naming channel_axis and the valid range.
+absl::StatusOr<int64_t> ResolveAxis(int64_t requested, int64_t rank,
+                                    int64_t first_valid) {
+  const int64_t axis = requested < 0 ? requested + rank : requested;
+  if (axis < 0 || axis >= rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channel_axis: ", requested, " is out of range for rank ",
+                     rank, " input (valid: ", first_valid, "..", rank - 1,
+                     " or -", rank - first_valid, "..-1)"));
+  }
+  return axis;
+}
+
 }  // namespace
 
 absl::StatusOr<ChannelLayout> ResolveChannelAxis(
@@ -25,22 +48,26 @@ absl::StatusOr<ChannelLayout> ResolveChannelAxis(
                      rank));
   }
   const int64_t requested = channel_axis.value_or(1);
-  const int64_t axis = requested < 0 ? requested + rank : requested;
-  if (axis < 0 || axis >= rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "channel_axis: ", requested, " is out of range for rank ", rank,
-        " input (valid: 1..", rank - 1, " or -", rank - 1, "..-1)"));
-  }
-  if (axis == 0) {
+  absl::StatusOr<int64_t> axis = ResolveAxis(requested, rank, 1);
+  if (!axis.ok()) return axis.status();
+  if (*axis == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "channel_axis: ", requested, " is the batch axis 0; use 1..", rank - 1,
         " or a negative axis"));
   }
-  ChannelLayout layout;
-  layout.outer = Product(shape.subspan(0, axis));
-  layout.channels = shape[axis];
-  layout.inner = Product(shape.subspan(axis + 1));
-  return layout;
+  return SplitAround(shape, *axis);
+}
+
+absl::StatusOr<ChannelLayout> ResolveWeightNormAxis(
+    absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank < 1) {
+    return absl::InvalidArgumentError(
+        "input.shape: WEIGHT_NORM needs rank >= 1, got a scalar");
+  }
+  absl::StatusOr<int64_t> axis = ResolveAxis(channel_axis.value_or(0), rank, 0);
+  if (!axis.ok()) return axis.status();
+  return SplitAround(shape, *axis);
 }
 
 absl::StatusOr<RowLayout> ResolveNormalizedDims(absl::Span<const int64_t> shape,

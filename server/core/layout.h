@@ -29,6 +29,13 @@ struct ChannelLayout {
 absl::StatusOr<ChannelLayout> ResolveChannelAxis(
     absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis);
 
+// Resolves the WEIGHT_NORM axis (PyTorch's `dim`) of `shape`: unset = 0,
+// negative counts from the end, any axis of a rank >= 1 shape. The norm is
+// taken per channel, over every other axis. INVALID_ARGUMENT naming
+// `input.shape` / `channel_axis` otherwise.
+absl::StatusOr<ChannelLayout> ResolveWeightNormAxis(
+    absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis);
+
 // The rows of LayerNorm: `rows` rows of `row_size` elements (the last
 // normalized_ndim dims).
 struct RowLayout {

@@ -118,10 +118,27 @@ std::vector<std::string> RunAll() {
         run(spec);
       }
       run(spec_of(NormMode::kRmsNorm, *t));
+      run(spec_of(NormMode::kL2Norm, *t));
     }
     NormalizeSpec two_dims = spec_of(NormMode::kLayerNorm, rows);
     two_dims.normalized_ndim = 2;
     run(two_dims);
+    NormalizeSpec l2_two_dims = spec_of(NormMode::kL2Norm, rows);
+    l2_two_dims.normalized_ndim = 2;
+    run(l2_two_dims);
+    // Weight Norm over every axis of an NCHW, a channels-last and a
+    // long-run tensor, with and without g.
+    for (const Tensor* t : {&images, &channels_last, &long_runs}) {
+      for (int32_t axis = 0; axis < static_cast<int32_t>(t->shape.size());
+           ++axis) {
+        NormalizeSpec weight = spec_of(NormMode::kWeightNorm, *t);
+        weight.channel_axis = axis;
+        run(weight);
+        const int64_t c = t->shape[axis];
+        weight.weight = AffineParam{{c}, RandomValues<double>(c, 11, 1, 0.5)};
+        run(weight);
+      }
+    }
     // GroupNorm and InstanceNorm, NCHW and channels-last.
     for (const Tensor* t : {&images, &far_images, &long_runs}) {
       NormalizeSpec group = spec_of(NormMode::kGroupNorm, *t);

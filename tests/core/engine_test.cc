@@ -321,8 +321,9 @@ class RandomChunks {
 };
 
 // Scattered input (InputTensor::scattered) is read piece by piece for
-// LayerNorm and BatchNorm eval and gathered first elsewhere: every path must
-// give bitwise the outputs and model of contiguous input, streamed or not.
+// LayerNorm, L2 norm and BatchNorm eval and gathered first elsewhere: every
+// path must give bitwise the outputs and model of contiguous input, streamed or
+// not.
 template <typename T>
 void CheckScatteredMatchesContiguous() {
   struct Case {
@@ -339,6 +340,9 @@ void CheckScatteredMatchesContiguous() {
       {NormMode::kBatchNorm, {4, 40, 40, 16}, -1, false},
       {NormMode::kBatchNorm, {64, 3}, 1, false},
       {NormMode::kBatchNorm, {4, 16, 40, 40}, 1, true},  // Gathered.
+      {NormMode::kL2Norm, {300, 768}, 1, false},
+      {NormMode::kL2Norm, {2, 40000}, 1, false},       // Gathered.
+      {NormMode::kWeightNorm, {64, 48, 9}, 1, false},  // Gathered.
   };
   for (int64_t threshold : {int64_t{0}, std::numeric_limits<int64_t>::max()}) {
     SetStreamingOutputBytes(threshold);
@@ -362,12 +366,21 @@ void CheckScatteredMatchesContiguous() {
         spec.mode = c.mode;
         spec.training = c.training;
         spec.normalized_ndim = c.axis_or_k;
+        if (c.mode == NormMode::kL2Norm || c.mode == NormMode::kWeightNorm) {
+          spec.model.clear();  // Stateless.
+          spec.channel_axis.reset();
+        }
+        if (c.mode == NormMode::kWeightNorm) {
+          spec.normalized_ndim = 0;
+          spec.channel_axis = c.axis_or_k;
+        }
         if (scattered) {
           spec.input.data = nullptr;
           spec.input.scattered = chunks.get();
         }
         EXPECT_EQ(Engine::ReadsScatteredInPlace(spec),
-                  c.training == false && c.shape.back() != 40000);
+                  c.training == false && c.shape.back() != 40000 &&
+                      c.mode != NormMode::kWeightNorm);
         std::vector<T> y(n);
         auto result = engine.Normalize(spec, y.data());
         EXPECT_TRUE(result.ok()) << result.status();
@@ -537,6 +550,53 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
                             one.size() * sizeof(float)),
                 0)
           << threads;
+    }
+  }
+}
+
+TEST(DeterminismTest, L2AndWeightNormBitwiseEqualFor1AndNThreads) {
+  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  // L2 rows short, long (one at a time over every thread) and of two dims;
+  // Weight Norm of a [4096, 512] weight at dims 0 and 1, and of a conv
+  // weight.
+  struct Case {
+    NormMode mode;
+    Shape shape;
+    int32_t dims_or_axis;
+  };
+  const Case cases[] = {{NormMode::kL2Norm, {20000, 96}, 1},
+                        {NormMode::kL2Norm, {3, 200000}, 1},
+                        {NormMode::kL2Norm, {64, 32, 48}, 2},
+                        {NormMode::kWeightNorm, {4096, 512}, 0},
+                        {NormMode::kWeightNorm, {4096, 512}, 1},
+                        {NormMode::kWeightNorm, {256, 64, 3, 3}, 0}};
+  for (const Case& c : cases) {
+    const auto x = RandomValues<float>(NumElementsOf(c.shape), 4, 1e3, 5.0);
+    auto run = [&](int threads) {
+      tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
+                                threads);
+      Engine engine;
+      NormalizeSpec spec;
+      spec.mode = c.mode;
+      spec.input = View(x, c.shape);
+      if (c.mode == NormMode::kL2Norm) {
+        spec.normalized_ndim = c.dims_or_axis;
+      } else {
+        spec.channel_axis = c.dims_or_axis;
+        const int64_t channels = c.shape[c.dims_or_axis];
+        spec.weight = AffineParam{{channels},
+                                  RandomValues<double>(channels, 5, 1.0, 0.2)};
+      }
+      std::vector<float> y(x.size());
+      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
+      return y;
+    };
+    const std::vector<float> one = run(1);
+    for (int threads : {2, 8}) {
+      EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
+                            one.size() * sizeof(float)),
+                0)
+          << ShapeString(c.shape) << " on " << threads << " threads";
     }
   }
 }

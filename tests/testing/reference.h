@@ -4,6 +4,7 @@
 #ifndef NORMD_TESTS_TESTING_REFERENCE_H_
 #define NORMD_TESTS_TESTING_REFERENCE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -183,6 +184,52 @@ std::vector<double> ReferenceRmsNorm(const std::vector<T>& x, int64_t n,
       y[r * n + j] = static_cast<double>(v);
     }
   }
+  return y;
+}
+
+// torch.nn.functional.normalize(p=2) of rows of n values: x / max(||x||,
+// eps), the squares summed in long double (whose range holds the squares
+// of any double).
+template <typename T>
+std::vector<double> ReferenceL2Norm(const std::vector<T>& x, int64_t n,
+                                    double eps) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / n; ++r) {
+    long double squares = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      squares += static_cast<long double>(x[r * n + j]) * x[r * n + j];
+    }
+    const long double norm = std::max<long double>(std::sqrt(squares), eps);
+    for (int64_t j = 0; j < n; ++j) {
+      y[r * n + j] = static_cast<double>(x[r * n + j] / norm);
+    }
+  }
+  return y;
+}
+
+// torch.nn.utils.weight_norm of v laid out as [outer, channels, inner]
+// around its `dim`: g[c] * v / ||v[channel c]||; g empty: g = the norms.
+template <typename T>
+std::vector<double> ReferenceWeightNorm(const std::vector<T>& v, int64_t outer,
+                                        int64_t channels, int64_t inner,
+                                        const std::vector<double>& g) {
+  std::vector<long double> squares(channels, 0.0L);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < inner; ++i) {
+        const long double x = v[(o * channels + c) * inner + i];
+        squares[c] += x * x;
+      }
+  std::vector<double> y(v.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < channels; ++c) {
+      const long double norm = std::sqrt(squares[c]);
+      const long double gain = g.empty() ? norm : g[c];
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t at = (o * channels + c) * inner + i;
+        y[at] = static_cast<double>(gain * (v[at] / norm));
+      }
+    }
   return y;
 }
 
