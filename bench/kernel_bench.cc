@@ -330,6 +330,25 @@ void BM_RmsNorm(benchmark::State& state) {
   TimeRows(state, NormMode::kRmsNorm);
 }
 BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseManualTime();
+void BM_L2Norm(benchmark::State& state) { TimeRows(state, NormMode::kL2Norm); }
+BENCHMARK(BM_L2Norm)->Arg(768)->Arg(4096)->UseManualTime();
+
+// Weight Norm of a [4096, 4096] weight (64 MiB) at PyTorch's dim 0 (a norm
+// per row) or 1 (per column, the channels-last walk), with g: the norms'
+// pass over v, then the scaled copy.
+void BM_WeightNorm(benchmark::State& state) {
+  constexpr int64_t kSide = 4096;
+  static_assert(kSide * kSide == kElements);
+  Engine engine;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kWeightNorm;
+  spec.input = View({kSide, kSide});
+  spec.channel_axis = static_cast<int32_t>(state.range(0));
+  spec.weight = AffineParam{{kSide}, std::vector<double>(kSide, 1.5)};
+  TimeNormalize(state, engine, spec);
+  SetBytes(state, kBytes);
+}
+BENCHMARK(BM_WeightNorm)->ArgName("dim")->Arg(0)->Arg(1)->UseManualTime();
 
 // 16-bit LayerNorm / RMSNorm over D = 4096 of [1, T, 4096]: 32 Mi elements
 // (64 MiB of bf16 / fp16, so the bytes moved match BM_Copy's). Arg 0 =

@@ -37,6 +37,13 @@ ROWS = [
     ("BM_Fit/channels_last:1", "Fit NHWC", "BM_ReadSum", 0.9, "bw"),
     ("BM_RmsNorm/768", "RMSNorm [B,T,768]", "BM_Copy", 0.9, "bw"),
     ("BM_RmsNorm/4096", "RMSNorm [B,T,4096]", "BM_Copy", 0.9, "bw"),
+    ("BM_L2Norm/768", "L2 norm [B,T,768]", "BM_Copy", 0.9, "bw"),
+    ("BM_L2Norm/4096", "L2 norm [B,T,4096]", "BM_Copy", 0.9, "bw"),
+    # Two passes over v (its norms, then the output): as BatchNorm training.
+    ("BM_WeightNorm/dim:0", "Weight Norm [4096,4096] dim 0", "BM_Copy", 1.5,
+     "time"),
+    ("BM_WeightNorm/dim:1", "Weight Norm [4096,4096] dim 1", "BM_Copy", 1.5,
+     "time"),
     ("BM_GroupNorm/instance:0/channels_last:0", "GroupNorm(32) NCHW", "BM_Copy",
      0.9, "bw"),
     ("BM_GroupNorm/instance:0/channels_last:1", "GroupNorm(32) NHWC", "BM_Copy",
@@ -136,7 +143,8 @@ def main():
     # LayerNorm rows of D floats fill 64 MiB only up to a multiple of D.
     elements = (64 << 20) // 4
     sizes = {f"{kernel}/{d}": (elements // d * d) / elements
-             for kernel in ("BM_LayerNorm", "BM_RmsNorm") for d in (768, 4096)}
+             for kernel in ("BM_LayerNorm", "BM_RmsNorm", "BM_L2Norm")
+             for d in (768, 4096)}
     torch = json.load(open(sys.argv[2]))
     print(f"{'case (64 MiB, 2 threads; fp32 unless named)':34} {'normd ms':>9} "
           f"{'vs baseline':>18} {'target':>8} {'torch ms':>9} "

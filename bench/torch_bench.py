@@ -40,6 +40,14 @@ def main():
         # torch 1.13 has no RMSNorm: the usual composition of its ops.
         results[f"BM_RmsNorm/{d}"] = median_seconds(
             lambda t=t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5))
+        results[f"BM_L2Norm/{d}"] = median_seconds(
+            lambda t=t: F.normalize(t, dim=-1))
+    # The weight torch.nn.utils.weight_norm computes in its pre-forward hook.
+    v = x.view(4096, 4096)
+    for dim in (0, 1):
+        g = torch.full((4096, 1) if dim == 0 else (1, 4096), 1.5)
+        results[f"BM_WeightNorm/dim:{dim}"] = median_seconds(
+            lambda g=g, dim=dim: torch._weight_norm(v, g, dim))
     # 16-bit rows: 32 Mi elements of [1, T, 4096] (64 MiB, as BM_HalfRows).
     big = torch.cat([x, x]).view(1, -1, 4096)
     # (torch 1.13 has no float16 LayerNorm on the CPU.)

@@ -68,8 +68,10 @@ ABSL_FLAG(std::string, model, "",
           "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
           "reset, export, merge; import: the name to import under).");
 ABSL_FLAG(std::string, mode, "layer_norm",
-          "normalize: layer_norm, batch_norm, group_norm, instance_norm or "
-          "rms_norm.");
+          "normalize: layer_norm, batch_norm, group_norm, instance_norm, "
+          "rms_norm, l2_norm (F.normalize over the trailing --normalized_ndim "
+          "dims) or weight_norm (torch weight_norm of the input v at "
+          "--channel_axis, default 0, with --weight as g).");
 ABSL_FLAG(bool, training, false,
           "normalize --mode=batch_norm, or instance_norm with --model: use the "
           "batch's statistics and update the model (PyTorch train()).");
@@ -91,13 +93,16 @@ ABSL_FLAG(std::string, dtype, "float32",
           "bfloat16 or float16.");
 ABSL_FLAG(std::string, channel_axis, "",
           "BatchNorm / GroupNorm / InstanceNorm channel axis (default 1; -1 = "
-          "channels-last).");
+          "channels-last); weight_norm: PyTorch's dim (default 0).");
 ABSL_FLAG(int, normalized_ndim, 1,
-          "LayerNorm / RMSNorm: number of trailing dims normalized together.");
+          "layer_norm / rms_norm / l2_norm: number of trailing dims "
+          "normalized together.");
 ABSL_FLAG(std::string, eps, "",
-          "eps (default: model's / 1e-5; import-checkpoint: the file's).");
+          "eps (default: the model's; 1e-5; l2_norm 1e-12; weight_norm has "
+          "none; import-checkpoint: the file's).");
 ABSL_FLAG(std::string, weight, "",
-          "normalize: affine weight values; create: initial weight.");
+          "normalize: affine weight values (weight_norm: g, one per slice); "
+          "create: initial weight.");
 ABSL_FLAG(std::string, bias, "",
           "normalize: affine bias values; create: initial bias.");
 ABSL_FLAG(int64_t, num_features, 0, "create: number of channels C.");
@@ -448,7 +453,7 @@ int RunNormalize(NormdClient& client) {
       mode == v1::MODE_UNSPECIFIED) {
     return Fail(absl::InvalidArgumentError(
                     "--mode: expected layer_norm, batch_norm, group_norm, "
-                    "instance_norm or rms_norm"),
+                    "instance_norm, rms_norm, l2_norm or weight_norm"),
                 kExitUsage);
   }
   request.set_mode(mode);
@@ -467,7 +472,10 @@ int RunNormalize(NormdClient& client) {
   *request.mutable_input() = *std::move(input);
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_training(absl::GetFlag(FLAGS_training));
-  request.set_normalized_ndim(absl::GetFlag(FLAGS_normalized_ndim));
+  // Only the row modes take normalized_ndim (weight_norm refuses it).
+  if (mode == v1::LAYER_NORM || mode == v1::RMS_NORM || mode == v1::L2_NORM) {
+    request.set_normalized_ndim(absl::GetFlag(FLAGS_normalized_ndim));
+  }
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
   if (!axis.ok()) return Fail(axis.status(), kExitUsage);

@@ -34,6 +34,10 @@ export class Client {
     options?: AffineOptions & { normalizedNdim?: number; style?: "pytorch" | "bert" }): Promise<Tensor<T>>;
   rmsNorm<T extends Floats>(data: T, shape: number[],
     options?: AffineOptions & { normalizedNdim?: number }): Promise<Tensor<T>>;
+  l2Normalize<T extends Floats>(data: T, shape: number[],
+    options?: { normalizedNdim?: number; eps?: number; dtype?: HalfDType }): Promise<Tensor<T>>;
+  weightNorm<T extends Floats>(data: T, shape: number[],
+    options?: { dim?: number; g?: Floats; dtype?: HalfDType }): Promise<Tensor<T>>;
   groupNorm<T extends Floats>(data: T, shape: number[], numGroups: number,
     options?: AffineOptions & { channelAxis?: number }): Promise<Tensor<T>>;
   instanceNorm<T extends Floats>(data: T, shape: number[],

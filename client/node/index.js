@@ -231,6 +231,37 @@ class Client {
     return this._rows("RMS_NORM", data, shape, options);
   }
 
+  /**
+   * L2 normalization (torch.nn.functional.normalize, p = 2) over the last
+   * `normalizedNdim` dims: x / max(||x||, eps), eps default 1e-12; a zero
+   * row stays zero. options: normalizedNdim (default 1), eps, dtype.
+   */
+  async l2Normalize(data, shape, options = {}) {
+    const request = {
+      mode: "L2_NORM",
+      input: toTensor(data, shape, "x", options.dtype),
+      normalized_ndim: options.normalizedNdim ?? 1,
+    };
+    if (options.eps !== undefined) request.eps = options.eps;
+    return fromTensor((await this._call("Normalize", request)).output);
+  }
+
+  /**
+   * The weight torch.nn.utils.weight_norm computes: g * v / ||v||, the norm
+   * over every dim but options.dim (PyTorch's dim, default 0; negative
+   * counts from the end). options.g: one value per slice (a typed array of
+   * v's type, or Float64Array); without it the result is v. A slice whose
+   * norm is 0 gives NaN, as PyTorch. options.dtype as the other modes.
+   */
+  async weightNorm(data, shape, options = {}) {
+    const request = Client._affine({
+      mode: "WEIGHT_NORM",
+      input: toTensor(data, shape, "v", options.dtype),
+      channel_axis: options.dim ?? 0,
+    }, { weight: options.g, dtype: options.dtype });
+    return fromTensor((await this._call("Normalize", request)).output);
+  }
+
   async _rows(mode, data, shape, options) {
     const k = options.normalizedNdim ?? 1;
     const request = Client._affine({

@@ -72,10 +72,14 @@ absl::StatusOr<NormMode> ParseMode(v1::Mode mode) {
       return NormMode::kInstanceNorm;
     case v1::RMS_NORM:
       return NormMode::kRmsNorm;
+    case v1::L2_NORM:
+      return NormMode::kL2Norm;
+    case v1::WEIGHT_NORM:
+      return NormMode::kWeightNorm;
     case v1::MODE_UNSPECIFIED:
       return absl::InvalidArgumentError(
           "mode: must be set (LAYER_NORM, BATCH_NORM, GROUP_NORM, "
-          "INSTANCE_NORM or RMS_NORM)");
+          "INSTANCE_NORM, RMS_NORM, L2_NORM or WEIGHT_NORM)");
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("mode: unknown Mode value ", static_cast<int>(mode)));

@@ -57,8 +57,9 @@ constexpr const char* kCodeNames[] = {
 };
 
 constexpr const char* kElementModes[kNumElementsModes] = {
-    "layer_norm", "batch_norm_train", "batch_norm_eval", "fit",
-    "group_norm", "instance_norm",    "rms_norm"};
+    "layer_norm", "batch_norm_train", "batch_norm_eval",
+    "fit",        "group_norm",       "instance_norm",
+    "rms_norm",   "l2_norm",          "weight_norm"};
 
 constexpr const char* kRestEndpoints[kNumRestEndpoints] = {
     "server_metadata", "health_live", "health_ready", "model_metadata",

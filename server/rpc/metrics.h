@@ -53,8 +53,10 @@ enum class ElementsMode {
   kGroupNorm,
   kInstanceNorm,  // Stateless or with a model, training or eval.
   kRmsNorm,
+  kL2Norm,
+  kWeightNorm,
 };
-inline constexpr int kNumElementsModes = 7;
+inline constexpr int kNumElementsModes = 9;
 
 class ServerMetrics {
  public:

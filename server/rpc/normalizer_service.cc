@@ -226,6 +226,10 @@ ElementsMode ElementsModeOf(const NormalizeSpec& spec) {
       return ElementsMode::kInstanceNorm;
     case NormMode::kRmsNorm:
       return ElementsMode::kRmsNorm;
+    case NormMode::kL2Norm:
+      return ElementsMode::kL2Norm;
+    case NormMode::kWeightNorm:
+      return ElementsMode::kWeightNorm;
     case NormMode::kLayerNorm:
       break;
   }

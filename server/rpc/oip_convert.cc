@@ -30,10 +30,9 @@ struct BuiltinModel {
   v1::Mode mode;
 };
 constexpr BuiltinModel kBuiltinModels[] = {
-    {"layer_norm", v1::LAYER_NORM},
-    {"rms_norm", v1::RMS_NORM},
-    {"group_norm", v1::GROUP_NORM},
-    {"instance_norm", v1::INSTANCE_NORM},
+    {"layer_norm", v1::LAYER_NORM}, {"rms_norm", v1::RMS_NORM},
+    {"group_norm", v1::GROUP_NORM}, {"instance_norm", v1::INSTANCE_NORM},
+    {"l2_norm", v1::L2_NORM},       {"weight_norm", v1::WEIGHT_NORM},
 };
 
 struct Datatype {
@@ -81,6 +80,10 @@ unsigned ParamsOf(std::optional<v1::Mode> mode) {
       return kNormalizedNdim | kEps;
     case v1::GROUP_NORM:
       return kNumGroups | kEps | kChannelAxis;
+    case v1::L2_NORM:
+      return kNormalizedNdim | kEps;
+    case v1::WEIGHT_NORM:
+      return kChannelAxis;
     default:
       return kEps | kChannelAxis;
   }
@@ -552,9 +555,16 @@ void OipModelMetadata(absl::string_view name,
   const std::vector<int64_t> params = num_features.has_value()
                                           ? std::vector<int64_t>{*num_features}
                                           : std::vector<int64_t>{-1};
+  // The affine inputs the model takes: L2_NORM none, WEIGHT_NORM only its
+  // g (`weight`).
+  const v1::Mode mode = num_features.has_value()
+                            ? v1::BATCH_NORM
+                            : BuiltinOipModel(name).value_or(v1::BATCH_NORM);
   add(response.mutable_inputs(), "input", data);
-  add(response.mutable_inputs(), "weight", params);
-  add(response.mutable_inputs(), "bias", params);
+  if (mode != v1::L2_NORM) add(response.mutable_inputs(), "weight", params);
+  if (mode != v1::L2_NORM && mode != v1::WEIGHT_NORM) {
+    add(response.mutable_inputs(), "bias", params);
+  }
   add(response.mutable_outputs(), "output", data);
 }
 

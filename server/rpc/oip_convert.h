@@ -25,7 +25,8 @@ namespace normd {
 inline constexpr char kOipModelVersion[] = "1";
 
 // The stateless mode a built-in OIP model name runs ("layer_norm",
-// "rms_norm", "group_norm", "instance_norm"); nullopt for any other name,
+// "rms_norm", "group_norm", "instance_norm", "l2_norm", "weight_norm");
+// nullopt for any other name,
 // which stands for a BatchNorm model of the store.
 std::optional<v1::Mode> BuiltinOipModel(absl::string_view name);
 

@@ -391,6 +391,58 @@ double MetricValue(const std::string& text, const std::string& name,
   return -1;
 }
 
+// L2_NORM and WEIGHT_NORM over a stream: answers equal the unary calls'
+// and hand-worked values, a bad g is answered inline, and the elements are
+// counted under their own mode labels.
+TEST_F(EndToEndTest, L2AndWeightNormStreamAndCountTheirElements) {
+  const std::string before =
+      testing::HttpGet(server_->metrics_port(), "/metrics");
+  auto l2 = LayerNormRequest({2, 2}, {3, 4, 0, 0}, v1::FLOAT64);
+  l2.set_mode(v1::L2_NORM);
+  auto weight_norm = LayerNormRequest({2, 2}, {3, 4, 0, 5}, v1::FLOAT64);
+  weight_norm.set_mode(v1::WEIGHT_NORM);
+  weight_norm.clear_normalized_ndim();
+  weight_norm.mutable_weight()->set_dtype(v1::FLOAT64);
+  weight_norm.mutable_weight()->add_shape(2);
+  weight_norm.mutable_weight()->add_values(2);
+  weight_norm.mutable_weight()->add_values(10);
+  auto bad_g = weight_norm;
+  bad_g.mutable_weight()->add_values(1);
+  bad_g.mutable_weight()->set_shape(0, 3);
+  auto responses = client_->NormalizeStream({l2, bad_g, weight_norm});
+  ASSERT_TRUE(responses.ok()) << responses.status();
+  ASSERT_EQ(responses->size(), 3u);
+  auto values = [](const v1::NormalizeResponse& r) {
+    return TensorValues(r.output()).value_or(std::vector<double>{});
+  };
+  // Rows {3, 4} / 5 and a zero row kept zero.
+  const std::vector<double> unit = values((*responses)[0]);
+  ASSERT_EQ(unit.size(), 4u);
+  EXPECT_NEAR(unit[0], 0.6, 1e-15);
+  EXPECT_NEAR(unit[1], 0.8, 1e-15);
+  EXPECT_EQ(unit[2], 0.0);
+  EXPECT_EQ(values(*client_->Normalize(l2)), unit);
+  EXPECT_EQ((*responses)[1].error().code(), 3);
+  EXPECT_EQ((*responses)[1].error().message().rfind("weight.shape", 0), 0u)
+      << (*responses)[1].error().message();
+  // Row norms 5 and 5: g = 2 and 10.
+  const std::vector<double> w = values((*responses)[2]);
+  ASSERT_EQ(w.size(), 4u);
+  EXPECT_NEAR(w[0], 1.2, 1e-15);
+  EXPECT_NEAR(w[1], 1.6, 1e-15);
+  EXPECT_EQ(w[2], 0.0);
+  EXPECT_NEAR(w[3], 10.0, 1e-14);
+  const std::string after =
+      testing::HttpGet(server_->metrics_port(), "/metrics");
+  for (const char* mode : {"mode=\"l2_norm\"", "mode=\"weight_norm\""}) {
+    const double was = MetricValue(before, "normd_elements_total", {mode});
+    EXPECT_EQ(MetricValue(after, "normd_elements_total", {mode}),
+              std::max(was, 0.0) +
+                  (std::string(mode).find("l2") != std::string::npos ? 8 : 4))
+        << mode;
+  }
+}
+
 TEST_F(EndToEndTest, MetricsCountCallsCodesElementsAndModels) {
   const std::string before =
       testing::HttpGet(server_->metrics_port(), "/metrics");

@@ -87,7 +87,8 @@ def test_npy(ctl, tmp):
 
 
 def test_norm_family(ctl, tmp):
-    """GroupNorm / InstanceNorm / RMSNorm / BERT style from .npy, float16
+    """GroupNorm / InstanceNorm / RMSNorm / L2 / WeightNorm / BERT style
+    from .npy, float16
     .npy in and out, and --values with --dtype=bfloat16 (printed back)."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 6, 4, 5)) * 2 + 7
@@ -112,6 +113,21 @@ def test_norm_family(ctl, tmp):
               "--mode=rms_norm")
     check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
           f"rms_norm .npy: {run.stderr}")
+    want = x / np.maximum(np.sqrt((x * x).sum(-1, keepdims=True)), 1e-12)
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=l2_norm")
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"l2_norm .npy: {run.stderr}")
+    # weight_norm at dim 1 with g: the norms over every other dim.
+    g = np.arange(1.0, 1.0 + x.shape[1])
+    norms = np.sqrt((x * x).sum(axis=tuple(d for d in range(x.ndim) if d != 1),
+                                keepdims=True))
+    want = x / norms * g.reshape([-1 if d == 1 else 1 for d in range(x.ndim)])
+    run = ctl("normalize", f"--input={src}", f"--output={dst}",
+              "--mode=weight_norm", "--channel_axis=1",
+              "--weight=" + ",".join(str(v) for v in g))
+    check(run.returncode == 0 and np.abs(np.load(dst) - want).max() < 1e-12,
+          f"weight_norm .npy: {run.stderr}")
     want = (x - x.mean(-1, keepdims=True)) / (x.std(-1, ddof=1, keepdims=True)
                                                + 1e-6)
     run = ctl("normalize", f"--input={src}", f"--output={dst}",
@@ -459,7 +475,7 @@ def test_readme_commands(ctl, tmp):
     block = section[section.index("```sh\n") + 6:section.index("```\n", 6)]
     commands = [shlex.split(line) for line in block.splitlines()
                 if line.startswith("normctl ")]
-    check(len(commands) == 4, f"docs/clients.md modes block: {block!r}")
+    check(len(commands) == 6, f"docs/clients.md modes block: {block!r}")
     modes = os.path.join(tmp, "readme-modes")
     os.makedirs(modes)
     x = rng.standard_normal((2, 8, 3, 3))
@@ -474,6 +490,14 @@ def test_readme_commands(ctl, tmp):
     y = np.load(os.path.join(modes, "y.npy"))
     want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
     check(np.abs(y - want).max() < 1e-12, "docs/clients.md rms_norm y.npy")
+    # unit.npy: each sample of unit length; w.npy: each out-channel's slice
+    # scaled to norm g = 0.5, 2.
+    norms = np.sqrt((x * x).sum((1, 2, 3), keepdims=True))
+    check(np.abs(np.load(os.path.join(modes, "unit.npy")) - x / norms).max()
+          < 1e-12, "docs/clients.md l2_norm unit.npy")
+    g = np.array([0.5, 2.0]).reshape(2, 1, 1, 1)
+    check(np.abs(np.load(os.path.join(modes, "w.npy")) - g * x / norms).max()
+          < 1e-12, "docs/clients.md weight_norm w.npy")
     # Its export/import/merge block, with A = this server, B = a second one.
     rest = section[section.index("```\n", 6) + 4:]
     block = rest[rest.index("```sh\n") + 6:rest.index("```\n", 6)]

@@ -35,7 +35,8 @@ from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
 import oip_cases  # noqa: E402
 from oip_cases import (BATCH_NORM_STEPS, DTYPES, MODES,  # noqa: E402
-                       STATELESS_CASES, encode, fingerprint,
+                       STATELESS_CASES, affine_inputs, encode, fingerprint,
+                       model_inputs,
                        layer_norm_reference, native_request)
 
 def param(value):
@@ -100,7 +101,7 @@ def check_health_and_metadata(c, stub, native):
                  f"ModelReady {model}")
         m = stub.ModelMetadata(oip.ModelMetadataRequest(name=model))
         c.expect(m.name == model and list(m.versions) == ["1"] and
-                 [t.name for t in m.inputs] == ["input", "weight", "bias"] and
+                 [t.name for t in m.inputs] == model_inputs(model) and
                  [t.name for t in m.outputs] == ["output"],
                  f"ModelMetadata {model}: {m}")
     native.CreateModel(pb.CreateModelRequest(name="meta.bn", num_features=3))
@@ -131,13 +132,9 @@ def check_stateless(c, stub, native, rng):
             for raw in (True, False) if datatype in ("FP32", "FP64") else (
                     True,):
                 x = rng.normal(3.0, 2.0, size=shape)
-                tensors = [("input", datatype, shape, x)]
-                if model == "layer_norm" and datatype == "FP32":
-                    n = shape[-params.get("normalized_ndim", 1):]
-                    tensors += [("weight", datatype, n,
-                                 rng.normal(1, .2, size=n)),
-                                ("bias", datatype, n, rng.normal(0, .2,
-                                                                 size=n))]
+                tensors = [("input", datatype, shape, x)] + affine_inputs(
+                    model, shape, params, datatype,
+                    lambda mean, n: rng.normal(mean, .2, size=n))
                 what = f"{model} {shape} {params} {datatype} raw={raw}"
                 got = stub.ModelInfer(infer_request(model, tensors, params,
                                                     raw))

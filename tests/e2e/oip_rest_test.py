@@ -42,7 +42,8 @@ from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
 import oip_cases  # noqa: E402
 from oip_cases import (BATCH_NORM_STEPS, DTYPES, MODES,  # noqa: E402
-                       STATELESS_CASES, decode, encode, fingerprint,
+                       STATELESS_CASES, affine_inputs, decode, encode,
+                       fingerprint, model_inputs,
                        layer_norm_reference, native_request)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -137,7 +138,7 @@ def check_endpoints(c, rest, native):
             c.expect(r.status_code == 200 and m["name"] == model and
                      m["versions"] == ["1"] and
                      [t["name"] for t in m["inputs"]] ==
-                     ["input", "weight", "bias"] and
+                     model_inputs(model) and
                      [t["name"] for t in m["outputs"]] == ["output"],
                      f"metadata {path}: {r.text}")
             r = rest.get(path + "/ready")
@@ -171,12 +172,10 @@ def check_stateless(c, rest, native, rng):
         for datatype in DTYPES:
             for form in ("flat", "nested", "binary"):
                 x = quantized(rng.normal(3.0, 2.0, size=shape), datatype)
-                tensors = [("input", datatype, shape, x)]
-                if model == "layer_norm" and datatype == "FP32":
-                    n = shape[-params.get("normalized_ndim", 1):]
-                    tensors += [(name, datatype, n, quantized(
-                        rng.normal(m, .2, size=n), datatype))
-                        for name, m in (("weight", 1), ("bias", 0))]
+                tensors = [("input", datatype, shape, x)] + affine_inputs(
+                    model, shape, params, datatype,
+                    lambda mean, n: quantized(rng.normal(mean, .2, size=n),
+                                              datatype))
                 document = {"id": "r1", "parameters": params}
                 what = f"{model} {shape} {params} {datatype} {form}"
                 if form == "binary":

@@ -5,6 +5,7 @@ checked against torch 1.13 and an fp64 numpy reference.
 Covers: layer_norm and batch_norm (eval, training, channels-last) vs torch
 with dtypes preserved; group_norm, instance_norm (stateless and on a model),
 rms_norm and the BERT layer_norm style vs torch / their formulas in fp64,
+l2_normalize vs F.normalize and weight_norm vs torch's weight_norm,
 with float16 numpy arrays and bfloat16 torch tensors; create_model from a trained torch.nn.BatchNorm2d's
 state_dict and back; fit vs fp64 pooled statistics; list/get/reset/delete;
 export/import/merge (exact round trip);
@@ -142,6 +143,46 @@ def test_norm_family(client):
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, "num_groups",
                  lambda: client.group_norm(x.numpy(), 4),
                  "group_norm with 4 groups of 6 channels")
+
+
+def test_l2_and_weight_norm(client):
+    """l2_normalize vs F.normalize over one dim, a middle dim (moved last and
+    back) and a tuple of dims; weight_norm vs torch.nn.utils.weight_norm's
+    weight at dims 0, 1, PyTorch's -1 (the whole tensor) and None, with g
+    in weight_g's shape and without g."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 5, 4, 6, generator=gen, dtype=torch.float64) * 2 + 1
+    for dim in (-1, 1, (2, 3), (1, 3)):
+        close(client.l2_normalize(x.numpy(), dim=dim),
+              torch.nn.functional.normalize(x, dim=dim), 1e-12,
+              f"l2_normalize dim={dim}")
+    got = client.l2_normalize(x.float(), dim=1, eps=1e-3)
+    check(isinstance(got, torch.Tensor) and got.dtype == torch.float32,
+          "l2_normalize keeps a torch float32 tensor")
+    close(got, torch.nn.functional.normalize(x.float().double(), dim=1,
+                                             eps=1e-3), 1e-6,
+          "l2_normalize torch float32 dim=1")
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, "eps",
+                 lambda: client.l2_normalize(x.numpy(), eps=0.0),
+                 "l2_normalize eps=0")
+    for make in (lambda: torch.nn.Linear(6, 5), lambda: torch.nn.Conv2d(4, 8, 3)):
+        for dim in (0, 1, -1, None):
+            module = torch.nn.utils.weight_norm(make().double(), dim=dim)
+            with torch.no_grad():
+                module.weight_g.uniform_(0.5, 2.0, generator=gen)
+                v, g = module.weight_v.detach(), module.weight_g.detach()
+                want = torch._weight_norm(v, g, -1 if dim is None else dim)
+            what = f"weight_norm {list(v.shape)} dim={dim}"
+            close(client.weight_norm(v.numpy(), g.numpy(), dim=dim), want,
+                  1e-12, what)
+            got = client.weight_norm(v.float(), g.float(), dim=dim)
+            check(isinstance(got, torch.Tensor) and got.dtype == torch.float32,
+                  what + " keeps a torch float32 tensor")
+            close(got, torch._weight_norm(v.float().double(), g, -1 if dim
+                                          is None else dim), 1e-6,
+                  what + " float32")
+            check(np.array_equal(client.weight_norm(v.numpy(), dim=dim),
+                                 v.numpy()), what + " without g is v")
 
 
 def test_batch_norm_from_torch(client):
@@ -441,6 +482,7 @@ def main():
         with normd.Client(f"127.0.0.1:{port}", timeout=30) as client:
             test_layer_norm(client)
             test_norm_family(client)
+            test_l2_and_weight_norm(client)
             test_batch_norm_from_torch(client)
             test_fit_and_models(client)
             test_errors(client)

@@ -9,7 +9,31 @@ from normd.v1 import normalizer_pb2 as pb
 DTYPES = {"FP32": pb.FLOAT32, "FP64": pb.FLOAT64, "FP16": pb.FLOAT16,
           "BF16": pb.BFLOAT16}
 MODES = {"layer_norm": pb.LAYER_NORM, "rms_norm": pb.RMS_NORM,
-         "group_norm": pb.GROUP_NORM, "instance_norm": pb.INSTANCE_NORM}
+         "group_norm": pb.GROUP_NORM, "instance_norm": pb.INSTANCE_NORM,
+         "l2_norm": pb.L2_NORM, "weight_norm": pb.WEIGHT_NORM}
+
+
+def model_inputs(model):
+    """The inputs ModelMetadata lists for a model: L2 takes no affine,
+    Weight Norm only its g (`weight`)."""
+    return {"l2_norm": ["input"], "weight_norm": ["input", "weight"]}.get(
+        model, ["input", "weight", "bias"])
+
+
+def affine_inputs(model, shape, params, datatype, sample):
+    """The affine tensors the stateless matrix sends with FP32 inputs:
+    LayerNorm's weight and bias over the normalized dims, Weight Norm's g
+    per slice; `sample(mean, shape)` gives their values."""
+    if datatype != "FP32":
+        return []
+    if model == "layer_norm":
+        n = shape[-params.get("normalized_ndim", 1):]
+        return [(name, datatype, n, sample(mean, n))
+                for name, mean in (("weight", 1), ("bias", 0))]
+    if model == "weight_norm":
+        n = [shape[params.get("channel_axis", 0)]]
+        return [("weight", datatype, n, sample(1, n))]
+    return []
 
 
 # (model, shape, parameters) of the stateless matrix.
@@ -22,6 +46,10 @@ STATELESS_CASES = [
     ("group_norm", [2, 4, 3, 4], {"num_groups": 2, "channel_axis": -1}),
     ("instance_norm", [2, 3, 7], {}),
     ("instance_norm", [2, 5, 3], {"channel_axis": -1}),
+    ("l2_norm", [4, 9], {}),
+    ("l2_norm", [2, 3, 5], {"normalized_ndim": 2, "eps": 1e-3}),
+    ("weight_norm", [6, 4, 3], {}),
+    ("weight_norm", [6, 4, 3], {"channel_axis": -1}),
 ]
 
 

@@ -102,6 +102,31 @@ test("normd Node client", async (t) => {
     await assert.rejects(client.layerNorm(Uint16Array.from([1]), [1]), TypeError);
   });
 
+  await t.test("l2Normalize and weightNorm match fp64", async () => {
+    // Rows {3, 4} and {0, 0}: 0.6, 0.8, and a zero row kept zero.
+    const l2 = await client.l2Normalize(Float64Array.from([3, 4, 0, 0]), [2, 2]);
+    assert.ok(maxError(l2.data, [0.6, 0.8, 0, 0]) < 1e-15);
+    // Over two dims: the block {1, 2, 2, 4} has norm 5.
+    const block = await client.l2Normalize(Float32Array.from([1, 2, 2, 4]), [1, 2, 2],
+      { normalizedNdim: 2 });
+    assert.ok(block.data instanceof Float32Array);
+    assert.ok(maxError(block.data, [0.2, 0.4, 0.4, 0.8]) < 1e-7);
+    // v = [[3, 4], [0, 5]]: dim 0 row norms 5 and 5, g = [2, 10].
+    const v = Float64Array.from([3, 4, 0, 5]);
+    const rows = await client.weightNorm(v, [2, 2], { g: Float64Array.from([2, 10]) });
+    assert.ok(maxError(rows.data, [1.2, 1.6, 0, 10]) < 1e-15);
+    // dim 1 (and -1): column norms 3 and sqrt(41); without g, w = v.
+    for (const dim of [1, -1]) {
+      const cols = await client.weightNorm(v, [2, 2], { dim, g: Float64Array.from([1, 1]) });
+      const r = Math.sqrt(41);
+      assert.ok(maxError(cols.data, [1, 4 / r, 0, 5 / r]) < 1e-15);
+    }
+    const same = await client.weightNorm(v, [2, 2], { dim: 1 });
+    assert.deepEqual(Array.from(same.data), Array.from(v));
+    await assert.rejects(client.weightNorm(v, [2, 2], { g: Float64Array.from([1, 1, 1]) }),
+      (e) => e.code === 3 && e.details.startsWith("weight.shape"));
+  });
+
   await t.test("layerNorm with weight and bias over two dims", async () => {
     const x = Float64Array.from({ length: 12 }, (_, i) => i * i);
     const w = Float64Array.from({ length: 6 }, (_, i) => 1 + i);

@@ -1,7 +1,7 @@
 """normd.Client: numpy in, numpy out, over gRPC (see normd/__init__.py)."""
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -134,6 +134,14 @@ def _to_tensor(x: Any, field: str) -> "pb.Tensor":
     return tensor
 
 
+def _move_dims(x: Any, source: Sequence[int], destination: Sequence[int]):
+    """x (numpy or torch) with dims `source` moved to `destination`."""
+    if _is_torch(x):
+        import torch
+        return torch.movedim(x, tuple(source), tuple(destination))
+    return np.moveaxis(x, source, destination)
+
+
 def _from_tensor(tensor: "pb.Tensor", like: Any = None):
     """The output as numpy, or as a torch tensor when `like` (the input) was
     one; BFLOAT16 outputs come back in the input's bfloat16 type."""
@@ -237,6 +245,55 @@ class Client:
             normalized_ndim=normalized_ndim)
         self._affine(request, weight, bias, eps)
         return _from_tensor(self._call("Normalize", request).output, x)
+
+    def l2_normalize(self, x, dim: Union[int, Sequence[int]] = -1,
+                     eps: Optional[float] = None):
+        """torch.nn.functional.normalize(x, p=2, dim=dim, eps=eps):
+        x / max(||x||_2, eps), the norm over `dim` (one dim or several; eps
+        default 1e-12). A zero row stays zero. The server normalizes
+        trailing dims: others are moved last for the call and back after
+        it."""
+        rank = len(x.shape)
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        if rank == 0 or not dims:
+            raise ValueError("dim: x needs rank >= 1 and dim at least one "
+                             f"dim (x has shape {tuple(x.shape)})")
+        for d in dims:
+            if not -rank <= d < rank:
+                raise ValueError(f"dim: {d} is out of range for rank {rank}")
+        resolved = sorted({d % rank for d in dims})
+        if len(resolved) != len(dims):
+            raise ValueError(f"dim: {dims} names a dim twice")
+        trailing = list(range(rank - len(resolved), rank))
+        moved = resolved != trailing
+        request = pb.NormalizeRequest(
+            mode=pb.L2_NORM,
+            input=_to_tensor(_move_dims(x, resolved, trailing) if moved else x,
+                             "x"),
+            normalized_ndim=len(resolved))
+        self._affine(request, None, None, eps)
+        out = _from_tensor(self._call("Normalize", request).output, x)
+        return _move_dims(out, trailing, resolved) if moved else out
+
+    def weight_norm(self, v, g=None, dim: Optional[int] = 0):
+        """The weight torch.nn.utils.weight_norm computes from v and g:
+        g * v / ||v||_2, the norm over every dim but `dim` (PyTorch's
+        default 0). g: shape [v.shape[dim]] or PyTorch's weight_g shape (1
+        in the other dims); None is PyTorch's initial g = ||v||, so the
+        result is v. dim=None, or -1 as PyTorch reads it, takes the norm of
+        the whole tensor (g a scalar). A slice whose norm is 0 gives NaN,
+        as in PyTorch."""
+        if dim is None or dim == -1:
+            flat = v.reshape(1, -1)
+            gain = None if g is None else np.asarray(
+                g.detach().cpu() if _is_torch(g) else g).reshape(1)
+            return self.weight_norm(flat, gain, 0).reshape(tuple(v.shape))
+        request = pb.NormalizeRequest(mode=pb.WEIGHT_NORM,
+                                      input=_to_tensor(v, "v"),
+                                      channel_axis=dim)
+        if g is not None:
+            request.weight.CopyFrom(_to_tensor(g, "g"))
+        return _from_tensor(self._call("Normalize", request).output, v)
 
     def group_norm(self, x, num_groups: int, channel_axis: int = 1,
                    weight=None, bias=None,
