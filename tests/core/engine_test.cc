@@ -429,6 +429,27 @@ auto WithThreads(int threads, F f) {
   return f();
 }
 
+// Expects `normalize` (a Normalize of `spec` into a float output) to give
+// the same bytes on 2 and 8 threads as on 1.
+void ExpectSameBitsOnAnyThreads(const NormalizeSpec& spec,
+                                const std::string& what) {
+  auto run = [&](int threads) {
+    return WithThreads(threads, [&] {
+      Engine engine;
+      std::vector<float> y(spec.input.size);
+      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok()) << what;
+      return y;
+    });
+  };
+  const std::vector<float> one = run(1);
+  for (int threads : {2, 8}) {
+    EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
+                          one.size() * sizeof(float)),
+              0)
+        << what << " on " << threads << " threads";
+  }
+}
+
 TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
   tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   struct Case {
@@ -531,26 +552,12 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
                              {{2, 5, 4, 30000}, 2, 2}};
   for (const GroupCase& c : cases) {
     const auto x = RandomValues<float>(NumElementsOf(c.shape), 3, 1e3, 5.0);
-    auto run = [&](int threads) {
-      tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
-                                threads);
-      Engine engine;
-      NormalizeSpec spec;
-      spec.mode = NormMode::kGroupNorm;
-      spec.num_groups = c.groups;
-      spec.channel_axis = c.axis;
-      spec.input = View(x, c.shape);
-      std::vector<float> y(x.size());
-      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
-      return y;
-    };
-    const std::vector<float> one = run(1);
-    for (int threads : {2, 8}) {
-      EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
-                            one.size() * sizeof(float)),
-                0)
-          << threads;
-    }
+    NormalizeSpec spec;
+    spec.mode = NormMode::kGroupNorm;
+    spec.num_groups = c.groups;
+    spec.channel_axis = c.axis;
+    spec.input = View(x, c.shape);
+    ExpectSameBitsOnAnyThreads(spec, ShapeString(c.shape));
   }
 }
 
@@ -572,32 +579,18 @@ TEST(DeterminismTest, L2AndWeightNormBitwiseEqualFor1AndNThreads) {
                         {NormMode::kWeightNorm, {256, 64, 3, 3}, 0}};
   for (const Case& c : cases) {
     const auto x = RandomValues<float>(NumElementsOf(c.shape), 4, 1e3, 5.0);
-    auto run = [&](int threads) {
-      tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
-                                threads);
-      Engine engine;
-      NormalizeSpec spec;
-      spec.mode = c.mode;
-      spec.input = View(x, c.shape);
-      if (c.mode == NormMode::kL2Norm) {
-        spec.normalized_ndim = c.dims_or_axis;
-      } else {
-        spec.channel_axis = c.dims_or_axis;
-        const int64_t channels = c.shape[c.dims_or_axis];
-        spec.weight = AffineParam{{channels},
-                                  RandomValues<double>(channels, 5, 1.0, 0.2)};
-      }
-      std::vector<float> y(x.size());
-      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok());
-      return y;
-    };
-    const std::vector<float> one = run(1);
-    for (int threads : {2, 8}) {
-      EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
-                            one.size() * sizeof(float)),
-                0)
-          << ShapeString(c.shape) << " on " << threads << " threads";
+    NormalizeSpec spec;
+    spec.mode = c.mode;
+    spec.input = View(x, c.shape);
+    if (c.mode == NormMode::kL2Norm) {
+      spec.normalized_ndim = c.dims_or_axis;
+    } else {
+      spec.channel_axis = c.dims_or_axis;
+      const int64_t channels = c.shape[c.dims_or_axis];
+      spec.weight =
+          AffineParam{{channels}, RandomValues<double>(channels, 5, 1.0, 0.2)};
     }
+    ExpectSameBitsOnAnyThreads(spec, ShapeString(c.shape));
   }
 }
 

@@ -19,6 +19,7 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::ExpectWithinHalfRounding;
 using ::normd::testing::HalfValue;
 using ::normd::testing::Param;
 using ::normd::testing::RandomValues;
@@ -170,14 +171,7 @@ TEST(L2NormTest, HalfDtypesWithinTheirRounding) {
       Engine engine;
       ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
       const auto ref = ReferenceL2Norm(decoded, n, 1e-12);
-      // float16's subnormals are spaced 2^-24 apart, whatever the value.
-      const double half_ulp = dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
-      const double half_spacing = dtype == DType::kBFloat16 ? 0 : 0x1p-25;
-      for (size_t i = 0; i < y.size(); ++i) {
-        EXPECT_LE(std::abs(HalfValue(dtype, y[i]) - ref[i]),
-                  std::abs(ref[i]) * (half_ulp + 1e-6) + half_spacing)
-            << i;
-      }
+      ExpectWithinHalfRounding(dtype, y, ref);
     }
   }
 }

@@ -19,6 +19,7 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::ExpectWithinHalfRounding;
 using ::normd::testing::HalfValue;
 using ::normd::testing::Param;
 using ::normd::testing::RandomValues;
@@ -226,14 +227,7 @@ TEST(WeightNormTest, HalfDtypesWithinTheirRounding) {
       ASSERT_TRUE(engine.Normalize(spec, w.data()).ok());
       const auto ref =
           ReferenceWeightNorm(decoded, l.outer, l.channels, l.inner, g);
-      // float16's subnormals are spaced 2^-24 apart, whatever the value.
-      const double half_ulp = dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
-      const double half_spacing = dtype == DType::kBFloat16 ? 0 : 0x1p-25;
-      for (size_t i = 0; i < w.size(); ++i) {
-        EXPECT_LE(std::abs(HalfValue(dtype, w[i]) - ref[i]),
-                  std::abs(ref[i]) * (half_ulp + 1e-6) + half_spacing)
-            << i;
-      }
+      ExpectWithinHalfRounding(dtype, w, ref);
     }
   }
 }

@@ -125,6 +125,23 @@ inline double HalfValue(DType dtype, uint16_t h) {
                                    : PatternValue(h, 5, 10);
 }
 
+// Expects each 16-bit y[i] of `dtype` within one rounding of the format of
+// ref[i] (half an ulp, plus 1e-6 relative for the fp32 computation before
+// it), or half the spacing of float16's subnormals (2^-24 apart whatever
+// the value).
+inline void ExpectWithinHalfRounding(DType dtype,
+                                     const std::vector<uint16_t>& y,
+                                     const std::vector<double>& ref) {
+  const double half_ulp = dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double half_spacing = dtype == DType::kBFloat16 ? 0 : 0x1p-25;
+  ASSERT_EQ(y.size(), ref.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    EXPECT_LE(std::abs(HalfValue(dtype, y[i]) - ref[i]),
+              std::abs(ref[i]) * (half_ulp + 1e-6) + half_spacing)
+        << i;
+  }
+}
+
 // A GroupNorm case: shape, channel axis as sent, and the number of groups.
 struct GroupCase {
   Shape shape;
