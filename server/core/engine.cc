@@ -630,9 +630,10 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
   absl::StatusOr<ChannelLayout> layout =
       ResolveWeightNormAxis(in.shape, spec.channel_axis);
   if (!layout.ok()) return layout.status();
-  const int32_t requested_axis = spec.channel_axis.value_or(0);
+  const int64_t rank = static_cast<int64_t>(in.shape.size());
+  const int64_t requested_axis = spec.channel_axis.value_or(0);
   const int64_t axis =
-      requested_axis < 0 ? requested_axis + in.shape.size() : requested_axis;
+      requested_axis < 0 ? requested_axis + rank : requested_axis;
   const std::vector<double> no_norms(layout->channels, 1.0);
   if (absl::Status s = WeightNormGains(spec, axis, no_norms).status();
       !s.ok()) {
