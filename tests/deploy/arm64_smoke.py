@@ -3,8 +3,9 @@
 
 Starts the host's normd and the cross-built ARM64 normd (qemu-user-static,
 once as a NEON CPU and once as `-cpu max`, which has SVE), and sends both,
-from the host's normctl over loopback: Normalize in float32 LayerNorm,
-bfloat16 GroupNorm channels-last and float16 RMSNorm, and a Fit whose model
+from the host's normctl over loopback: Normalize in float32 LayerNorm and
+L2 norm, bfloat16 GroupNorm channels-last and Weight Norm, and float16
+RMSNorm, and a Fit whose model
 is then read back and used by a BatchNorm Normalize. Output bytes and model
 statistics must be identical. Used by `make test-arm64`.
 
@@ -71,7 +72,10 @@ def main():
                     ("f32", "layer_norm", []),
                     ("bf16", "group_norm", ["--num_groups=2",
                                             "--channel_axis=-1"]),
-                    ("f16", "rms_norm", [])):
+                    ("f16", "rms_norm", []),
+                    ("f32", "l2_norm", ["--normalized_ndim=2"]),
+                    ("bf16", "weight_norm", ["--channel_axis=1",
+                                             "--weight=1,2,3,4,5,6"])):
                 out = path(f"{tag}-{name}.out")
                 ctl("normalize", f"--input_file={path(name + '.bin')}",
                     f"--shape={shape(name)}", f"--dtype={inputs[name][1]}",
