@@ -19,6 +19,7 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::ExpectInvalidNaming;
 using ::normd::testing::ExpectWithinHalfRounding;
 using ::normd::testing::HalfValue;
 using ::normd::testing::Param;
@@ -201,12 +202,7 @@ TEST(L2NormTest, RefusesWhatItDoesNotTake) {
   auto expect_invalid = [&](NormalizeSpec spec, const std::string& field) {
     spec.mode = NormMode::kL2Norm;
     if (spec.input.data == nullptr) spec.input = View(x, {3, 4});
-    const auto result = engine.Normalize(spec, y.data());
-    ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
-        << field;
-    EXPECT_EQ(result.status().message().substr(0, field.size() + 1),
-              field + ":")
-        << result.status();
+    ExpectInvalidNaming(engine.Normalize(spec, y.data()).status(), field);
   };
   NormalizeSpec spec;
   spec.weight = Param({1, 1, 1, 1});

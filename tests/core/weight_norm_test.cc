@@ -19,6 +19,7 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::ExpectInvalidNaming;
 using ::normd::testing::ExpectWithinHalfRounding;
 using ::normd::testing::HalfValue;
 using ::normd::testing::Param;
@@ -240,14 +241,8 @@ TEST(WeightNormTest, RefusesWhatItDoesNotTake) {
                             const std::string& detail) {
     spec.mode = NormMode::kWeightNorm;
     if (spec.input.data == nullptr) spec.input = View(v, {4, 3, 2});
-    const auto result = engine.Normalize(spec, w.data());
-    ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
-        << field;
-    EXPECT_EQ(result.status().message().substr(0, field.size() + 1),
-              field + ":")
-        << result.status();
-    EXPECT_NE(result.status().message().find(detail), std::string::npos)
-        << result.status();
+    ExpectInvalidNaming(engine.Normalize(spec, w.data()).status(), field,
+                        detail);
   };
   NormalizeSpec spec;
   spec.bias = Param({0, 0, 0, 0});

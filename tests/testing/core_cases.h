@@ -142,6 +142,17 @@ inline void ExpectWithinHalfRounding(DType dtype,
   }
 }
 
+// Expects `status` to be INVALID_ARGUMENT with a message that starts with
+// "<field>:" and contains `detail`.
+inline void ExpectInvalidNaming(const absl::Status& status,
+                                const std::string& field,
+                                const std::string& detail = "") {
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << field;
+  EXPECT_EQ(status.message().substr(0, field.size() + 1), field + ":")
+      << status;
+  EXPECT_NE(status.message().find(detail), std::string::npos) << status;
+}
+
 // A GroupNorm case: shape, channel axis as sent, and the number of groups.
 struct GroupCase {
   Shape shape;
