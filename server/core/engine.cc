@@ -366,12 +366,11 @@ absl::Status CheckL2Fields(const NormalizeSpec& spec) {
   return absl::OkStatus();
 }
 
-// g of WEIGHT_NORM per channel: `weight` of shape [C] or the PyTorch
-// parameter's shape (the input's rank, C at `axis`, 1 elsewhere); unset,
-// the norms themselves (PyTorch's initial g), so that the output is v.
-absl::StatusOr<std::vector<double>> WeightNormGains(
-    const NormalizeSpec& spec, int64_t axis, const std::vector<double>& norms) {
-  if (!spec.weight.has_value()) return norms;
+// INVALID_ARGUMENT naming weight.shape unless WEIGHT_NORM's g, if given,
+// has shape [C] or the PyTorch parameter's shape (the input's rank, C at
+// `axis`, 1 elsewhere).
+absl::Status CheckGainShape(const NormalizeSpec& spec, int64_t axis) {
+  if (!spec.weight.has_value()) return absl::OkStatus();
   const int64_t channels = spec.input.shape[axis];
   Shape parameter_shape(spec.input.shape.size(), 1);
   parameter_shape[axis] = channels;
@@ -382,7 +381,7 @@ absl::StatusOr<std::vector<double>> WeightNormGains(
         ShapeString(parameter_shape), " (g of input.shape ",
         ShapeString(spec.input.shape), " at channel_axis ", axis, ")"));
   }
-  return spec.weight->values;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -634,11 +633,7 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
   const int64_t requested_axis = spec.channel_axis.value_or(0);
   const int64_t axis =
       requested_axis < 0 ? requested_axis + rank : requested_axis;
-  const std::vector<double> no_norms(layout->channels, 1.0);
-  if (absl::Status s = WeightNormGains(spec, axis, no_norms).status();
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckGainShape(spec, axis); !s.ok()) return s;
   if (in.size == 0) return absl::OkStatus();
   const std::vector<Moments> moments =
       VisitChannelDType(in.dtype, [&](auto* type) {
@@ -654,7 +649,9 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
                       EuclideanNorm(moments[c], in.dtype, in.data, *layout, c);
                 }
               });
-  const std::vector<double> gains = *WeightNormGains(spec, axis, norms);
+  // Without g, PyTorch's initial g = ||v||: the output is v.
+  const std::vector<double>& gains =
+      spec.weight.has_value() ? spec.weight->values : norms;
   // w = v * (g / ||v||), as PyTorch: the shift -0 keeps v's signed zeros
   // (x * s + -0 is x * s exactly), and a zero or non-finite norm gives
   // PyTorch's NaN (0 / 0, Inf / Inf).
