@@ -626,27 +626,24 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
         "normalized_ndim: WEIGHT_NORM takes channel_axis (PyTorch's dim), not "
         "normalized_ndim; leave it 0");
   }
-  absl::StatusOr<ChannelLayout> layout =
+  absl::StatusOr<int64_t> axis =
       ResolveWeightNormAxis(in.shape, spec.channel_axis);
-  if (!layout.ok()) return layout.status();
-  const int64_t rank = static_cast<int64_t>(in.shape.size());
-  const int64_t requested_axis = spec.channel_axis.value_or(0);
-  const int64_t axis =
-      requested_axis < 0 ? requested_axis + rank : requested_axis;
-  if (absl::Status s = CheckGainShape(spec, axis); !s.ok()) return s;
+  if (!axis.ok()) return axis.status();
+  if (absl::Status s = CheckGainShape(spec, *axis); !s.ok()) return s;
+  const ChannelLayout layout = LayoutAround(in.shape, *axis);
   if (in.size == 0) return absl::OkStatus();
   const std::vector<Moments> moments =
       VisitChannelDType(in.dtype, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return ChannelMoments(DTypeOf<T>(),
-                              static_cast<const Storage<T>*>(in.data), *layout);
+                              static_cast<const Storage<T>*>(in.data), layout);
       });
-  std::vector<double> norms(layout->channels);
-  ParallelFor(tbb::blocked_range<int64_t>(0, layout->channels, 1),
-              layout->channels, [&](const tbb::blocked_range<int64_t>& range) {
+  std::vector<double> norms(layout.channels);
+  ParallelFor(tbb::blocked_range<int64_t>(0, layout.channels, 1),
+              layout.channels, [&](const tbb::blocked_range<int64_t>& range) {
                 for (int64_t c = range.begin(); c < range.end(); ++c) {
                   norms[c] =
-                      EuclideanNorm(moments[c], in.dtype, in.data, *layout, c);
+                      EuclideanNorm(moments[c], in.dtype, in.data, layout, c);
                 }
               });
   // Without g, PyTorch's initial g = ||v||: the output is v.
@@ -655,13 +652,13 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
   // w = v * (g / ||v||), as PyTorch: the shift -0 keeps v's signed zeros
   // (x * s + -0 is x * s exactly), and a zero or non-finite norm gives
   // PyTorch's NaN (0 / 0, Inf / Inf).
-  std::vector<double> scale(layout->channels);
-  for (int64_t c = 0; c < layout->channels; ++c) {
+  std::vector<double> scale(layout.channels);
+  for (int64_t c = 0; c < layout.channels; ++c) {
     scale[c] = gains[c] / norms[c];
   }
-  const std::vector<double> zero(layout->channels, 0.0);
-  const std::vector<double> minus_zero(layout->channels, -0.0);
-  ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, zero.data(),
+  const std::vector<double> zero(layout.channels, 0.0);
+  const std::vector<double> minus_zero(layout.channels, -0.0);
+  ChannelAffineKernel(in.dtype, SourceOf(in), output, layout, zero.data(),
                       scale.data(), minus_zero.data());
   return absl::OkStatus();
 }

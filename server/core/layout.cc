@@ -13,15 +13,6 @@ int64_t Product(absl::Span<const int64_t> dims) {
                          [](int64_t a, int64_t b) { return a * b; });
 }
 
-// `shape` split around axis `axis` (0 <= axis < rank).
-ChannelLayout SplitAround(absl::Span<const int64_t> shape, int64_t axis) {
-  ChannelLayout layout;
-  layout.outer = Product(shape.subspan(0, axis));
-  layout.channels = shape[axis];
-  layout.inner = Product(shape.subspan(axis + 1));
-  return layout;
-}
-
 // `requested` as an axis of a rank `rank` shape (negative from the end), or
 // INVALID_ARGUMENT naming channel_axis and the valid range.
 absl::StatusOr<int64_t> ResolveAxis(int64_t requested, int64_t rank,
@@ -55,19 +46,25 @@ absl::StatusOr<ChannelLayout> ResolveChannelAxis(
         "channel_axis: ", requested, " is the batch axis 0; use 1..", rank - 1,
         " or a negative axis"));
   }
-  return SplitAround(shape, *axis);
+  return LayoutAround(shape, *axis);
 }
 
-absl::StatusOr<ChannelLayout> ResolveWeightNormAxis(
+ChannelLayout LayoutAround(absl::Span<const int64_t> shape, int64_t axis) {
+  ChannelLayout layout;
+  layout.outer = Product(shape.subspan(0, axis));
+  layout.channels = shape[axis];
+  layout.inner = Product(shape.subspan(axis + 1));
+  return layout;
+}
+
+absl::StatusOr<int64_t> ResolveWeightNormAxis(
     absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis) {
   const int64_t rank = static_cast<int64_t>(shape.size());
   if (rank < 1) {
     return absl::InvalidArgumentError(
         "input.shape: WEIGHT_NORM needs rank >= 1, got a scalar");
   }
-  absl::StatusOr<int64_t> axis = ResolveAxis(channel_axis.value_or(0), rank, 0);
-  if (!axis.ok()) return axis.status();
-  return SplitAround(shape, *axis);
+  return ResolveAxis(channel_axis.value_or(0), rank, 0);
 }
 
 absl::StatusOr<RowLayout> ResolveNormalizedDims(absl::Span<const int64_t> shape,

@@ -29,12 +29,15 @@ struct ChannelLayout {
 absl::StatusOr<ChannelLayout> ResolveChannelAxis(
     absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis);
 
-// Resolves the WEIGHT_NORM axis (PyTorch's `dim`) of `shape`: unset = 0,
-// negative counts from the end, any axis of a rank >= 1 shape. The norm is
-// taken per channel, over every other axis. INVALID_ARGUMENT naming
-// `input.shape` / `channel_axis` otherwise.
-absl::StatusOr<ChannelLayout> ResolveWeightNormAxis(
+// Resolves the WEIGHT_NORM axis (PyTorch's `dim`) of `shape` to an index:
+// unset = 0, negative counts from the end, any axis of a rank >= 1 shape.
+// INVALID_ARGUMENT naming `input.shape` / `channel_axis` otherwise.
+absl::StatusOr<int64_t> ResolveWeightNormAxis(
     absl::Span<const int64_t> shape, std::optional<int32_t> channel_axis);
+
+// `shape` split around its axis `axis` (0 <= axis < rank): WEIGHT_NORM's
+// norm is taken per channel, over every other axis.
+ChannelLayout LayoutAround(absl::Span<const int64_t> shape, int64_t axis);
 
 // The rows of LayerNorm: `rows` rows of `row_size` elements (the last
 // normalized_ndim dims).

@@ -77,11 +77,10 @@ unsigned ParamsOf(std::optional<v1::Mode> mode) {
     case v1::LAYER_NORM:
       return kNormalizedNdim | kEps | kStyle;
     case v1::RMS_NORM:
+    case v1::L2_NORM:
       return kNormalizedNdim | kEps;
     case v1::GROUP_NORM:
       return kNumGroups | kEps | kChannelAxis;
-    case v1::L2_NORM:
-      return kNormalizedNdim | kEps;
     case v1::WEIGHT_NORM:
       return kChannelAxis;
     default:
