@@ -41,9 +41,23 @@ def build_baseline(rev):
     if not os.path.isdir(tree):
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach",
                         tree, short], check=True)
-    for name in ("incache_bench.cc", "CMakeLists.txt"):
-        shutil.copy(os.path.join(ROOT, "bench", name),
-                    os.path.join(tree, "bench", name))
+    shutil.copy(os.path.join(ROOT, "bench", "incache_bench.cc"),
+                os.path.join(tree, "bench", "incache_bench.cc"))
+    # The baseline's own bench/CMakeLists.txt, plus this checkout's
+    # incache_bench target if it has none: today's whole file links
+    # libraries an old tree does not look for.
+    lists = os.path.join(tree, "bench", "CMakeLists.txt")
+    subprocess.run(["git", "-C", tree, "checkout", "--", "bench/CMakeLists.txt"],
+                   check=True)
+    with open(lists) as f:
+        baseline_lists = f.read()
+    if "add_executable(incache_bench" not in baseline_lists:
+        with open(os.path.join(ROOT, "bench", "CMakeLists.txt")) as f:
+            ours = f.read()
+        start = ours.index("add_executable(incache_bench")
+        end = ours.index(")", ours.index("target_link_libraries(incache_bench"))
+        with open(lists, "a") as f:
+            f.write("\n" + ours[start:end + 1] + "\n")
     build = os.path.join(tree, "build")
     subprocess.run(["cmake", "-S", tree, "-B", build], check=True,
                    stdout=subprocess.DEVNULL)
