@@ -2,6 +2,7 @@
 // non-finite flags, and the hand-written kernels against the compiled loops.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -10,7 +11,9 @@
 #include <vector>
 
 #include "server/core/engine.h"
+#include "server/core/half.h"
 #include "server/core/simd/block_moments.h"
+#include "server/core/simd/fold.h"
 #include "tests/testing/core_cases.h"
 #include "tests/testing/simd_targets.h"
 
@@ -172,23 +175,71 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
   for (const auto& [name, values] : blocks) {
     const int64_t n = static_cast<int64_t>(values.size());
     const float* x = values.data();  // Clang 14 captures no bindings.
-    std::vector<std::pair<std::string, Moments>> by_target;
+    // The 16-bit blocks too: bfloat16 blocks of 2048 values or more are
+    // read in pair order where vectors allow (not on scalar).
+    std::vector<uint16_t> bf16(values.size());
+    for (int64_t i = 0; i < n; ++i) {
+      bf16[i] = DoubleToHalf(DType::kBFloat16, values[i]);
+    }
+    const uint16_t* halves = bf16.data();
+    std::vector<std::pair<std::string, Moments>> by_target, bf16_by_target;
     ForEachSimdTarget([&](const std::string& target) {
       by_target.emplace_back(target, BlockMoments(DType::kFloat32, x, n));
+      std::vector<float> scratch(n);
+      bf16_by_target.emplace_back(
+          target, BlockMoments(DType::kBFloat16, halves, n, scratch.data()));
     });
     const Moments& first = by_target.front().second;
     EXPECT_EQ(first.count, n) << name;
-    for (const auto& [target, m] : by_target) {
-      EXPECT_EQ(std::bit_cast<uint64_t>(m.mean),
-                std::bit_cast<uint64_t>(first.mean))
-          << name << " on " << target << ": " << m.mean << " vs " << first.mean;
-      EXPECT_EQ(std::bit_cast<uint64_t>(m.m2),
-                std::bit_cast<uint64_t>(first.m2))
-          << name << " on " << target << ": " << m.m2 << " vs " << first.m2;
+    for (const auto& results : {by_target, bf16_by_target}) {
+      const Moments& expected = results.front().second;
+      for (const auto& [target, m] : results) {
+        EXPECT_EQ(std::bit_cast<uint64_t>(m.mean),
+                  std::bit_cast<uint64_t>(expected.mean))
+            << name << " on " << target << ": " << m.mean << " vs "
+            << expected.mean;
+        EXPECT_EQ(std::bit_cast<uint64_t>(m.m2),
+                  std::bit_cast<uint64_t>(expected.m2))
+            << name << " on " << target << ": " << m.m2 << " vs "
+            << expected.m2;
+      }
     }
     if (name.rfind("normal", 0) == 0 || name.rfind("offset", 0) == 0) {
       const auto ref = ReferenceChannelStats(values, 1, 1, n);
       ExpectStatsNear<float>(first, ref.mean[0], ref.var[0]);
+    }
+  }
+}
+
+// fold::SumLanes of lanes held in pair order (each 2 L values as the even
+// ones, then the odd ones) adds exactly what it adds in order: values whose
+// sum depends on the order, for every lane count a target has.
+TEST(MomentsTest, PairOrderSumEqualsTheSumInOrderBitwise) {
+  // +-1e16 at the even values, which cancel only in the right pairs.
+  double natural[32];
+  for (int64_t j = 0; j < 32; ++j) {
+    natural[j] = j % 4 == 0   ? 1e16
+                 : j % 4 == 2 ? -1e16
+                              : 1.0 + 0.37 * static_cast<double>(j);
+  }
+  const double expected = fold::SumLanes(natural);
+  for (int64_t lanes : {1, 2, 4, 8, 16}) {
+    double paired[32];
+    for (int64_t b = 0; b < 32; b += 2 * lanes) {
+      for (int64_t j = 0; j < lanes; ++j) {
+        paired[b + j] = natural[b + 2 * j];
+        paired[b + lanes + j] = natural[b + 2 * j + 1];
+      }
+    }
+    EXPECT_EQ(std::bit_cast<uint64_t>(fold::SumLanes(paired, lanes)),
+              std::bit_cast<uint64_t>(expected))
+        << lanes << " lanes";
+    // The values' sum depends on the order: folded as if in order, the
+    // lanes in pair order give other bits.
+    if (lanes > 1) {
+      EXPECT_NE(std::bit_cast<uint64_t>(fold::SumLanes(paired)),
+                std::bit_cast<uint64_t>(expected))
+          << lanes << " lanes";
     }
   }
 }

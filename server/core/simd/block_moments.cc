@@ -86,18 +86,19 @@ Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   return fold::Corrected(n, mean0, fold::SumLanes(dev), fold::SumLanes(sq));
 }
 
-// The fast path's shift: the fp32 mean of the first 32 values (or all),
-// folded pairwise; a float, so that x - shift is exact near the mean.
-float ShiftCenter(const float* x, int64_t n) {
-  if (n < kShiftSample) {
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; ++i) sum += x[i];
-    return sum / static_cast<float>(n);
+// The fast path's shift: the fp32 mean of the first 32 values, folded
+// pairwise (fold::FoldHalves' order) in registers; a float, so that x -
+// shift is exact near the mean. Vector loads only: a copy read back in
+// other widths stalls on store forwarding.
+float ShiftCenter(const float* HWY_RESTRICT x) {
+  constexpr int64_t kHalf = kShiftSample / 2;
+  const hn::CappedTag<float, kHalf> d;
+  HWY_ALIGN float sums[kHalf];
+  for (int64_t j = 0; j < kHalf; j += static_cast<int64_t>(hn::Lanes(d))) {
+    hn::Store(hn::Add(hn::LoadU(d, x + j), hn::LoadU(d, x + j + kHalf)), d,
+              sums + j);
   }
-  float lanes[kShiftSample];
-  std::copy(x, x + kShiftSample, lanes);
-  fold::FoldHalves<kShiftSample>(lanes);
-  return lanes[0] / static_cast<float>(kShiftSample);
+  return FoldArray<kHalf>(sums) / static_cast<float>(kShiftSample);
 }
 
 // The end of a fast-path block x[0..n) whose first i values' lane sums
@@ -249,11 +250,12 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   if constexpr (kFloat) {
     values = x;
   } else {
-    for (int64_t i = 0; i < std::min(n, kShiftSample); ++i) {
-      out[i] = E::Scalar(x[i]);
+    // Widened a vector at a time, as ShiftCenter reads them.
+    for (int64_t i = 0; i < kShiftSample; i += lanes) {
+      hn::StoreU(E::Load(d, x + i), d, out + i);
     }
   }
-  const float center = ShiftCenter(values, n);
+  const float center = ShiftCenter(values);
   const auto shift = hn::Set(d, center);
   HWY_ALIGN float dev[kFloatLanes];
   HWY_ALIGN float sq[kFloatLanes];
@@ -296,12 +298,9 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
     }
     i += len;
   }
-  if (kPairs && i > 0) {
-    PairOrder(wide_dev, kWideLanes, lanes, /*back=*/true);
-    PairOrder(wide_sq, kWideLanes, lanes, /*back=*/true);
-  }
-  const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev) : 0.0;
-  const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq) : 0.0;
+  const int64_t pair_lanes = kPairs ? lanes : 0;
+  const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev, pair_lanes) : 0.0;
+  const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq, pair_lanes) : 0.0;
   if constexpr (!kFloat) {
     for (int64_t k = i; k < n; ++k) out[k] = E::Scalar(x[k]);
   }

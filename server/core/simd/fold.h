@@ -30,14 +30,33 @@ template <int N, typename T>
   }
 }
 
-// FoldHalves of a copy of lanes[0..N): their sum in that fixed order.
+// FoldHalves of a copy of lanes[0..N): their sum in that fixed order. With
+// pair_lanes = L > 0, lanes[] holds the values in pair order (each 2 L as
+// the even ones, then the odd ones; PairOrder in half-inl.h): the same
+// additions, in place of putting them back in order.
 template <int N>
-[[gnu::always_inline]] inline double SumLanes(const double (&lanes)[N]) {
+[[gnu::always_inline]] inline double SumLanes(const double (&lanes)[N],
+                                              int64_t pair_lanes = 0) {
   static_assert((N & (N - 1)) == 0, "pairwise folding needs a power of two");
-  double tmp[N];
-  std::copy(lanes, lanes + N, tmp);
-  FoldHalves<N>(tmp);
-  return tmp[0];
+  double t[N];
+  std::copy(lanes, lanes + N, t);
+  if (pair_lanes == 0) {
+    FoldHalves<N>(t);
+    return t[0];
+  }
+  // Steps of 2 L or more pair equal positions of blocks, as in order.
+  for (int64_t step = N / 2; step >= 2 * pair_lanes; step /= 2) {
+    for (int64_t j = 0; j < step; ++j) t[j] += t[j + step];
+  }
+  // One block left: the even values' lanes fold as one half, the odd ones'
+  // as the other, and the last step adds value 1 to value 0.
+  for (int64_t step = pair_lanes / 2; step >= 1; step /= 2) {
+    for (int64_t j = 0; j < step; ++j) {
+      t[j] += t[j + step];
+      t[pair_lanes + j] += t[pair_lanes + j + step];
+    }
+  }
+  return t[0] + t[pair_lanes];
 }
 
 // Moments from a first-pass mean `mean0` and the second-pass sums of
