@@ -349,11 +349,12 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
       }
     }
   }
-  // The channels-last period's entries: copies, computed once per channel.
-  for (size_t k = channels; k < entries; ++k) {
-    hi[k] = hi[k - channels];
-    mul[k] = mul[k - channels];
-    add[k] = add[k - channels];
+  // The channels-last period's entries: copies, computed once per channel,
+  // a channel block at a time (entries is a multiple of channels).
+  for (size_t k = channels; k < entries; k += channels) {
+    std::copy_n(hi.begin(), channels, hi.begin() + k);
+    std::copy_n(mul.begin(), channels, mul.begin() + k);
+    std::copy_n(add.begin(), channels, add.begin() + k);
   }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
