@@ -3,8 +3,6 @@
 #include <tbb/blocked_range.h>
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <type_traits>
 
 #include "server/core/half.h"
@@ -148,20 +146,6 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
 }
 
 }  // namespace
-
-double Moments::BiasedVariance() const {
-  return count > 0 ? m2 / static_cast<double>(count)
-                   : std::numeric_limits<double>::quiet_NaN();
-}
-
-double Moments::UnbiasedVariance() const {
-  return count > 1 ? m2 / static_cast<double>(count - 1)
-                   : std::numeric_limits<double>::quiet_NaN();
-}
-
-bool Moments::IsFinite() const {
-  return std::isfinite(mean) && std::isfinite(m2);
-}
 
 void MergeMoments(Moments& into, const Moments& other) {
   if (other.count == 0) return;

@@ -9,7 +9,9 @@
 #ifndef NORMD_SERVER_CORE_MOMENTS_H_
 #define NORMD_SERVER_CORE_MOMENTS_H_
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "server/core/layout.h"
@@ -25,11 +27,17 @@ struct Moments {
   double m2 = 0.0;
 
   // M2 / count (NaN when empty).
-  double BiasedVariance() const;
+  double BiasedVariance() const {
+    return count > 0 ? m2 / static_cast<double>(count)
+                     : std::numeric_limits<double>::quiet_NaN();
+  }
   // M2 / (count - 1) (NaN when count < 2).
-  double UnbiasedVariance() const;
+  double UnbiasedVariance() const {
+    return count > 1 ? m2 / static_cast<double>(count - 1)
+                     : std::numeric_limits<double>::quiet_NaN();
+  }
   // True when mean and M2 are finite (false if any value was NaN or Inf).
-  bool IsFinite() const;
+  bool IsFinite() const { return std::isfinite(mean) && std::isfinite(m2); }
 };
 
 // Merges `other` into `into` with Chan's formula: d = mb - ma,
