@@ -89,6 +89,10 @@ uint16_t DoubleToHalf(DType dtype, double value);
 // bits; simd/convert.cc).
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n);
 
+// n fp64 values at src rounded to fp32 at dst, as static_cast<float>
+// (simd/convert.cc).
+void DoublesToFloats(const double* src, float* dst, int64_t n);
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_HALF_H_

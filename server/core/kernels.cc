@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -37,15 +38,26 @@ constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 // row to prefetch.
 constexpr int64_t kStreamPrefetchBytes = 2048;
 
-// The affine parameters in the computation's type, or null.
+// The affine parameters in the computation's type, or null: fp64 ones as
+// given, fp32 ones rounded (a call's few rows pay for it: one row of 4096
+// has twice as many parameters as values).
 template <typename T>
 struct AffineParams {
   AffineParams(const double* w, const double* b, int64_t n)
-      : weight_storage(w, w == nullptr ? w : w + n),
-        bias_storage(b, b == nullptr ? b : b + n),
-        weight(w == nullptr ? nullptr : weight_storage.data()),
-        bias(b == nullptr ? nullptr : bias_storage.data()) {}
-  std::vector<T> weight_storage, bias_storage;
+      : weight(InType(w, n, weight_storage)),
+        bias(InType(b, n, bias_storage)) {}
+  static const T* InType(const double* p, int64_t n,
+                         std::unique_ptr<T[]>& storage) {
+    if constexpr (std::is_same_v<T, double>) {
+      return p;
+    } else {
+      if (p == nullptr) return nullptr;
+      storage = std::make_unique_for_overwrite<T[]>(n);
+      DoublesToFloats(p, storage.get(), n);
+      return storage.get();
+    }
+  }
+  std::unique_ptr<T[]> weight_storage, bias_storage;
   const T* weight;
   const T* bias;
 };

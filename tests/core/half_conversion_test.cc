@@ -116,6 +116,55 @@ TEST(HalfTest, WideningIsExactForEveryPatternOnEveryTarget) {
   });
 }
 
+// fp64 to fp32 (the fp32 kernels' weights and biases) rounds as a cast does
+// on every target: ties to even, overflow to infinity, underflow through the
+// subnormals, signed zeros, NaN; at every offset of the vector body.
+TEST(HalfTest, DoublesToFloatsRoundsAsACastOnEveryTarget) {
+  const double max = std::numeric_limits<float>::max();
+  const double denorm = std::numeric_limits<float>::denorm_min();
+  std::vector<double> values = {0.0,
+                                -0.0,
+                                1.0 + 0x1.0p-24,  // A tie: to 1.
+                                1.0 + 0x1.8p-23,  // A tie: up to even.
+                                max,
+                                max * (1 + 0x1.0p-25),   // Under half an ulp.
+                                -max * (1 + 0x1.0p-23),  // Past: -infinity.
+                                1e300,
+                                denorm,
+                                denorm / 2,    // A tie with 0: to 0.
+                                denorm * 1.5,  // A tie: to 2 denorm_min.
+                                1e-50,
+                                -1e-50,
+                                std::numeric_limits<double>::infinity(),
+                                -std::numeric_limits<double>::infinity(),
+                                std::numeric_limits<double>::quiet_NaN()};
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> exponent(-160, 140);
+  for (int i = 0; i < 200; ++i) {
+    const double mantissa = std::bit_cast<double>(
+        (rng() & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
+    values.push_back((i % 2 ? -1 : 1) * std::ldexp(mantissa, exponent(rng)));
+  }
+  ForEachSimdTarget([&](const std::string& target) {
+    for (size_t offset = 0; offset < 8; ++offset) {
+      const size_t n = values.size() - offset;
+      std::vector<float> out(n);
+      DoublesToFloats(values.data() + offset, out.data(),
+                      static_cast<int64_t>(n));
+      for (size_t i = 0; i < n; ++i) {
+        const float cast = static_cast<float>(values[offset + i]);
+        if (std::isnan(cast)) {
+          ASSERT_TRUE(std::isnan(out[i])) << target << " " << i;
+          continue;
+        }
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[i]),
+                  std::bit_cast<uint32_t>(cast))
+            << target << " " << values[offset + i];
+      }
+    }
+  });
+}
+
 // The widening writes its output from the first 64-byte line boundary on in
 // whole vectors, the elements before it one at a time: every start within a
 // line and lengths around the head, a line and a vector, touching nothing

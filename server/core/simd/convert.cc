@@ -1,5 +1,5 @@
-// WidenHalf (half.h), compiled per target. (The kernels narrow as they
-// write.)
+// WidenHalf and DoublesToFloats (half.h), compiled per target. (The
+// kernels narrow to 16 bits as they write.)
 #include <algorithm>
 #include <cstdint>
 
@@ -55,6 +55,18 @@ void WidenHalfBulk(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   Widen<DType::kFloat16>(src, dst, n);
 }
 
+void Demote(const double* HWY_RESTRICT src, float* HWY_RESTRICT dst,
+            int64_t n) {
+  const hn::CappedTag<double, 8> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(RoundToFloat(dd, hn::LoadU(dd, src + i)), df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
 HWY_AFTER_NAMESPACE();
@@ -63,9 +75,14 @@ HWY_AFTER_NAMESPACE();
 namespace normd {
 
 HWY_EXPORT(WidenHalfBulk);
+HWY_EXPORT(Demote);
 
 void WidenHalf(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(WidenHalfBulk)(dtype, src, dst, n);
+}
+
+void DoublesToFloats(const double* src, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Demote)(src, dst, n);
 }
 
 }  // namespace normd

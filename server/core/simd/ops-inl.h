@@ -35,6 +35,18 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// fp64 lanes rounded to fp32, overflowing to infinity (the scalar target's
+// DemoteTo saturates instead).
+template <class DD>
+HWY_INLINE hn::Vec<hn::Rebind<float, DD>> RoundToFloat(DD dd, hn::Vec<DD> v) {
+  const hn::Rebind<float, DD> df;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(df, static_cast<float>(hn::GetLane(v)));
+#else
+  return hn::DemoteTo(df, v);
+#endif
+}
+
 // A multiply-add that rounds once on every target: the FMA instruction
 // where there is one; on SSE4 and scalar (where Highway's MulAdd rounds
 // twice), fp32 a * b + c in fp64 (the product exact) with the sum rounded
@@ -61,18 +73,6 @@ HWY_INLINE hn::Vec<DD> AddRoundToOdd(DD dd, hn::Vec<DD> a, hn::Vec<DD> b) {
   const auto adjust = hn::And(hn::And(even, hn::RebindMask(du, inexact)),
                               hn::RebindMask(du, hn::IsFinite(sum)));
   return hn::BitCast(dd, hn::IfThenElse(adjust, odd, bits));
-}
-
-// fp64 lanes rounded to fp32, overflowing to infinity (the scalar target's
-// DemoteTo saturates instead).
-template <class DD>
-HWY_INLINE hn::Vec<hn::Rebind<float, DD>> RoundToFloat(DD dd, hn::Vec<DD> v) {
-  const hn::Rebind<float, DD> df;
-#if HWY_TARGET == HWY_SCALAR
-  return hn::Set(df, static_cast<float>(hn::GetLane(v)));
-#else
-  return hn::DemoteTo(df, v);
-#endif
 }
 
 // fp32 mul * x + add of Rebind<float, DD> lanes, rounded once.
