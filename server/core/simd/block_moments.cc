@@ -184,15 +184,9 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   HWY_ALIGN double residuals[kShortBatch] = {};
   HWY_ALIGN double squares[kShortBatch] = {};
   for (int64_t k = 0; k < count; ++k) {
-    double wide_dev[kShortLanes];
-    double wide_sq[kShortLanes];
-    for (int j = 0; j < kShortLanes; ++j) {
-      wide_dev[j] = static_cast<double>(dev[k][j]);
-      wide_sq[j] = static_cast<double>(sq[k][j]);
-    }
     shifts[k] = static_cast<double>(center[k]);
-    residuals[k] = FoldArray<kShortLanes>(wide_dev);
-    squares[k] = FoldArray<kShortLanes>(wide_sq);
+    residuals[k] = SumWidened<kShortLanes>(dev[k]);
+    squares[k] = SumWidened<kShortLanes>(sq[k]);
   }
   // fold::Corrected and fold::NeedsExactPath in fp64 vectors across the
   // blocks, operation for operation (max(0.0, v) is 0 < v ? v : 0,

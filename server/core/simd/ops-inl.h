@@ -208,6 +208,26 @@ HWY_INLINE T FoldArray(T* HWY_RESTRICT t) {
 #endif
 }
 
+// fold::FoldHalves<N> of the fp32 t[0..N) widened to fp64: the sum, in
+// registers where N fp64 values fill at most two vectors.
+template <int N>
+HWY_INLINE double SumWidened(const float* HWY_RESTRICT t) {
+#if NORMD_HWY_VECTOR_FOLD
+  const hn::CappedTag<double, N> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(decltype(dd)()));
+  if constexpr (kLanes == N) {
+    return FoldLanes(dd, hn::PromoteTo(dd, hn::LoadU(df, t)));
+  } else if constexpr (2 * kLanes == N) {
+    return FoldLanes(dd, hn::Add(hn::PromoteTo(dd, hn::LoadU(df, t)),
+                                 hn::PromoteTo(dd, hn::LoadU(df, t + kLanes))));
+  }
+#endif
+  double wide[N];
+  for (int j = 0; j < N; ++j) wide[j] = static_cast<double>(t[j]);
+  return FoldArray<N>(wide);
+}
+
 // dev += e and sq += e^2 (fused, rounded once, when kFused) in the first
 // `count` lanes, all of them when count is at least the lane count.
 template <bool kFused, class D, class V = hn::Vec<D>>
