@@ -129,11 +129,13 @@ RowAffine RowConstants(const Moments& moments, double scale,
                    .bias = affine.bias};
 }
 
-// Whether 16-bit rows x -> y are computed from x itself rather than a
-// widened copy (saving the copy's traffic): unless y sits less than 512
-// bytes above x modulo 4 KiB, where loads of x wait on the streaming stores
-// just issued to y (4K aliasing).
-bool ReadsHalfRowsDirectly(const void* x, const void* y) {
+// Whether 16-bit rows x -> y of n values are computed from x itself rather
+// than a widened copy (saving the copy's traffic): not short rows, which
+// the copy lets go sixteen at a time (3x faster), nor where y sits less
+// than 512 bytes above x modulo 4 KiB, where loads of x wait on the
+// streaming stores just issued to y (4K aliasing).
+bool ReadsHalfRowsDirectly(const void* x, const void* y, int64_t n) {
+  if (n <= kShortRow) return false;
   constexpr uintptr_t kPage = 4096;
   constexpr uintptr_t kAliasWindow = 512;
   const uintptr_t y_above_x =
@@ -260,7 +262,7 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
       .style = style,
       .affine = affine,
       .stream = StreamOutput(rows.rows * n, ElementSize(dtype)),
-      .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(source.data, y)};
+      .direct = IsHalf(dtype) && ReadsHalfRowsDirectly(source.data, y, n)};
   const char* const x = source.data;
   auto* out = static_cast<char*>(y);
   // Long rows one at a time over every thread, unless there are enough to
