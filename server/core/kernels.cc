@@ -39,8 +39,8 @@ constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 constexpr int64_t kStreamPrefetchBytes = 2048;
 
 // The affine parameters in the computation's type, or null: fp64 ones as
-// given, fp32 ones rounded (a call's few rows pay for it: one row of 4096
-// has twice as many parameters as values).
+// given, fp32 ones rounded once per call in vectors (a call of one row has
+// as many of them to round as values to normalize, or twice as many).
 template <typename T>
 struct AffineParams {
   AffineParams(const double* w, const double* b, int64_t n)
@@ -131,9 +131,9 @@ RowAffine RowConstants(const Moments& moments, double scale,
 
 // Whether 16-bit rows x -> y of n values are computed from x itself rather
 // than a widened copy (saving the copy's traffic): not short rows, which
-// the copy lets go sixteen at a time (3x faster), nor where y sits less
-// than 512 bytes above x modulo 4 KiB, where loads of x wait on the
-// streaming stores just issued to y (4K aliasing).
+// the copy lets go sixteen at a time, nor where y sits less than 512 bytes
+// above x modulo 4 KiB, where loads of x wait on the streaming stores just
+// issued to y (4K aliasing).
 bool ReadsHalfRowsDirectly(const void* x, const void* y, int64_t n) {
   if (n <= kShortRow) return false;
   constexpr uintptr_t kPage = 4096;
