@@ -55,6 +55,8 @@ void WidenHalfBulk(DType dtype, const uint16_t* src, float* dst, int64_t n) {
   Widen<DType::kFloat16>(src, dst, n);
 }
 
+// DoublesToFloats: whole vectors through RoundToFloat (as a cast rounds on
+// every target), then the rest one at a time.
 void Demote(const double* HWY_RESTRICT src, float* HWY_RESTRICT dst,
             int64_t n) {
   const hn::CappedTag<double, 8> dd;

@@ -1,8 +1,9 @@
 // Operations the kernels build from Highway 1.0.3's, with the same bits on
-// every target: a multiply-add that rounds once, loads and stores of a
-// vector's first lanes, fold::FoldHalves in registers, and the lane sums
-// of a panel of vectors. Include in files compiled per target
-// (foreach_target.h), after hwy/highway.h. Pure functions.
+// every target: fp64 to fp32 as a cast rounds, a multiply-add that rounds
+// once, loads and stores of a vector's first lanes, fold::FoldHalves in
+// registers (of fp32 lanes widened too), and the lane sums of a panel of
+// vectors. Include in files compiled per target (foreach_target.h), after
+// hwy/highway.h. Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
