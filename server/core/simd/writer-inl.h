@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "server/core/simd/half-inl.h"
@@ -69,22 +70,31 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
   partial(0, head);
   int64_t j = head;
   const int64_t line_bytes = kLine * prefetch.element_bytes;
-  for (; j + kLine <= n; j += kLine) {
-    if (prefetch.base != nullptr) {
-      const char* ahead =
-          prefetch.base + j * prefetch.element_bytes + prefetch.ahead_bytes;
-      for (int64_t b = 0; b < line_bytes; b += 64) {
-        __builtin_prefetch(ahead + b, 0, 3);
+  // The line loop, with or without prefetches (two loops: a test in the
+  // loop costs the loop without them).
+  auto lines = [&](auto prefetching) NORMD_LAMBDA_INLINE {
+    for (; j + kLine <= n; j += kLine) {
+      if constexpr (prefetching) {
+        const char* ahead =
+            prefetch.base + j * prefetch.element_bytes + prefetch.ahead_bytes;
+        for (int64_t b = 0; b < line_bytes; b += 64) {
+          __builtin_prefetch(ahead + b, 0, 3);
+        }
+      }
+      for (int64_t k = 0; k < kLine; k += lanes) {
+        const auto v = compute(j + k, static_cast<size_t>(lanes));
+        if constexpr (kStream) {
+          hn::Stream(v, d, out + j + k);
+        } else {
+          hn::StoreU(v, d, out + j + k);
+        }
       }
     }
-    for (int64_t k = 0; k < kLine; k += lanes) {
-      const auto v = compute(j + k, static_cast<size_t>(lanes));
-      if constexpr (kStream) {
-        hn::Stream(v, d, out + j + k);
-      } else {
-        hn::StoreU(v, d, out + j + k);
-      }
-    }
+  };
+  if (prefetch.base != nullptr) {
+    lines(std::true_type());
+  } else {
+    lines(std::false_type());
   }
   partial(j, n);
 }
