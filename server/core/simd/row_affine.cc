@@ -34,7 +34,12 @@ HWY_INLINE void WithParams(const T* weight, const T* bias, const Body& body) {
 template <DType kIn, DType kOut, bool kFused, bool kStream>
 void Rows(const typename Elements<kIn>::Stored* x,
           typename Elements<kOut>::Stored* y, int64_t n, int64_t count,
-          const RowAffine* rows, Prefetch prefetch) {
+          const RowAffine* rows, const RowWrite& write) {
+  // Each field read on its own: a struct copied whole reads the caller's
+  // just-written fields in one wider load, which stalls on store forwarding.
+  const char* prefetch_row = static_cast<const char*>(write.prefetch);
+  const int64_t element_bytes = write.prefetch_element_bytes;
+  const int64_t ahead_bytes = write.prefetch_ahead_bytes;
   using In = Elements<kIn>;
   using Out = Elements<kOut>;
   using T = typename In::Value;
@@ -75,8 +80,8 @@ void Rows(const typename Elements<kIn>::Stored* x,
           dout, y, n,
           [&](int64_t j, size_t part)
               NORMD_LAMBDA_INLINE { return Out::Output(j, part, results); },
-          prefetch);
-      if (prefetch.base != nullptr) prefetch.base += n * prefetch.element_bytes;
+          Prefetch{prefetch_row, element_bytes, ahead_bytes});
+      if (prefetch_row != nullptr) prefetch_row += n * element_bytes;
     }
   });
 }
@@ -87,15 +92,12 @@ void RowsFor(const void* x, void* y, int64_t n, int64_t count,
              const RowAffine* a, const RowWrite& write) {
   using InT = typename Elements<kIn>::Stored;
   using OutT = typename Elements<kOut>::Stored;
-  const Prefetch prefetch{static_cast<const char*>(write.prefetch),
-                          write.prefetch_element_bytes,
-                          write.prefetch_ahead_bytes};
   auto* px = static_cast<const InT*>(x);
   auto* py = static_cast<OutT*>(y);
   if (write.stream) {
-    return Rows<kIn, kOut, kFused, true>(px, py, n, count, a, prefetch);
+    return Rows<kIn, kOut, kFused, true>(px, py, n, count, a, write);
   }
-  Rows<kIn, kOut, kFused, false>(px, py, n, count, a, prefetch);
+  Rows<kIn, kOut, kFused, false>(px, py, n, count, a, write);
 }
 
 }  // namespace
