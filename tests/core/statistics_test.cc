@@ -244,6 +244,29 @@ TEST(MomentsTest, PairOrderSumEqualsTheSumInOrderBitwise) {
   }
 }
 
+// fold::SixteenRowSums' tree, worked by hand: lanes 0, 1, 3 and 4 of row k
+// hold 2^p, 1, 2k and -2^p (p the type's mantissa bits plus one), the rest
+// 0. Lanes j + 8 onto j change nothing; then adjacent pairs: 2^p + 1 ties
+// to 2^p, and 2^p + 2k - 2^p is 2k. FoldHalves' order (lane j + 4 onto j
+// next) would give 2k + 1, the exact sum.
+template <typename T>
+void ExpectSixteenRowSumsTree(int p) {
+  float rows[16][16] = {};
+  for (int k = 0; k < 16; ++k) {
+    rows[k][0] = std::ldexp(1.0f, p);
+    rows[k][1] = 1.0f;
+    rows[k][3] = static_cast<float>(2 * k);
+    rows[k][4] = -std::ldexp(1.0f, p);
+  }
+  T sums[16];
+  fold::SixteenRowSums(&rows[0][0], sums);
+  for (int k = 0; k < 16; ++k) EXPECT_EQ(sums[k], T(2 * k)) << "row " << k;
+}
+TEST(MomentsTest, SixteenRowSumsFoldsHalvesThenAdjacentPairs) {
+  ExpectSixteenRowSumsTree<float>(24);
+  ExpectSixteenRowSumsTree<double>(53);
+}
+
 // Rows of up to 128 values reduced sixteen at a time, their folds done
 // across the rows, give each row's BlockMoments bit for bit, whatever
 // row of a batch it is, including rows that take the exact path and a last

@@ -125,7 +125,8 @@ Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
 // at x, x + n, ..: value i in lane i % 16, the shift the block's own mean
 // (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
 // fp64; the last step adds only to the lanes it has values for. Each step
-// is done for every block before the next, so that their chains overlap.
+// is done for every block before the next, so that their chains overlap,
+// and the folds across the blocks (fold::SixteenRowSums).
 constexpr int64_t kShortBatch = 16;
 void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
                   Moments* HWY_RESTRICT out) {
@@ -135,7 +136,7 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   const int64_t rest = n - whole;
   HWY_ALIGN float padded[kShortBatch][kShortLanes];
   HWY_ALIGN float sum[kShortBatch][kShortLanes];
-  float center[kShortBatch];
+  HWY_ALIGN float center[kShortBatch];
   for (int64_t k = 0; k < count; ++k) {
     const float* row = x + k * n;
     if (rest > 0) {
@@ -154,11 +155,16 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
       hn::Store(acc, d, sum[k] + v);
     }
   }
-  for (int64_t k = 0; k < count; ++k) {
-    center[k] = FoldArray<kShortLanes>(sum[k]) / static_cast<float>(n);
-  }
   HWY_ALIGN float dev[kShortBatch][kShortLanes];
   HWY_ALIGN float sq[kShortBatch][kShortLanes];
+  // The rows past the batch: zeros, folded with the others and unused.
+  for (int64_t k = count; k < kShortBatch; ++k) {
+    std::fill_n(sum[k], kShortLanes, 0.0f);
+    std::fill_n(dev[k], kShortLanes, 0.0f);
+    std::fill_n(sq[k], kShortLanes, 0.0f);
+  }
+  SixteenRowSums(&sum[0][0], center);
+  for (int64_t k = 0; k < count; ++k) center[k] /= static_cast<float>(n);
   for (int64_t k = 0; k < count; ++k) {
     const float* row = x + k * n;
     const auto shift = hn::Set(d, center[k]);
@@ -181,13 +187,11 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
     }
   }
   HWY_ALIGN double shifts[kShortBatch] = {};
-  HWY_ALIGN double residuals[kShortBatch] = {};
-  HWY_ALIGN double squares[kShortBatch] = {};
-  for (int64_t k = 0; k < count; ++k) {
-    shifts[k] = static_cast<double>(center[k]);
-    residuals[k] = SumWidened<kShortLanes>(dev[k]);
-    squares[k] = SumWidened<kShortLanes>(sq[k]);
-  }
+  HWY_ALIGN double residuals[kShortBatch];
+  HWY_ALIGN double squares[kShortBatch];
+  for (int64_t k = 0; k < count; ++k) shifts[k] = center[k];
+  SixteenRowSums(&dev[0][0], residuals);
+  SixteenRowSums(&sq[0][0], squares);
   // fold::Corrected and fold::NeedsExactPath in fp64 vectors across the
   // blocks, operation for operation (max(0.0, v) is 0 < v ? v : 0,
   // isfinite |v| < infinity): two scalar divisions per block cost more.

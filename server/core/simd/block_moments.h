@@ -5,10 +5,10 @@
 // 1024 values into 32 fp64 lanes, the shift the fp32 mean of the first 32
 // values, the values past the last whole 64 added in fp64, the lanes
 // folded pairwise (fold.h). Blocks of at most 128 values: 16 lanes, their
-// own mean as the shift. A block that lost accuracy (fold::NeedsExactPath)
-// is redone by the exact two-pass fp64 path (8 fp64 lanes), as fp64 data
-// always is. Narrower vectors hold the same lanes in more registers. Pure
-// functions.
+// own mean as the shift, folded by fold::SixteenRowSums' tree. A block that
+// lost accuracy (fold::NeedsExactPath) is redone by the exact two-pass fp64
+// path (8 fp64 lanes), as fp64 data always is. Narrower vectors hold the same
+// lanes in more registers. Pure functions.
 #ifndef NORMD_SERVER_CORE_SIMD_BLOCK_MOMENTS_H_
 #define NORMD_SERVER_CORE_SIMD_BLOCK_MOMENTS_H_
 

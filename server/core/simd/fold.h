@@ -30,6 +30,26 @@ template <int N, typename T>
   }
 }
 
+// The sums of 16 rows of 16 lanes (rows[16 k + j], lane j of row k) into
+// out[0..16), in T: each row's lane j + 8 added onto lane j, then the rows'
+// 128 partial sums, as one array a, replaced by a[2 i] + a[2 i + 1] three
+// times. A fixed pairwise tree that vectors of any width compute whole
+// vectors at a time, across the rows (SixteenRowSums in ops-inl.h).
+template <typename T>
+[[gnu::always_inline]] inline void SixteenRowSums(const float* rows, T* out) {
+  T a[128];
+  for (int k = 0; k < 16; ++k) {
+    for (int j = 0; j < 8; ++j) {
+      a[8 * k + j] = static_cast<T>(rows[16 * k + j]) +
+                     static_cast<T>(rows[16 * k + j + 8]);
+    }
+  }
+  for (int n = 64; n >= 16; n /= 2) {
+    for (int i = 0; i < n; ++i) a[i] = a[2 * i] + a[2 * i + 1];
+  }
+  std::copy(a, a + 16, out);
+}
+
 // FoldHalves of a copy of lanes[0..N): their sum in that fixed order. With
 // pair_lanes = L > 0, lanes[] holds the values in pair order (each 2 L as
 // the even ones, then the odd ones; PairOrder in half-inl.h): the same

@@ -1,7 +1,7 @@
 // Operations the kernels build from Highway 1.0.3's, with the same bits on
 // every target: fp64 to fp32 as a cast rounds, a multiply-add that rounds
-// once, loads and stores of a vector's first lanes, fold::FoldHalves in
-// registers (of fp32 lanes widened too), and the lane sums of a panel of
+// once, loads and stores of a vector's first lanes, fold::FoldHalves and
+// fold::SixteenRowSums in registers, and the lane sums of a panel of
 // vectors. Include in files compiled per target (foreach_target.h), after
 // hwy/highway.h. Pure functions.
 
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "server/core/simd/fold.h"
@@ -209,24 +210,50 @@ HWY_INLINE T FoldArray(T* HWY_RESTRICT t) {
 #endif
 }
 
-// fold::FoldHalves<N> of the fp32 t[0..N) widened to fp64: the sum, in
-// registers where N fp64 values fill at most two vectors.
-template <int N>
-HWY_INLINE double SumWidened(const float* HWY_RESTRICT t) {
+// fold::SixteenRowSums in vector registers: the same additions.
+template <typename T>
+HWY_INLINE void SixteenRowSums(const float* HWY_RESTRICT rows,
+                               T* HWY_RESTRICT out) {
 #if NORMD_HWY_VECTOR_FOLD
-  const hn::CappedTag<double, N> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  constexpr int kLanes = static_cast<int>(hn::MaxLanes(decltype(dd)()));
-  if constexpr (kLanes == N) {
-    return FoldLanes(dd, hn::PromoteTo(dd, hn::LoadU(df, t)));
-  } else if constexpr (2 * kLanes == N) {
-    return FoldLanes(dd, hn::Add(hn::PromoteTo(dd, hn::LoadU(df, t)),
-                                 hn::PromoteTo(dd, hn::LoadU(df, t + kLanes))));
+  const hn::CappedTag<T, 16> d;
+  constexpr int kLanes = static_cast<int>(hn::MaxLanes(decltype(d)()));
+  hn::Vec<decltype(d)> a[128 / kLanes];  // The 128 partial sums, in order.
+  if constexpr (kLanes == 16) {
+    // A row per vector: two rows' halves in one vector each.
+    for (int r = 0; r < 8; ++r) {
+      const auto lo = hn::LoadU(d, rows + 32 * r);
+      const auto hi = hn::LoadU(d, rows + 32 * r + 16);
+      a[r] = hn::Add(hn::ConcatLowerLower(d, hi, lo),
+                     hn::ConcatUpperUpper(d, hi, lo));
+    }
+  } else {
+    // A row's halves are whole vectors.
+    auto load = [d](const float* at) {
+      if constexpr (std::is_same_v<T, float>) {
+        return hn::LoadU(d, at);
+      } else {
+        return hn::PromoteTo(d,
+                             hn::LoadU(hn::Rebind<float, decltype(d)>(), at));
+      }
+    };
+    constexpr int kPerHalf = 8 / kLanes;
+    for (int k = 0; k < 16; ++k) {
+      for (int v = 0; v < kPerHalf; ++v) {
+        const float* at = rows + 16 * k + v * kLanes;
+        a[k * kPerHalf + v] = hn::Add(load(at), load(at + 8));
+      }
+    }
   }
+  for (int n = 64 / kLanes; n >= 16 / kLanes; n /= 2) {
+    for (int i = 0; i < n; ++i) {
+      a[i] = hn::Add(hn::ConcatEven(d, a[2 * i + 1], a[2 * i]),
+                     hn::ConcatOdd(d, a[2 * i + 1], a[2 * i]));
+    }
+  }
+  for (int i = 0; i < 16 / kLanes; ++i) hn::StoreU(a[i], d, out + i * kLanes);
+#else
+  fold::SixteenRowSums(rows, out);
 #endif
-  double wide[N];
-  for (int j = 0; j < N; ++j) wide[j] = static_cast<double>(t[j]);
-  return FoldArray<N>(wide);
 }
 
 // dev += e and sq += e^2 (fused, rounded once, when kFused) in the first
