@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
-#include <vector>
 
+#include "hwy/aligned_allocator.h"
 #include "server/core/euclidean_norm.h"
 #include "server/core/half.h"
 #include "server/core/moments.h"
@@ -38,6 +38,11 @@ constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 // row to prefetch.
 constexpr int64_t kStreamPrefetchBytes = 2048;
 
+// Arrays the kernels read a vector at a time beside their input: 64-byte
+// aligned, so that no load of them splits a cache line.
+template <typename T>
+using VectorArray = hwy::AlignedFreeUniquePtr<T[]>;
+
 // The affine parameters in the computation's type, or null: fp64 ones as
 // given, fp32 ones rounded once per call in vectors (a call of one row has
 // as many of them to round as values to normalize, or twice as many).
@@ -46,30 +51,34 @@ struct AffineParams {
   AffineParams(const double* w, const double* b, int64_t n)
       : weight(InType(w, n, weight_storage)),
         bias(InType(b, n, bias_storage)) {}
-  static const T* InType(const double* p, int64_t n,
-                         std::unique_ptr<T[]>& storage) {
+  static const T* InType(const double* p, int64_t n, VectorArray<T>& storage) {
     if constexpr (std::is_same_v<T, double>) {
       return p;
     } else {
       if (p == nullptr) return nullptr;
-      storage = std::make_unique_for_overwrite<T[]>(n);
+      storage = hwy::AllocateAligned<T>(n);
       DoublesToFloats(p, storage.get(), n);
       return storage.get();
     }
   }
-  std::unique_ptr<T[]> weight_storage, bias_storage;
+  VectorArray<T> weight_storage, bias_storage;
   const T* weight;
   const T* bias;
 };
 
-// Per-thread buffers: kInputSlot holds input copied or widened for a piece,
-// kOutputSlot the 16-bit rows' widened batch or statistics scratch.
+// Per-thread buffers, 64-byte aligned (see VectorArray): kInputSlot holds
+// input copied or widened for a piece, kOutputSlot the 16-bit rows' widened
+// batch or statistics scratch.
 enum StagingSlot { kOutputSlot, kInputSlot };
 template <typename T, StagingSlot kSlot = kOutputSlot>
 T* Staging(int64_t elements) {
-  thread_local std::vector<T> buffer;
-  if (static_cast<int64_t>(buffer.size()) < elements) buffer.resize(elements);
-  return buffer.data();
+  thread_local VectorArray<T> buffer;
+  thread_local int64_t size = 0;
+  if (size < elements) {
+    buffer = hwy::AllocateAligned<T>(elements);
+    size = elements;
+  }
+  return buffer.get();
 }
 
 // The scales of `count` rows of n values of `dtype` from `rows` (which L2
@@ -289,10 +298,7 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
             x != nullptr
                 ? nullptr
                 : Staging<char, kInputSlot>(rows_per_piece * job.RowBytes());
-        // 64-byte aligned, so that full-vector loads never split lines.
-        float* buffer = Staging<float>(job.BufferFloats() + 16);
-        buffer = reinterpret_cast<float*>(
-            (reinterpret_cast<uintptr_t>(buffer) + 63) & ~uintptr_t{63});
+        float* buffer = Staging<float>(job.BufferFloats());
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
           const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
@@ -370,7 +376,9 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
           : channels * std::max<int64_t>(
                            1, std::min(kMinPeriod / channels, layout.outer));
   const size_t entries = layout.inner == 1 ? period + channels : channels;
-  std::vector<P> hi(entries), mul(entries), add(entries);
+  VectorArray<P> hi = hwy::AllocateAligned<P>(entries);
+  VectorArray<P> mul = hwy::AllocateAligned<P>(entries);
+  VectorArray<P> add = hwy::AllocateAligned<P>(entries);
   for (int64_t k = 0; k < channels; ++k) {
     hi[k] = static_cast<P>(mean[k]);
     mul[k] = static_cast<P>(scale[k]);
@@ -385,9 +393,9 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
   // The channels-last period's entries: copies, computed once per channel,
   // a channel block at a time (entries is a multiple of channels).
   for (size_t k = channels; k < entries; k += channels) {
-    std::copy_n(hi.begin(), channels, hi.begin() + k);
-    std::copy_n(mul.begin(), channels, mul.begin() + k);
-    std::copy_n(add.begin(), channels, add.begin() + k);
+    std::copy_n(hi.get(), channels, hi.get() + k);
+    std::copy_n(mul.get(), channels, mul.get() + k);
+    std::copy_n(add.get(), channels, add.get() + k);
   }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
@@ -399,7 +407,7 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
       ChannelAffineWrite(
           dtype, source.Read(begin * size, (end - begin) * size, staging),
           static_cast<char*>(y) + begin * size, begin, end, channels,
-          layout.inner, period, hi.data(), mul.data(), add.data(),
+          layout.inner, period, hi.get(), mul.get(), add.get(),
           {.stream = stream, .prefetch_input = true});
     }
     return stream;
