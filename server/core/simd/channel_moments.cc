@@ -105,13 +105,18 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   auto add = [&]<bool kMasked>(int64_t steps, int64_t valid,
                                const auto& values) NORMD_LAMBDA_INLINE {
     for (int64_t p = 0; p < step_lanes; p += 4 * lanes) {
+      // The panel's shifts, loaded once (GCC reloads them every step).
+      const auto c0 = hn::Load(d, center + p);
+      const auto c1 = hn::Load(d, center + p + lanes);
+      const auto c2 = hn::Load(d, center + p + 2 * lanes);
+      const auto c3 = hn::Load(d, center + p + 3 * lanes);
       PanelSums(
           d, 4, 0, steps, 1,
           [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
             const int64_t at = p + v * lanes;
-            AddDeviation<true>(
-                d, hn::Sub(values(s, at, v), hn::Load(d, center + at)), dev_v,
-                sq_v, kMasked ? valid - (s * kTile + at) : INT64_MAX);
+            const auto shift = v == 0 ? c0 : v == 1 ? c1 : v == 2 ? c2 : c3;
+            AddDeviation<true>(d, hn::Sub(values(s, at, v), shift), dev_v, sq_v,
+                               kMasked ? valid - (s * kTile + at) : INT64_MAX);
           },
           acc, acc + kTile);
       AddWidened(acc, dev + p, 4 * lanes);
