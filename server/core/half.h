@@ -21,9 +21,6 @@ inline float BFloat16ToFloat(uint16_t h) {
 // The quiet NaN every NaN narrows to, whatever its sign and payload.
 inline constexpr uint16_t kCanonicalBFloat16NaN = 0x7fc0;
 inline constexpr uint16_t kCanonicalFloat16NaN = 0x7e00;
-// The fp32 quiet NaN that the CPU's conversion narrows to
-// kCanonicalFloat16NaN (its payload's top bits are the float16 mantissa).
-inline constexpr uint32_t kFloatNaNOfCanonicalFloat16 = 0x7fc00000;
 
 // fp32 -> bfloat16, round to nearest even; NaN becomes kCanonicalBFloat16NaN.
 inline uint16_t FloatToBFloat16(float f) {

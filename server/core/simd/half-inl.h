@@ -98,6 +98,27 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
                         hn::Set(du32, uint32_t{kCanonicalBFloat16NaN} << 16));
 }
 
+#if NORMD_HWY_EXACT_F16
+// The float16 instruction's patterns of f: NaNs keep (part of) a payload.
+template <class DF>
+HWY_INLINE hn::Vec<HalfBitsTag<DF>> Float16Bits(DF df, hn::Vec<DF> f) {
+  return hn::BitCast(HalfBitsTag<DF>(),
+                     hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), f));
+}
+
+// float16 patterns with every NaN (magnitude above infinity's) made
+// kCanonicalFloat16NaN: in 16-bit lanes, half the operations of doing it
+// to the fp32 lanes before narrowing.
+template <class D16>
+HWY_INLINE hn::Vec<D16> CanonicalFloat16NaNs(D16 d16, hn::Vec<D16> h) {
+  const hn::RebindToSigned<D16> di16;
+  const auto magnitude = hn::BitCast(di16, hn::And(h, hn::Set(d16, 0x7fff)));
+  return hn::IfThenElse(
+      hn::RebindMask(d16, hn::Gt(magnitude, hn::Set(di16, 0x7c00))),
+      hn::Set(d16, kCanonicalFloat16NaN), h);
+}
+#endif
+
 // fp32 to kType's patterns, round to nearest even, canonical NaN (float16:
 // overflow gives infinity).
 template <DType kType, class DF>
@@ -107,14 +128,7 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
                           hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
   }
 #if NORMD_HWY_EXACT_F16
-  const hn::RebindToUnsigned<DF> du32;
-  // The instruction keeps a NaN's payload: make it the one NaN whose
-  // narrowing is the canonical pattern.
-  f = hn::IfThenElse(
-      IsOrdered(f), f,
-      hn::BitCast(df, hn::Set(du32, kFloatNaNOfCanonicalFloat16)));
-  const hn::Rebind<hwy::float16_t, DF> df16;
-  return hn::BitCast(HalfBitsTag<DF>(), hn::DemoteTo(df16, f));
+  return CanonicalFloat16NaNs(HalfBitsTag<DF>(), Float16Bits(df, f));
 #else
   return LaneByLane(HalfBitsTag<DF>(), df, f, FloatToFloat16);
 #endif
@@ -132,8 +146,13 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
                          hn::BitCast(dpair, BFloat16InHighHalves(df, hi)),
                          hn::BitCast(dpair, BFloat16InHighHalves(df, lo)));
   }
+#if NORMD_HWY_EXACT_F16
+  return CanonicalFloat16NaNs(
+      dpair, hn::Combine(dpair, Float16Bits(df, hi), Float16Bits(df, lo)));
+#else
   return hn::Combine(dpair, NarrowToHalfBits<kType>(df, hi),
                      NarrowToHalfBits<kType>(df, lo));
+#endif
 }
 #endif
 
