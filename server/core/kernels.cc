@@ -8,7 +8,6 @@
 #include <memory>
 #include <type_traits>
 
-#include "hwy/aligned_allocator.h"
 #include "server/core/euclidean_norm.h"
 #include "server/core/half.h"
 #include "server/core/moments.h"
@@ -17,6 +16,7 @@
 #include "server/core/simd/channel_affine.h"
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/streaming.h"
+#include "server/core/staging.h"
 
 namespace normd {
 namespace {
@@ -37,11 +37,6 @@ constexpr int64_t kMaxHalfKernelRow = 64 * 1024;
 // How far ahead a row writer prefetches its own input when it has no next
 // row to prefetch.
 constexpr int64_t kStreamPrefetchBytes = 2048;
-
-// Arrays the kernels read a vector at a time beside their input: 64-byte
-// aligned, so that no load of them splits a cache line.
-template <typename T>
-using VectorArray = hwy::AlignedFreeUniquePtr<T[]>;
 
 // The affine parameters in the computation's type, or null: fp64 ones as
 // given, fp32 ones rounded once per call in vectors (a call of one row has
@@ -65,21 +60,6 @@ struct AffineParams {
   const T* weight;
   const T* bias;
 };
-
-// Per-thread buffers, 64-byte aligned (see VectorArray): kInputSlot holds
-// input copied or widened for a piece, kOutputSlot the 16-bit rows' widened
-// batch or statistics scratch.
-enum StagingSlot { kOutputSlot, kInputSlot };
-template <typename T, StagingSlot kSlot = kOutputSlot>
-T* Staging(int64_t elements) {
-  thread_local VectorArray<T> buffer;
-  thread_local int64_t size = 0;
-  if (size < elements) {
-    buffer = hwy::AllocateAligned<T>(elements);
-    size = elements;
-  }
-  return buffer.get();
-}
 
 // The scales of `count` rows of n values of `dtype` from `rows` (which L2
 // reads) with these moments: one loop per style, which GCC vectorizes but
@@ -244,7 +224,8 @@ struct RowsJob {
             if (affine.bias != nullptr) piece.bias = affine.bias + j;
             const void* values = x + j * size;
             if (Widened()) {
-              float* const wide = Staging<float, kInputSlot>(kStagingElements);
+              float* const wide =
+                  Staging<float, StagingSlot::kKernelInput>(kStagingElements);
               WidenHalf(dtype, static_cast<const uint16_t*>(values), wide, len);
               values = wide;
             }
@@ -294,11 +275,11 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
       tbb::blocked_range<int64_t>(0, rows.rows, rows_per_item), rows.rows * n,
       [&](const tbb::blocked_range<int64_t>& range) {
         const SerialLoopsScope serial;  // Each thread has rows of its own.
-        char* staging =
-            x != nullptr
-                ? nullptr
-                : Staging<char, kInputSlot>(rows_per_piece * job.RowBytes());
-        float* buffer = Staging<float>(job.BufferFloats());
+        char* staging = x != nullptr ? nullptr
+                                     : Staging<char, StagingSlot::kKernelInput>(
+                                           rows_per_piece * job.RowBytes());
+        float* buffer =
+            Staging<float, StagingSlot::kKernelOutput>(job.BufferFloats());
         for (int64_t r0 = range.begin(); r0 < range.end();
              r0 += rows_per_piece) {
           const int64_t r1 = std::min(range.end(), r0 + rows_per_piece);
@@ -399,9 +380,10 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
   }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
-    char* staging = source.data != nullptr
-                        ? nullptr
-                        : Staging<char, kInputSlot>(kStagingElements * size);
+    char* staging =
+        source.data != nullptr
+            ? nullptr
+            : Staging<char, StagingSlot::kKernelInput>(kStagingElements * size);
     for (int64_t begin = r.begin(); begin < r.end(); begin += piece) {
       const int64_t end = std::min(r.end(), begin + piece);
       ChannelAffineWrite(

@@ -9,16 +9,16 @@
 #include "server/core/parallel.h"
 #include "server/core/simd/block_moments.h"
 #include "server/core/simd/channel_moments.h"
+#include "server/core/staging.h"
 
 namespace normd {
 namespace {
 
 // The moments of x[at, at + n) of `dtype`, n <= kMomentsBlock.
 Moments BlockAt(DType dtype, const void* x, int64_t at, int64_t n) {
-  thread_local std::vector<float> scratch(kMomentsBlock);
-  return BlockMoments(dtype,
-                      static_cast<const char*>(x) + at * ElementSize(dtype), n,
-                      scratch.data());
+  return BlockMoments(
+      dtype, static_cast<const char*>(x) + at * ElementSize(dtype), n,
+      Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock));
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -125,10 +125,7 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
   ParallelFor(
       tbb::blocked_range<int64_t>(0, batches), layout.NumElements(),
       [&](const tbb::blocked_range<int64_t>& range) {
-        thread_local std::vector<float> buffer;
-        if (static_cast<int64_t>(buffer.size()) < 16 * inner) {
-          buffer.resize(16 * inner);
-        }
+        float* buffer = Staging<float, StagingSlot::kWidenedRuns>(16 * inner);
         for (int64_t b = range.begin(); b < range.end(); ++b) {
           const int64_t c0 = 16 * b;
           const int count =
@@ -136,8 +133,8 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
           const float* runs = static_cast<const float*>(x) + c0 * inner;
           if (IsHalf(dtype)) {
             WidenHalf(dtype, static_cast<const uint16_t*>(x) + c0 * inner,
-                      buffer.data(), count * inner);
-            runs = buffer.data();
+                      buffer, count * inner);
+            runs = buffer;
           }
           FloatRowsMoments(runs, inner, count, result.data() + c0);
         }
