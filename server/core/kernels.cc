@@ -85,15 +85,15 @@ void RowScales(const Moments* moments, int count, double eps,
       }
       return;
     case LayerNormStyle::kRms:
-      // mean(x^2) = M2 / n + mean^2, both exact in fp64.
-      for (int k = 0; k < count; ++k) {
-        scales[k] = 1.0 / std::sqrt(moments[k].m2 / values +
-                                    moments[k].mean * moments[k].mean + eps);
-      }
-      return;
     case LayerNormStyle::kPyTorch:
+      // RMSNorm's mean(x^2) is M2 / n + mean^2; PyTorch's variance M2 / n
+      // (+ 0.0 changes no M2 / n >= 0).
       for (int k = 0; k < count; ++k) {
-        scales[k] = 1.0 / std::sqrt(moments[k].m2 / values + eps);
+        const double mean = moments[k].mean;
+        scales[k] = 1.0 / std::sqrt(moments[k].m2 / values +
+                                    (style == LayerNormStyle::kRms ? mean * mean
+                                                                   : 0.0) +
+                                    eps);
       }
       return;
   }

@@ -101,26 +101,6 @@ float ShiftCenter(const float* HWY_RESTRICT x) {
   return FoldArray<kHalf>(sums) / static_cast<float>(kShiftSample);
 }
 
-// The end of a fast-path block x[0..n) whose first i values' lane sums
-// are lanes_dev and lanes_sq: the rest in fp64, and exact() if fp32 lost
-// accuracy.
-template <typename Exact>
-Moments FinishFast(const float* x, int64_t i, int64_t n, float center,
-                   double lanes_dev, double lanes_sq, const Exact& exact) {
-  double tail_dev = 0.0;
-  double tail_sq = 0.0;
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(x[i]) - center;
-    tail_dev += d;
-    tail_sq += d * d;
-  }
-  const double squares = lanes_sq + tail_sq;
-  const Moments result =
-      fold::Corrected(n, center, lanes_dev + tail_dev, squares);
-  if (fold::NeedsExactPath(result, squares)) return exact();
-  return result;
-}
-
 // The fast path of `count` (at most kShortBatch) blocks of n <= 128 values
 // at x, x + n, ..: value i in lane i % 16, the shift the block's own mean
 // (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
@@ -302,12 +282,22 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   if constexpr (!kFloat) {
     for (int64_t k = i; k < n; ++k) out[k] = E::Scalar(x[k]);
   }
-  return FinishFast(values, i, n, center, lanes_dev, lanes_sq, [&] {
-    if constexpr (!kFloat && !kStore) {
-      for (int64_t k = 0; k < i; ++k) out[k] = E::Scalar(x[k]);
-    }
-    return ExactMoments(values, n);
-  });
+  // The values past the lanes in fp64; the exact path if fp32 lost accuracy.
+  double tail_dev = 0.0;
+  double tail_sq = 0.0;
+  for (int64_t k = i; k < n; ++k) {
+    const double e = static_cast<double>(values[k]) - center;
+    tail_dev += e;
+    tail_sq += e * e;
+  }
+  const double squares = lanes_sq + tail_sq;
+  const Moments result =
+      fold::Corrected(n, center, lanes_dev + tail_dev, squares);
+  if (!fold::NeedsExactPath(result, squares)) return result;
+  if constexpr (!kFloat && !kStore) {
+    for (int64_t k = 0; k < i; ++k) out[k] = E::Scalar(x[k]);
+  }
+  return ExactMoments(values, n);
 }
 
 template <DType kType>

@@ -237,12 +237,6 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
   }
 }
 
-// Whether a channels-last block takes two tiles or more: it prefetches.
-bool PrefetchesRows(int64_t width) {
-  return width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
-         2;
-}
-
 // The shift (or mean), S1 and S2 of every channel of the block into sum,
 // dev, sq, then its moments into out: by the fast paths where `fast` and
 // the layout allow, else the exact loops. False when a fast result lost
@@ -263,7 +257,10 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
     // fp64: the exact loops alone.
   } else if (fast && inner == 1) {
     // Whole tiles first, then narrow tiles of 32, 16, .., 1 channels.
-    const bool prefetch = PrefetchesRows(width);
+    // Blocks of two tiles or more prefetch.
+    const bool prefetch =
+        width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
+        2;
     for (int64_t at = 0; at < width;) {
       const int64_t left = width - at;
       const int64_t w = left >= kTile ? left / kTile * kTile

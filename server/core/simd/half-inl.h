@@ -38,13 +38,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define NORMD_HWY_EXACT_F16 0
 #endif
 
-// The lanes of f that are not NaN (f == f: GCC 12 reloads f from memory
-// for IsNaN's class test on AVX-512).
-template <class V>
-HWY_INLINE auto IsOrdered(V f) {
-  return hn::Eq(f, f);
-}
-
 // f(lane) for each lane of v (tag from), as a vector of tag `to`: float16
 // on targets without exact instructions (SSE4, scalar).
 template <class DTo, class DFrom, class F>
@@ -94,7 +87,9 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
   const auto rounded = hn::Add(bits, hn::IfThenElse(odd, hn::Set(du32, 0x8000u),
                                                     hn::Set(du32, 0x7fffu)));
 #endif
-  return hn::IfThenElse(hn::RebindMask(du32, IsOrdered(f)), rounded,
+  // Not NaN: f == f (GCC 12 reloads f from memory for IsNaN's class test
+  // on AVX-512).
+  return hn::IfThenElse(hn::RebindMask(du32, hn::Eq(f, f)), rounded,
                         hn::Set(du32, uint32_t{kCanonicalBFloat16NaN} << 16));
 }
 

@@ -113,29 +113,23 @@ HWY_INLINE hn::Vec<D> ExactMulAdd(D d, hn::Vec<D> mul, hn::Vec<D> x,
 // them for the lane size (AVX2 32- and 64-bit, AVX3, SVE), elsewhere a
 // zero-padded copy (Highway's MaskedLoad and BlendedStore touch the whole
 // vector there).
-#undef NORMD_HWY_MASKED_TAIL
-#undef NORMD_HWY_MASKED_TAIL16
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_HAVE_SCALABLE
-#define NORMD_HWY_MASKED_TAIL 1
-#else
-#define NORMD_HWY_MASKED_TAIL 0
-#endif
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_HAVE_SCALABLE
-#define NORMD_HWY_MASKED_TAIL16 1
-#else
-#define NORMD_HWY_MASKED_TAIL16 0
-#endif
-
-// Whether lanes of T take the masked instructions.
 template <typename T>
 constexpr bool MaskedTail() {
-  return sizeof(T) >= 4 ? NORMD_HWY_MASKED_TAIL : NORMD_HWY_MASKED_TAIL16;
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || HWY_HAVE_SCALABLE
+  return true;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return sizeof(T) >= 4;
+#else
+  return false;
+#endif
 }
 
-// p[0..count) in the first lanes, zeros in the rest.
+// p[0..count) in the first lanes, zeros in the rest (a whole vector when
+// count is the lane count).
 template <class D, typename T = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> LoadHead(D d, const T* p, size_t count) {
+HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count) {
   static_assert(sizeof(T) >= 2, "16-, 32- and 64-bit lanes");
+  if (count == hn::Lanes(d)) return hn::LoadU(d, p);
   if constexpr (MaskedTail<T>()) {
     return hn::MaskedLoad(hn::FirstN(d, count), d, p);
   } else {
@@ -143,13 +137,6 @@ HWY_INLINE hn::Vec<D> LoadHead(D d, const T* p, size_t count) {
     std::copy(p, p + count, padded);
     return hn::Load(d, padded);
   }
-}
-
-// p[0..count) as LoadHead, or a whole vector's worth (count the lane
-// count) as LoadU.
-template <class D, typename T = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count) {
-  return count == hn::Lanes(d) ? hn::LoadU(d, p) : LoadHead(d, p, count);
 }
 
 // The first count lanes of v into p[0..count).
