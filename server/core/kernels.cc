@@ -122,7 +122,9 @@ RowAffine RowConstants(const Moments& moments, double scale,
 // than a widened copy (saving the copy's traffic): not short rows, which
 // the copy lets go sixteen at a time, nor where y sits less than 512 bytes
 // above x modulo 4 KiB, where loads of x wait on the streaming stores just
-// issued to y (4K aliasing).
+// issued to y (4K aliasing). A specialization kept on measurement (float16
+// on AVX3 and AVX2, bench/HISTORY.md, session 30, "Specializations
+// re-measured").
 bool ReadsHalfRowsDirectly(const void* x, const void* y, int64_t n) {
   if (n <= kShortRow) return false;
   constexpr uintptr_t kPage = 4096;
@@ -153,7 +155,8 @@ struct RowsJob {
 
   // Rows per batch: short fp32 (or widened) rows sixteen at a time through
   // FloatRowsMoments and one affine call: per-row folds and calls dominate
-  // rows of 16-128 values.
+  // rows of 16-128 values. A specialization kept on measurement (AVX3 and
+  // AVX2, bench/HISTORY.md, "specializations audited again").
   int Batch() const {
     return (dtype == DType::kFloat32 || Widened()) && n <= kShortRow ? 16 : 1;
   }

@@ -106,7 +106,9 @@ float ShiftCenter(const float* HWY_RESTRICT x) {
 // (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
 // fp64; the last step adds only to the lanes it has values for. Each step
 // is done for every block before the next, so that their chains overlap,
-// and the folds across the blocks (fold::SixteenRowSums).
+// and the folds across the blocks (fold::SixteenRowSums). A specialization
+// kept on measurement (AVX3 and AVX2, bench/HISTORY.md, "specializations
+// audited again").
 constexpr int64_t kShortBatch = 16;
 void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
                   Moments* HWY_RESTRICT out) {
@@ -174,7 +176,9 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   SixteenRowSums(&sq[0][0], squares);
   // fold::Corrected and fold::NeedsExactPath in fp64 vectors across the
   // blocks, operation for operation (max(0.0, v) is 0 < v ? v : 0,
-  // isfinite |v| < infinity): two scalar divisions per block cost more.
+  // isfinite |v| < infinity), in place of two scalar divisions per block: a
+  // specialization kept on measurement (fp32 rows on AVX3 and AVX2,
+  // bench/HISTORY.md, "specializations audited again").
   const hn::CappedTag<double, kShortBatch> dd;
   const auto zero = hn::Zero(dd);
   const auto infinity = hn::Set(dd, std::numeric_limits<double>::infinity());

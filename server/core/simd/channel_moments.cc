@@ -69,7 +69,9 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // below it: a flush interval's rows are copied together, value q in lane q
 // % kTile, the last step's missing rows masked off). Panels of 4 vectors
 // are summed over each interval of kTileFlush steps, then added into fp64.
-// Whole tiles prefetch rows before `prefetch_end`, `prefetch_bytes` wide.
+// Narrow tiles are a specialization kept on measurement (AVX3 and AVX2,
+// bench/HISTORY.md, "specializations audited again"). Whole tiles prefetch rows
+// before `prefetch_end`, `prefetch_bytes` wide.
 template <DType kType, typename Stored>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
@@ -181,7 +183,9 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // over rows [r0, r1) in kRunLanes fp64 lanes per run (fp32 lanes lost
 // accuracy: 1e-8 against the tests' 1e-12), folded pairwise into the
 // channel's sums; the shift the mean of its first kRunLanes values. A run's
-// tail is read in place, masked, unless that would pass `end`.
+// tail is read in place, masked, unless that would pass `end`. A
+// specialization kept on measurement (AVX3 and AVX2, bench/HISTORY.md,
+// "specializations audited again").
 template <DType kType, typename Stored>
 void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
              int64_t stride, int64_t c0, int64_t width, int64_t r0, int64_t r1,
