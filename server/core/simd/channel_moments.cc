@@ -130,6 +130,21 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   for (int64_t f = r0; f < r1; f += kTileFlush * step_rows) {
     const int64_t f_end = std::min(r1, f + kTileFlush * step_rows);
     if (narrow) {
+      const int64_t values = (f_end - f) * width;
+      const int64_t steps = (values + kTile - 1) / kTile;
+      if (width == stride) {
+        // The tile is whole rows, so the interval's values are contiguous:
+        // read in place, the last vectors masked.
+        const Stored* interval = x + f * stride;
+        add.template operator()<true>(
+            steps, values, [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+              const int64_t q = s * kTile + at;
+              return E::Load(interval, q,
+                             static_cast<size_t>(
+                                 std::clamp<int64_t>(values - q, 0, lanes)));
+            });
+        continue;
+      }
       for (int64_t r = f; r < f_end; ++r) {
         const Stored* from = x + r * stride + c;
         float* to = staged + (r - f) * width;
@@ -139,10 +154,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         }
         for (; j < width; ++j) to[j] = E::Scalar(from[j]);
       }
-      const int64_t values = (f_end - f) * width;
       add.template operator()<true>(
-          (values + kTile - 1) / kTile, values,
-          [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+          steps, values, [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
             return hn::Load(d, staged + s * kTile + at);
           });
       continue;
