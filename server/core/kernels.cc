@@ -374,12 +374,14 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
       }
     }
   }
-  // The channels-last period's entries: copies, computed once per channel,
-  // a channel block at a time (entries is a multiple of channels).
-  for (size_t k = channels; k < entries; k += channels) {
-    std::copy_n(hi.get(), channels, hi.get() + k);
-    std::copy_n(mul.get(), channels, mul.get() + k);
-    std::copy_n(add.get(), channels, add.get() + k);
+  // The channels-last period's entries: copies of the channels' own, the
+  // filled prefix (a multiple of channels, as entries is) doubled each time,
+  // so that few channels take few copies.
+  for (size_t filled = channels; filled < entries; filled *= 2) {
+    const size_t n = std::min(filled, entries - filled);
+    std::copy_n(hi.get(), n, hi.get() + filled);
+    std::copy_n(mul.get(), n, mul.get() + filled);
+    std::copy_n(add.get(), n, add.get() + filled);
   }
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
