@@ -133,11 +133,13 @@ void HalfRows(DType dtype, const uint16_t* x, uint16_t* y,
 }
 #endif
 
-// Layouts: NCHW-like runs (inner 1024 and 49) and channels-last (inner 1).
+// Layouts: NCHW-like runs (inner 1024 and 49), channels-last (inner 1),
+// and few channels-last channels (as BatchNorm1d of [N, 8] features).
 ChannelLayout Layout(const std::string& name) {
   if (name == "nchw") return {8, 8, 1024};
   if (name == "nchw49") return {8, 168, 49};  // 65856 > kValues: trimmed.
-  return {1024, 64, 1};                       // nhwc
+  if (name == "nc8") return {8192, 8, 1};
+  return {1024, 64, 1};  // nhwc
 }
 ChannelLayout Fitted(ChannelLayout layout) {
   while (layout.NumElements() > kValues) --layout.outer;
@@ -193,7 +195,7 @@ void RegisterAll() {
           Report(state);
         });
   }
-  for (const char* layout_name : {"nchw", "nchw49", "nhwc"}) {
+  for (const char* layout_name : {"nchw", "nchw49", "nhwc", "nc8"}) {
     const ChannelLayout layout = Fitted(Layout(layout_name));
     benchmark::RegisterBenchmark(
         (std::string("ChannelMoments/f32/") + layout_name).c_str(),
