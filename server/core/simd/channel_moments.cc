@@ -65,13 +65,16 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 }
 
 // The sums of channels-last channels [c, c + width) over rows [r0, r1):
-// whole tiles (width a multiple of kTile) or a narrow tile (a power of two
-// below it: a flush interval's rows are copied together, value q in lane q
-// % kTile, the last step's missing rows masked off). Panels of 4 vectors
+// whole tiles (width a multiple of kTile) or a narrow tile (below kTile: a
+// step of kTile / width rows, value q of a flush interval in lane q %
+// step_values, step_values = width * (kTile / width), the last step's
+// missing values masked off; a power of two, as a strided tile is, fills
+// the kTile lanes). A narrow tile that is whole rows (width == stride) is
+// read in place, a strided one copied together first. Panels of 4 vectors
 // are summed over each interval of kTileFlush steps, then added into fp64.
 // Narrow tiles are a specialization kept on measurement (AVX3 and AVX2,
-// bench/HISTORY.md, "specializations audited again"). Whole tiles prefetch rows
-// before `prefetch_end`, `prefetch_bytes` wide.
+// bench/HISTORY.md, "specializations audited again"). Whole tiles prefetch
+// rows before `prefetch_end`, `prefetch_bytes` wide.
 template <DType kType, typename Stored>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
@@ -84,6 +87,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const bool narrow = width < kTile;
   const int64_t step_rows = narrow ? kTile / width : 1;
+  const int64_t step_values = step_rows * width;
   const int64_t step_lanes = narrow ? kTile : width;
   // Whole bfloat16 tiles read in pair order (see EvenBFloat16), their
   // shifts and sums kept in it: a specialization kept on measurement
@@ -103,9 +107,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   std::fill(dev, dev + step_lanes, 0.0);
   std::fill(sq, sq + step_lanes, 0.0);
   // Adds steps [0, steps) of values(s, at), the lanes [at, at + lanes) of
-  // step s, the first `valid` values only when kMasked.
-  auto add = [&]<bool kMasked>(int64_t steps, int64_t valid,
-                               const auto& values) NORMD_LAMBDA_INLINE {
+  // step s, the first `valid` values only when kMasked (kFull: steps of
+  // kTile values, else of step_values).
+  auto add = [&]<bool kMasked, bool kFull = true>(
+      int64_t steps, int64_t valid, const auto& values) NORMD_LAMBDA_INLINE {
     for (int64_t p = 0; p < step_lanes; p += 4 * lanes) {
       // The panel's shifts, loaded once (GCC reloads them every step).
       const auto c0 = hn::Load(d, center + p);
@@ -117,8 +122,11 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
           [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
             const int64_t at = p + v * lanes;
             const auto shift = v == 0 ? c0 : v == 1 ? c1 : v == 2 ? c2 : c3;
-            AddDeviation<true>(d, hn::Sub(values(s, at, v), shift), dev_v, sq_v,
-                               kMasked ? valid - (s * kTile + at) : INT64_MAX);
+            AddDeviation<true>(
+                d, hn::Sub(values(s, at, v), shift), dev_v, sq_v,
+                !kMasked ? INT64_MAX
+                : kFull  ? valid - (s * kTile + at)
+                         : std::min(step_values, valid - s * step_values) - at);
           },
           acc, acc + kTile);
       AddWidened(acc, dev + p, 4 * lanes);
@@ -131,18 +139,29 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
     const int64_t f_end = std::min(r1, f + kTileFlush * step_rows);
     if (narrow) {
       const int64_t values = (f_end - f) * width;
-      const int64_t steps = (values + kTile - 1) / kTile;
+      const int64_t steps = (values + step_values - 1) / step_values;
       if (width == stride) {
-        // The tile is whole rows, so the interval's values are contiguous:
-        // read in place, the last vectors masked.
+        // Whole rows: the interval's values are contiguous. kFull: the steps
+        // fill the kTile lanes (a constant step, which AVX2 needs for speed).
         const Stored* interval = x + f * stride;
-        add.template operator()<true>(
-            steps, values, [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-              const int64_t q = s * kTile + at;
-              return E::Load(interval, q,
-                             static_cast<size_t>(
-                                 std::clamp<int64_t>(values - q, 0, lanes)));
-            });
+        auto read = [&]<bool kFull>() NORMD_LAMBDA_INLINE {
+          const int64_t step = kFull ? kTile : step_values;
+          add.template operator()<true, kFull>(
+              steps, values,
+              [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+                // Lanes past the step read the next step's values (add
+                // masks them off); only the interval's end is not read past.
+                const int64_t q = s * step + at;
+                return E::Load(interval, q,
+                               static_cast<size_t>(
+                                   std::clamp<int64_t>(values - q, 0, lanes)));
+              });
+        };
+        if (step_values == kTile) {
+          read.template operator()<true>();
+        } else {
+          read.template operator()<false>();
+        }
         continue;
       }
       for (int64_t r = f; r < f_end; ++r) {
@@ -185,7 +204,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
     center_out[j] = static_cast<double>(center[j]);
     if (!narrow) continue;
     dev_out[j] = sq_out[j] = 0.0;
-    for (int64_t l = j; l < kTile; l += width) {
+    for (int64_t l = j; l < step_values; l += width) {
       dev_out[j] += dev[l];
       sq_out[j] += sq[l];
     }
@@ -273,16 +292,18 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
   if constexpr (kType == DType::kFloat64) {
     // fp64: the exact loops alone.
   } else if (fast && inner == 1) {
-    // Whole tiles first, then narrow tiles of 32, 16, .., 1 channels.
     // Blocks of two tiles or more prefetch.
     const bool prefetch =
         width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
         2;
     for (int64_t at = 0; at < width;) {
       const int64_t left = width - at;
-      const int64_t w = left >= kTile ? left / kTile * kTile
-                                      : static_cast<int64_t>(std::bit_floor(
-                                            static_cast<uint64_t>(left)));
+      // Whole tiles, then narrow ones: all the channels when they are whole
+      // rows, else powers of two.
+      const int64_t w = left >= kTile    ? left / kTile * kTile
+                        : left == stride ? left
+                                         : static_cast<int64_t>(std::bit_floor(
+                                               static_cast<uint64_t>(left)));
       ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
                               prefetch ? layout.outer : 0,
                               width * static_cast<int64_t>(sizeof(Stored)),

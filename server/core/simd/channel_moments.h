@@ -5,7 +5,9 @@
 // - Channels-last (inner == 1), fp32 and 16-bit: each channel its own fp32
 //   lane, shifted by the fp32 mean of its first 32 rows, d and d^2 (fused)
 //   flushed into fp64 every 16 rows; 64 channels per tile, and narrow tiles
-//   of 32, 16, .., 1 channels whose 64 lanes take 64 / width rows a step.
+//   of 32, 16, .., 1 channels whose 64 lanes take 64 / width rows a step
+//   (fewer than 64 channels that are whole rows: one narrow tile of them
+//   all, its lanes taking floor(64 / width) rows a step).
 // - Runs of 16 to 255 values: 16 fp64 lanes per run, folded pairwise into
 //   the channel's sums, shifted by the mean of its first 16 values.
 // fp64 data, runs of 2 to 15 values and blocks whose fast sums lost
