@@ -155,7 +155,7 @@ struct RowsJob {
 
   // Rows per batch: short fp32 (or widened) rows sixteen at a time through
   // FloatRowsMoments and one affine call: per-row folds and calls dominate
-  // rows of 16-128 values. A specialization kept on measurement (AVX3 and
+  // rows of 16-256 values. A specialization kept on measurement (AVX3 and
   // AVX2, bench/HISTORY.md, "specializations audited again").
   int Batch() const {
     return (dtype == DType::kFloat32 || Widened()) && n <= kShortRow ? 16 : 1;

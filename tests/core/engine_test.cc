@@ -199,13 +199,13 @@ TEST(StreamingTest, StreamedOutputsEqualCachedOutputsBitwise) {
   }
 }
 
-// Rows of 16-128 values stream sixteen at a time (into a 64-byte aligned
+// Rows of 16-256 values stream sixteen at a time (into a 64-byte aligned
 // output, as the service's), with the bits of the cached path and of a
 // misaligned output (a row at a time), in every row style, with and without
 // weights and biases, and against the fp64 definitions.
 TEST(StreamingTest, ShortRowsStreamedInBatchesEqualCachedBitwise) {
   using ::normd::testing::ReferenceRmsNorm;
-  for (int64_t n : {16, 48, 64, 128, 100}) {
+  for (int64_t n : {16, 48, 64, 128, 100, 200, 256}) {
     constexpr int64_t kRows = 1000;  // 62 batches and 8 rows.
     const auto x = RandomValues<float>(kRows * n, 21 + n, 2.0, 3.0);
     std::vector<double> w(n), b(n);

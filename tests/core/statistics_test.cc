@@ -267,12 +267,12 @@ TEST(MomentsTest, SixteenRowSumsFoldsHalvesThenAdjacentPairs) {
   ExpectSixteenRowSumsTree<double>(53);
 }
 
-// Rows of up to 128 values reduced sixteen at a time, their folds done
+// Rows of up to 256 values reduced sixteen at a time, their folds done
 // across the rows, give each row's BlockMoments bit for bit, whatever
 // row of a batch it is, including rows that take the exact path and a last
 // batch of fewer than 16 rows.
 TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
-  for (int64_t n : {16, 17, 32, 48, 64, 80, 100, 128}) {
+  for (int64_t n : {16, 17, 32, 48, 64, 80, 100, 128, 129, 200, 256}) {
     constexpr int kRows = 37;  // Two whole batches and 5 rows.
     std::vector<float> x = RandomValues<float>(kRows * n, 11 + n, 3.0, 2.0);
     const auto offset = RandomValues<float>(n, 12 + n, 1e4, 1.0);

@@ -101,9 +101,9 @@ float ShiftCenter(const float* HWY_RESTRICT x) {
   return FoldArray<kHalf>(sums) / static_cast<float>(kShiftSample);
 }
 
-// The fast path of `count` (at most kShortBatch) blocks of n <= 128 values
-// at x, x + n, ..: value i in lane i % 16, the shift the block's own mean
-// (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
+// The fast path of `count` (at most kShortBatch) blocks of n <= kShortRow
+// values at x, x + n, ..: value i in lane i % 16, the shift the block's own
+// mean (lanes folded in fp32), then d and d^2 (fused) in the lanes, folded in
 // fp64; the last step adds only to the lanes it has values for. Each step
 // is done for every block before the next, so that their chains overlap,
 // and the folds across the blocks (fold::SixteenRowSums). A specialization
@@ -214,7 +214,7 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   }
 }
 
-// The fast path of a block of n > 128 values (see block_moments.h), its
+// The fast path of a block of n > kShortRow values (see block_moments.h), its
 // 64 lanes in panels of 4 vectors each summed over a flush interval in
 // turn. 16-bit data: `out` gets the widening with kStore, else what the
 // scalar parts read (shift sample, tail, all on the exact path). kPairs

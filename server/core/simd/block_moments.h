@@ -1,10 +1,10 @@
 // The moments of one contiguous block (at most kMomentsBlock values), the
 // unit of every contiguous reduction, on Highway with the same bits on
-// every target. fp32 blocks of more than 128 values: d = x - shift and d^2
+// every target. fp32 blocks of more than 256 values: d = x - shift and d^2
 // (fused) summed in 64 fp32 lanes (value i in lane i % 64), flushed every
 // 1024 values into 32 fp64 lanes, the shift the fp32 mean of the first 32
 // values, the values past the last whole 64 added in fp64, the lanes
-// folded pairwise (fold.h). Blocks of at most 128 values: 16 lanes, their
+// folded pairwise (fold.h). Blocks of at most 256 values: 16 lanes, their
 // own mean as the shift, folded by fold::SixteenRowSums' tree. A block that
 // lost accuracy (fold::NeedsExactPath) is redone by the exact two-pass fp64
 // path (8 fp64 lanes), as fp64 data always is. Narrower vectors hold the same
@@ -21,7 +21,7 @@ namespace normd {
 
 // Rows of at most this many values are reduced sixteen at a time by
 // FloatRowsMoments: a call per row costs more than its values.
-inline constexpr int64_t kShortRow = 128;
+inline constexpr int64_t kShortRow = 256;
 
 // The moments of the `count` blocks x[k n..(k + 1) n) into out[0..count),
 // 1 <= n <= kMomentsBlock.
