@@ -123,8 +123,7 @@ RowAffine RowConstants(const Moments& moments, double scale,
 // the copy lets go sixteen at a time, nor where y sits less than 512 bytes
 // above x modulo 4 KiB, where loads of x wait on the streaming stores just
 // issued to y (4K aliasing). A specialization kept on measurement (float16
-// on AVX3 and AVX2, bench/HISTORY.md, session 30, "Specializations
-// re-measured").
+// on AVX3 and AVX2; bench/HISTORY.md, where it names ReadsHalfRowsDirectly).
 bool ReadsHalfRowsDirectly(const void* x, const void* y, int64_t n) {
   if (n <= kShortRow) return false;
   constexpr uintptr_t kPage = 4096;
