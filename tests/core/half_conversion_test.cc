@@ -38,6 +38,7 @@ using ::normd::testing::HalfValue;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelStats;
 using ::normd::testing::RelErr;
+using ::normd::testing::SameBits;
 
 // The correctly rounded (nearest, ties to the even pattern) 16-bit pattern
 // of a finite or infinite v, by search in the table of every finite
@@ -323,11 +324,7 @@ TEST(HalfTest, WideningWithMomentsEqualsWideningThenMomentsBitwise) {
               WidenedMoments(dtype, x.data(), scratch.data(), n, false);
           EXPECT_EQ(fused, plain);
           for (const Moments* m : {&got, &unstored}) {
-            EXPECT_EQ(m->count, want.count);
-            EXPECT_EQ(std::bit_cast<uint64_t>(m->mean),
-                      std::bit_cast<uint64_t>(want.mean));
-            EXPECT_EQ(std::bit_cast<uint64_t>(m->m2),
-                      std::bit_cast<uint64_t>(want.m2));
+            EXPECT_TRUE(SameBits(*m, want));
           }
         });
       }
@@ -369,10 +366,7 @@ TEST(HalfTest, LaneSumsFoldInTheOrderOfTheFp32Path) {
     const Moments in_place = ChannelMoments(DType::kBFloat16, x.data(), run)[0];
     const Moments fp32 = ChannelMoments(plain.data(), run)[0];
     for (const Moments* got : {&stored, &unstored, &in_place, &fp32}) {
-      EXPECT_EQ(std::bit_cast<uint64_t>(got->mean),
-                std::bit_cast<uint64_t>(want.mean));
-      EXPECT_EQ(std::bit_cast<uint64_t>(got->m2),
-                std::bit_cast<uint64_t>(want.m2));
+      EXPECT_TRUE(SameBits(*got, want));
     }
   });
 }
@@ -457,12 +451,7 @@ TEST(HalfTest, ChannelsLastRowsFirstEqualTilesBitwise) {
               const auto alone = part(c0, width);
               for (int64_t c = 0; c < width; ++c) {
                 EXPECT_EQ(all[c0 + c].count, outer);
-                EXPECT_EQ(std::bit_cast<uint64_t>(all[c0 + c].mean),
-                          std::bit_cast<uint64_t>(alone[c].mean))
-                    << c0 + c;
-                EXPECT_EQ(std::bit_cast<uint64_t>(all[c0 + c].m2),
-                          std::bit_cast<uint64_t>(alone[c].m2))
-                    << c0 + c;
+                EXPECT_TRUE(SameBits(all[c0 + c], alone[c])) << c0 + c;
               }
             }
             if (dtype == DType::kFloat32) {
@@ -520,12 +509,7 @@ TEST(HalfTest, ShortRunMomentsSameBitsOnEveryTarget) {
               if (hand.empty()) hand = loop;
               for (int64_t c = 0; c < channels; ++c) {
                 EXPECT_EQ(hand[c].count, outer * inner);
-                EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].mean),
-                          std::bit_cast<uint64_t>(loop[c].mean))
-                    << c;
-                EXPECT_EQ(std::bit_cast<uint64_t>(hand[c].m2),
-                          std::bit_cast<uint64_t>(loop[c].m2))
-                    << c;
+                EXPECT_TRUE(SameBits(loop[c], hand[c])) << c;
                 if (inner >= 16) {
                   EXPECT_NEAR(
                       hand[c].mean, ref.mean[c],
@@ -570,12 +554,7 @@ TEST(HalfTest, FewChannelsLastChannelsAreOneTileOnEveryTarget) {
           if (best.empty()) best = got;
           for (int64_t c = 0; c < channels; ++c) {
             EXPECT_EQ(got[c].count, outer);
-            EXPECT_EQ(std::bit_cast<uint64_t>(got[c].mean),
-                      std::bit_cast<uint64_t>(best[c].mean))
-                << c;
-            EXPECT_EQ(std::bit_cast<uint64_t>(got[c].m2),
-                      std::bit_cast<uint64_t>(best[c].m2))
-                << c;
+            EXPECT_TRUE(SameBits(got[c], best[c])) << c;
             EXPECT_LE(
                 std::abs(got[c].mean - ref.mean[c]),
                 1e-12 * std::abs(ref.mean[c]) + 1e-7 * std::sqrt(ref.var[c]))

@@ -25,6 +25,7 @@ using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelStats;
 using ::normd::testing::RelErr;
+using ::normd::testing::SameBits;
 
 TEST(MomentsTest, MergeIsChanFormula) {
   // {1,2,3} and {10,20}: pooled mean 7.2, M2 = 6.2^2 + 5.2^2 + 4.2^2 + 2.8^2 +
@@ -194,14 +195,7 @@ TEST(MomentsTest, EveryTargetReducesABlockToTheSameBits) {
     for (const auto& results : {by_target, bf16_by_target}) {
       const Moments& expected = results.front().second;
       for (const auto& [target, m] : results) {
-        EXPECT_EQ(std::bit_cast<uint64_t>(m.mean),
-                  std::bit_cast<uint64_t>(expected.mean))
-            << name << " on " << target << ": " << m.mean << " vs "
-            << expected.mean;
-        EXPECT_EQ(std::bit_cast<uint64_t>(m.m2),
-                  std::bit_cast<uint64_t>(expected.m2))
-            << name << " on " << target << ": " << m.m2 << " vs "
-            << expected.m2;
+        EXPECT_TRUE(SameBits(m, expected)) << name << " on " << target;
       }
     }
     if (name.rfind("normal", 0) == 0 || name.rfind("offset", 0) == 0) {
@@ -291,12 +285,7 @@ TEST(MomentsTest, ShortRowsSixteenAtATimeEqualOneAtATimeBitwise) {
         const float* row = x.data() + (r0 + k) * n;
         const Moments one = BlockMoments(DType::kFloat32, row, n);
         EXPECT_EQ(batch[k].count, n);
-        EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].mean),
-                  std::bit_cast<uint64_t>(one.mean))
-            << "row " << r0 + k << ": " << batch[k].mean << " vs " << one.mean;
-        EXPECT_EQ(std::bit_cast<uint64_t>(batch[k].m2),
-                  std::bit_cast<uint64_t>(one.m2))
-            << "row " << r0 + k << ": " << batch[k].m2 << " vs " << one.m2;
+        EXPECT_TRUE(SameBits(batch[k], one)) << "row " << r0 + k;
         const std::vector<float> values(row, row + n);
         if (std::isfinite(batch[k].mean)) {
           const auto ref = ReferenceChannelStats(values, 1, 1, n);

@@ -8,8 +8,10 @@
 #include <tbb/global_control.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
@@ -23,6 +25,23 @@
 #include "tests/testing/reference.h"
 
 namespace normd::testing {
+
+// Whether `got` is `want` bit for bit (count, mean and M2), for the tests
+// that hold a reduction to the same bits across targets, batches or paths;
+// a failure prints both in hex floating point.
+inline ::testing::AssertionResult SameBits(const Moments& got,
+                                           const Moments& want) {
+  if (got.count == want.count &&
+      std::bit_cast<uint64_t>(got.mean) == std::bit_cast<uint64_t>(want.mean) &&
+      std::bit_cast<uint64_t>(got.m2) == std::bit_cast<uint64_t>(want.m2)) {
+    return ::testing::AssertionSuccess();
+  }
+  char text[160];
+  std::snprintf(text, sizeof(text), "(%lld, %a, %a) vs (%lld, %a, %a)",
+                static_cast<long long>(got.count), got.mean, got.m2,
+                static_cast<long long>(want.count), want.mean, want.m2);
+  return ::testing::AssertionFailure() << text;
+}
 
 // A training BatchNorm request for model `model` on x.
 template <typename T>
