@@ -18,7 +18,7 @@ RUN apt-get update \
       cmake make g++ pkg-config zlib1g-dev \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libtbb-dev prometheus-cpp-dev libhwy-dev \
-      libcpp-httplib-dev libsimdjson-dev libonnx-dev \
+      libboost-dev libssl-dev libsimdjson-dev libonnx-dev \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
@@ -34,7 +34,7 @@ FROM debian:bookworm AS runtime
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libtbb12 \
-      libprometheus-cpp-pull1.0 libhwy1 zlib1g libcpp-httplib0.11 \
+      libprometheus-cpp-pull1.0 libhwy1 zlib1g libssl3 \
       libsimdjson14 libonnx1 \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 normd \

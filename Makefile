@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   libbenchmark-dev python3 python3-torch python3-grpcio python3-protobuf \
   python3-numpy python3-pip python3-setuptools python3-yaml openssl clang \
   libclang-rt-14-dev prometheus haproxy python3-venv libhwy-dev \
-  libcpp-httplib-dev libsimdjson-dev python3-requests libonnx-dev \
+  libboost-dev libssl-dev libsimdjson-dev python3-requests libonnx-dev \
   python3-onnx python3-torchvision python3-tqdm
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
@@ -143,7 +143,7 @@ ARM64_BUILD_DIR ?= build-arm64
 ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 \
   libabsl-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libgrpc++-dev:arm64 \
   libprotobuf-dev:arm64 libprometheus-cpp-pull1.0:arm64 zlib1g-dev:arm64 \
-  libcpp-httplib-dev:arm64 libsimdjson14:arm64
+  libboost-dev:arm64 libssl-dev:arm64 libsimdjson14:arm64
 test-arm64: build
 	@dpkg --print-foreign-architectures | grep -qx arm64 || \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64

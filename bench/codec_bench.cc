@@ -18,12 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "normd/v1/normalizer.pb.h"
-#include "server/core/engine.h"
-#include "server/http/rest_codec.h"
-#include "server/rpc/health_service.h"
-#include "server/rpc/metrics.h"
+#include "server/http/infer_body.h"
+#include "server/http/rest_json.h"
+#include "server/rpc/grpc_metrics.h"
 #include "server/rpc/normalizer_service.h"
 #include "server/rpc/oip_service.h"
+#include "tests/testing/service_stack.h"
 
 namespace normd {
 namespace {
@@ -66,13 +66,10 @@ std::string OipRequest(int64_t rows, int64_t cols) {
 }
 
 struct Fixture {
-  prometheus::Registry registry;
-  ServerMetrics metrics{registry};
-  Engine engine;
-  Admission admission{0, 0};
-  NormalizerService service{engine, metrics, admission};
-  HealthService health;
-  OipService oip{service, health};
+  testing::ServiceStack stack;
+  GrpcMetrics grpc_metrics{stack.registry};
+  NormalizerService service{GrpcFrontEnd{stack.service, grpc_metrics}};
+  OipService oip{GrpcFrontEnd{stack.service, grpc_metrics}, stack.inference};
 };
 
 Fixture& Shared() {
@@ -141,7 +138,7 @@ BENCHMARK(BM_CopyRequest)->Apply(Shapes);
 
 // The REST front-end's JSON cost per tensor value (items/s is values/s):
 // parsing an infer body of `count` FP32 numbers (as a client's
-// json.dumps would write them) into the OIP message, and formatting a
+// json.dumps would write them) into the service's request, and formatting a
 // response of `count` values back to JSON. The compute between is left
 // out: these are what JSON adds over binary data.
 std::string JsonInferBody(int64_t count) {
@@ -160,9 +157,10 @@ void BM_RestJsonParse(benchmark::State& state) {
   const std::string body = JsonInferBody(state.range(0));
   for (auto _ : state) {
     RestInferRequest request;
-    if (!ParseRestInferRequest(body, std::nullopt, "layer_norm", "", request)
+    if (!ParseInferBody(body, body.size(), std::nullopt, "layer_norm", "",
+                        request)
              .ok()) {
-      state.SkipWithError("ParseRestInferRequest failed");
+      state.SkipWithError("ParseInferBody failed");
     }
     benchmark::DoNotOptimize(request);
   }
@@ -178,17 +176,14 @@ void BM_RestJsonFormat(benchmark::State& state) {
     const float v = normal(rng);
     std::memcpy(values.data() + i * sizeof(float), &v, sizeof(v));
   }
+  InferReply reply;
+  reply.output.datatype = "FP32";
+  reply.output.shape = {state.range(0)};
+  reply.output.elements = state.range(0);
+  reply.output.bytes = state.range(0) * 4;
   for (auto _ : state) {
-    inference::ModelInferResponse response;
-    response.set_model_name("layer_norm");
-    response.set_model_version("1");
-    auto& output = *response.add_outputs();
-    output.set_name("output");
-    output.set_datatype("FP32");
-    output.add_shape(state.range(0));
-    response.add_raw_output_contents(values);
-    RestBody body;
-    FormatRestInferResponse(response, false, body);
+    std::string body =
+        FormatInferReply("layer_norm", "", reply, values, /*binary=*/false);
     benchmark::DoNotOptimize(body);
   }
   state.SetItemsProcessed(state.iterations() * state.range(0));

@@ -14,7 +14,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "normd/v1/normalizer.grpc.pb.h"
-#include "server/rpc/server.h"
+#include "server/rpc/grpc_transport.h"
+#include "server/server.h"
 
 ABSL_FLAG(std::string, bind_address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "gRPC port (0 picks a free one).");
@@ -92,23 +93,23 @@ int Main() {
     std::fprintf(stderr, "echo_server: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  ServerOptions options;
-  options.bind_address = absl::GetFlag(FLAGS_bind_address);
-  options.port = absl::GetFlag(FLAGS_port);
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  const std::string bind_address = absl::GetFlag(FLAGS_bind_address);
+  const int requested_port = absl::GetFlag(FLAGS_port);
   EchoService service;
   grpc::ServerBuilder builder;
   int port = 0;
-  ConfigureServerBuilder(options, builder, &port);
+  ConfigureServerBuilder(bind_address, requested_port,
+                         absl::GetFlag(FLAGS_max_message_bytes), builder,
+                         &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "echo_server: cannot listen on %s\n",
-                 HostPort(options.bind_address, options.port).c_str());
+                 HostPort(bind_address, requested_port).c_str());
     return 1;
   }
   std::fprintf(stderr, "echo_server: serving gRPC on %s\n",
-               HostPort(options.bind_address, port).c_str());
+               HostPort(bind_address, port).c_str());
   int signal = 0;
   sigwait(&signals, &signal);
   server->Shutdown();

@@ -13,14 +13,19 @@
 //   build/bench/loadgen --target=127.0.0.1:50051 --shape=1,768 --inflight=16
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -359,13 +364,15 @@ std::string RestBody(const std::vector<int64_t>& shape, bool binary,
 }
 
 // --inflight threads, each posting `body` on its own keep-alive connection
-// until the run is over.
+// (a blocking Beast client: one thread per connection, as HTTP/1.1 clients
+// work) until the run is over.
 void RunRest(const std::string& target, const std::string& body,
              const std::string& header_length, int inflight, Run& run,
              std::vector<Tally>& tallies) {
+  namespace asio = boost::asio;
+  namespace http = boost::beast::http;
   const std::vector<std::string> host_port = absl::StrSplit(target, ':');
-  int port = 0;
-  if (host_port.size() != 2 || !absl::SimpleAtoi(host_port[1], &port)) {
+  if (host_port.size() != 2) {
     run.Fail("--http_target must be host:port");
     return;
   }
@@ -373,25 +380,42 @@ void RunRest(const std::string& target, const std::string& body,
   std::vector<std::thread> threads;
   for (int i = 0; i < inflight; ++i) {
     threads.emplace_back([&, i] {
-      httplib::Client client(host_port[0], port);
-      client.set_keep_alive(true);
-      client.set_tcp_nodelay(true);
-      client.set_read_timeout(60);
-      httplib::Headers headers;
-      if (!header_length.empty()) {
-        headers.emplace("Inference-Header-Content-Length", header_length);
+      asio::io_context io;
+      asio::ip::tcp::socket socket(io);
+      boost::system::error_code ec;
+      asio::connect(
+          socket,
+          asio::ip::tcp::resolver(io).resolve(host_port[0], host_port[1], ec),
+          ec);
+      if (ec) {
+        run.Fail(absl::StrCat("HTTP: cannot connect to ", target, ": ",
+                              ec.message()));
+        return;
       }
+      socket.set_option(asio::ip::tcp::no_delay(true), ec);
+      // The body is sent from where it is, not copied per request.
+      http::request<http::span_body<const char>> request(
+          http::verb::post, "/v2/models/layer_norm/infer", 11);
+      request.set(http::field::host, host_port[0]);
+      request.set(http::field::content_type, header_length.empty()
+                                                 ? "application/json"
+                                                 : "application/octet-stream");
+      if (!header_length.empty()) {
+        request.set("Inference-Header-Content-Length", header_length);
+      }
+      request.body() = boost::beast::span<const char>(body.data(), body.size());
+      request.prepare_payload();
+      boost::beast::flat_buffer buffer;
       while (!run.Over(Clock::now())) {
         const Clock::time_point start = Clock::now();
-        const httplib::Result result =
-            client.Post("/v2/models/layer_norm/infer", headers, body,
-                        header_length.empty() ? "application/json"
-                                              : "application/octet-stream");
-        if (!result || result->status != 200) {
-          run.Fail(result ? absl::StrCat("HTTP ", result->status, ": ",
-                                         result->body.substr(0, 200))
-                          : absl::StrCat("HTTP: ",
-                                         httplib::to_string(result.error())));
+        http::response_parser<http::string_body> response;
+        response.body_limit(std::numeric_limits<uint64_t>::max());
+        http::write(socket, request, ec);
+        if (!ec) http::read(socket, buffer, response, ec);
+        if (ec || response.get().result_int() != 200) {
+          run.Fail(ec ? absl::StrCat("HTTP: ", ec.message())
+                      : absl::StrCat("HTTP ", response.get().result_int(), ": ",
+                                     response.get().body().substr(0, 200)));
           return;
         }
         run.Record(tallies[static_cast<size_t>(i)], start, Clock::now());

@@ -2,10 +2,16 @@
 
 #include <utility>
 
-#include "server/rpc/status_mapping.h"
-
 namespace normd::client {
 namespace {
+
+// The server's error as the client's: grpc::StatusCode and absl::StatusCode
+// share google.rpc.Code's numbering.
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
 
 // Runs a unary stub call and returns its response or mapped status.
 template <typename Response, typename Call>

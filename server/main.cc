@@ -13,8 +13,8 @@
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/core/simd/target.h"
-#include "server/rpc/logging.h"
-#include "server/rpc/server.h"
+#include "server/server.h"
+#include "server/service/logging.h"
 
 ABSL_FLAG(std::string, bind_address, "0.0.0.0",
           "Address the gRPC, REST and metrics ports listen on (e.g. "
@@ -27,25 +27,40 @@ ABSL_FLAG(int, http_port, 8000,
           "Open Inference Protocol (KServe v2) REST port (/v2/...); 0 picks a "
           "free port (logged), -1 disables REST. TLS and the bearer token as "
           "for gRPC.");
-ABSL_FLAG(int, http_threads, 32,
-          "REST connections served at once (one thread each, keep-alive "
-          "included); more wait for a free thread.");
+ABSL_FLAG(int, http_threads, 1,
+          "REST I/O threads (1..64): they only move bytes; any number of "
+          "connections share them, and parsing and computing run in the "
+          "compute arena (--tbb_threads).");
+ABSL_FLAG(int64_t, http_max_connections, 1000,
+          "REST connections open at once; past it a new connection gets 503 "
+          "and is closed (metric normd_http_connections_refused_total).");
+ABSL_FLAG(absl::Duration, http_header_timeout, absl::Seconds(5),
+          "A REST request's line and headers must arrive within this long "
+          "of its first byte; else 408 and the connection is closed.");
 ABSL_FLAG(absl::Duration, http_idle_timeout, absl::Seconds(5),
-          "A REST keep-alive connection idle this long is closed; a request's "
-          "line and headers must arrive within it (else 408), and each read "
-          "or write of a body too (>= 1s).");
+          "A REST keep-alive connection with no request for this long is "
+          "closed.");
+ABSL_FLAG(absl::Duration, http_body_timeout, absl::Seconds(30),
+          "A REST request's body must arrive whole within this long of its "
+          "headers (and an answer be taken by the client within it); else "
+          "408 and the connection is closed.");
+ABSL_FLAG(int64_t, http_min_body_rate, 64 << 10,
+          "After its first second, a REST body must arrive at no less than "
+          "this many bytes per second on average; else 408 and the "
+          "connection is closed. 0: no minimum.");
 ABSL_FLAG(absl::Duration, http_linger_timeout, absl::Seconds(30),
-          "After answering a REST request whose body it did not read (413), "
-          "how long normd goes on reading and discarding the rest before it "
-          "closes the connection, so that the client reads the answer rather "
-          "than a reset; each read waits at most --http_idle_timeout "
-          "(>= 0s).");
+          "After answering a REST request before reading its body (401, 413, "
+          "429), how long normd goes on discarding what the client still "
+          "sends before it closes the connection, so that the client reads "
+          "the answer rather than a reset (at no less than "
+          "--http_min_body_rate after the first second; >= 0s).");
 ABSL_FLAG(int64_t, http_max_header_bytes, 64 << 10,
           "Largest REST request line and headers together; past it the "
           "client gets 431 and the connection is closed.");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest request or response message in bytes; bigger requests get "
-          "RESOURCE_EXHAUSTED (gRPC) or 413 (a REST body).");
+          "RESOURCE_EXHAUSTED (gRPC) or 413 (a REST body, refused before it "
+          "is read).");
 ABSL_FLAG(int64_t, max_models, 10000,
           "Most BatchNorm models held at once; creating more is "
           "RESOURCE_EXHAUSTED.");
@@ -74,14 +89,18 @@ ABSL_FLAG(int64_t, buffer_pool_bytes, 64 << 20,
           "so that large requests do not page-fault fresh memory; 0 keeps "
           "none.");
 ABSL_FLAG(int64_t, max_inflight_requests, 256,
-          "Most Normalizer calls and stream messages being processed at "
-          "once (a stream waiting on its client counts for nothing); more "
-          "get RESOURCE_EXHAUSTED at once instead of queuing. 0: no limit.");
-ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
-          "Most request bytes held by calls in progress; more get "
-          "RESOURCE_EXHAUSTED at once. A single request may always use up "
-          "to --max_message_bytes when nothing else is in flight. 0: no "
+          "Most calls (native gRPC, Open Inference Protocol over gRPC and "
+          "REST) and stream messages being processed at once (a stream "
+          "waiting on its client counts for nothing); more get "
+          "RESOURCE_EXHAUSTED (REST: 429) at once instead of queuing. 0: no "
           "limit.");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{1} << 30,
+          "Most request bytes held by calls in progress (a REST request "
+          "counts its declared body, a JSON body 16 times for its parse, "
+          "before the body is read, and its reply); more get "
+          "RESOURCE_EXHAUSTED (REST: 429) at once. A single request may "
+          "always use up to --max_message_bytes when nothing else is in "
+          "flight. 0: no limit.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain for TLS on the gRPC port (with --tls_key); "
           "empty: plaintext.");
@@ -90,9 +109,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: clients must present a certificate it signed "
           "(mTLS); needs --tls_cert/--tls_key.");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding a bearer token every Normalizer call must send as "
-          "metadata \"authorization: Bearer <token>\" (UNAUTHENTICATED "
-          "otherwise); health checks need none. Empty: no token.");
+          "File holding a bearer token every call must send as gRPC "
+          "metadata or HTTP header \"authorization: Bearer <token>\" "
+          "(UNAUTHENTICATED, REST 401, otherwise; a REST body is then not "
+          "read); health checks need none. Empty: no token.");
 ABSL_FLAG(std::string, metrics_bind_address, "",
           "Address the metrics port listens on (e.g. 127.0.0.1 to keep "
           "/metrics private); empty: --bind_address.");
@@ -110,10 +130,11 @@ ABSL_FLAG(int, malloc_arenas, 1,
           "halves resident memory per byte in flight and raises throughput; "
           "raise it only if a profile shows malloc lock contention.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "On SIGINT/SIGTERM: health turns NOT_SERVING and new calls are "
-          "refused at once; calls in flight get this long to finish before "
-          "they are cancelled; then (with --state_dir) a final snapshot is "
-          "written and normd exits 0.");
+          "On SIGINT/SIGTERM: health turns NOT_SERVING and new calls and "
+          "connections are refused at once; calls in flight get this long "
+          "to finish before they are cancelled, and REST connections still "
+          "sending a request are cut then; then (with --state_dir) a final "
+          "snapshot is written and normd exits 0.");
 
 namespace {
 
@@ -182,7 +203,11 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  options.http_header_timeout = absl::GetFlag(FLAGS_http_header_timeout);
   options.http_idle_timeout = absl::GetFlag(FLAGS_http_idle_timeout);
+  options.http_body_timeout = absl::GetFlag(FLAGS_http_body_timeout);
+  options.http_min_body_rate = absl::GetFlag(FLAGS_http_min_body_rate);
   options.http_linger_timeout = absl::GetFlag(FLAGS_http_linger_timeout);
   options.http_max_header_bytes = absl::GetFlag(FLAGS_http_max_header_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

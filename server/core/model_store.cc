@@ -325,6 +325,7 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
 }
 
 absl::StatusOr<BatchNormModel> ModelStore::Get(absl::string_view name) const {
+  if (absl::Status s = ValidateModelName(name, "name"); !s.ok()) return s;
   std::shared_ptr<Entry> entry = Find(name);
   if (entry == nullptr) return NotFound(name);
   MutexLock lock(&entry->mu);
@@ -354,6 +355,7 @@ std::vector<BatchNormModel> ModelStore::List(bool with_arrays) const {
 }
 
 absl::Status ModelStore::Delete(absl::string_view name) {
+  if (absl::Status s = ValidateModelName(name, "name"); !s.ok()) return s;
   uint64_t sequence = 0;
   {
     ReaderMutexLock pause(&pause_mu_);
@@ -393,6 +395,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Reset(absl::string_view name) {
 
 absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
     absl::string_view name, Change change, Describe describe) {
+  if (absl::Status s = ValidateModelName(name, "name"); !s.ok()) return s;
   uint64_t sequence = 0;
   BatchNormModel after;
   {
@@ -535,6 +538,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Update(absl::string_view name,
                                                   int64_t channels,
                                                   Change change,
                                                   Describe describe) {
+  if (absl::Status s = ValidateModelName(name, "name"); !s.ok()) return s;
   uint64_t sequence = 0;
   BatchNormModel after;
   {

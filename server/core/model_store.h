@@ -6,6 +6,10 @@
 // OUT_OF_RANGE naming the field, and nothing changes. So whatever the store
 // holds, recovery can read back.
 //
+// Every method that takes a model's name checks it first (ValidateModelName):
+// INVALID_ARGUMENT naming `name` for a malformed one, before NOT_FOUND or
+// any other answer.
+//
 // Thread-safe. A store-wide mutex guards only the name -> entry map; every
 // model has its own mutex, so work on different models proceeds in parallel
 // and updates of one model are serialized (none is ever lost). Callers do the

@@ -1,7 +1,7 @@
 #include "server/rpc/answering_stream.h"
 
+#include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_message.h"
-#include "server/rpc/status_mapping.h"
 
 namespace normd {
 
@@ -56,9 +56,8 @@ void AnsweringStream::FinishIdle(const absl::Status& status) {
 }
 
 void AnsweringStream::FinishWith(const absl::Status& status) {
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  OnFinishing(grpc_status);
-  Finish(grpc_status);
+  OnFinishing(status);
+  Finish(ToGrpcStatus(status));
 }
 
 }  // namespace normd

@@ -45,7 +45,7 @@ class AnsweringStream
   // client is told (e.g. how far the stream got).
   virtual absl::Status OnIdleEnd(const absl::Status& status) { return status; }
   // Told the status the stream ends with, just before it is sent.
-  virtual void OnFinishing(const grpc::Status& status) {}
+  virtual void OnFinishing(const absl::Status& status) {}
   // Told that gRPC is done with the stream, just before it is deleted.
   virtual void OnClosed() {}
 

@@ -40,23 +40,8 @@ absl::Status ParseAffine(const v1::Tensor& tensor, absl::string_view field,
                          std::optional<AffineParam>& out) {
   ParsedTensor parsed;
   if (absl::Status s = ParseTensor(tensor, field, parsed); !s.ok()) return s;
-  AffineParam param;
-  param.shape = parsed.view.shape;
-  param.values.resize(parsed.view.size);
-  const DType dtype = parsed.view.dtype;
-  if (dtype == DType::kFloat32) {
-    const auto* src = static_cast<const float*>(parsed.view.data);
-    for (int64_t i = 0; i < parsed.view.size; ++i) param.values[i] = src[i];
-  } else if (IsHalf(dtype)) {
-    const auto* src = static_cast<const uint16_t*>(parsed.view.data);
-    for (int64_t i = 0; i < parsed.view.size; ++i) {
-      param.values[i] = HalfToFloat(dtype, src[i]);
-    }
-  } else if (parsed.view.size > 0) {
-    std::memcpy(param.values.data(), parsed.view.data,
-                parsed.view.size * sizeof(double));
-  }
-  out = std::move(param);
+  out = AffineParam{.shape = parsed.view.shape,
+                    .values = TensorToDoubles(parsed.view)};
   return absl::OkStatus();
 }
 
@@ -135,7 +120,6 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
   out.view.shape.assign(tensor.shape().begin(), tensor.shape().end());
   out.view.size = *count;
   out.values_form = has_values;
-  const int64_t element_size = ElementSize(*dtype);
   if (has_values) {
     if (tensor.values_size() != *count) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -157,24 +141,15 @@ absl::Status ParseTensor(const v1::Tensor& tensor, absl::string_view field,
     }
     return absl::OkStatus();
   }
-  if (data_size != *count * element_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".data: has ", data_size, " bytes but shape ",
-                     ShapeString(tensor), " of ", DTypeName(*dtype), " needs ",
-                     *count * element_size));
-  }
+  TensorBytes tensor_bytes;
   if (scattered != nullptr) {
-    out.view.data = nullptr;
-    out.view.scattered = scattered;
-  } else if (reinterpret_cast<uintptr_t>(bytes.data()) % element_size == 0) {
-    out.view.data = bytes.data();
+    tensor_bytes.scattered = scattered;
   } else {
-    // Rare (short strings, odd slice offsets): copy to aligned storage.
-    out.aligned = AcquirePooled(bytes.size());
-    std::memcpy(out.aligned.get(), bytes.data(), bytes.size());
-    out.view.data = out.aligned.get();
+    tensor_bytes.contiguous = bytes;
   }
-  return absl::OkStatus();
+  return ViewTensorBytes(
+      *dtype, out.view.shape, tensor_bytes, absl::StrCat(field, ".shape"),
+      absl::StrCat(field, ".data"), out.storage_bytes, out.view);
 }
 
 absl::Status ParseNormalizeRequest(const v1::NormalizeRequest& request,

@@ -17,7 +17,8 @@
 #include "normd/v1/normalizer.pb.h"
 #include "server/core/engine.h"
 #include "server/core/model.h"
-#include "server/rpc/buffer_pool.h"
+#include "server/service/buffer_pool.h"
+#include "server/service/tensor_bytes.h"
 
 namespace normd {
 
@@ -30,7 +31,7 @@ struct ParsedTensor {
   std::vector<double> storage;
   std::vector<float> storage_f32;
   std::vector<uint16_t> storage_u16;  // BFLOAT16 / FLOAT16 values.
-  PooledBuffer aligned{nullptr, &BufferPool::Release};  // Copy of `data`.
+  TensorStorage storage_bytes;        // An aligned copy of `data`.
 };
 
 // Parses `tensor`; `field` names it in errors (e.g. "input").

@@ -1,8 +1,8 @@
 #include "server/rpc/health_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_message.h"
-#include "server/rpc/status_mapping.h"
 
 namespace normd {
 

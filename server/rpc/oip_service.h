@@ -1,11 +1,10 @@
 // The Open Inference Protocol's gRPC service, inference.GRPCInferenceService
-// (KServe v2), on normd's gRPC port beside normd.v1.Normalizer. A front-end
-// that only translates (oip_convert.h): ModelInfer runs the native
-// Normalize or Fit of the same request through the NormalizerService, with
-// its admission, limits, bearer token, durability and metrics (under the
-// OIP method names), and so its bytes and its errors. ServerLive and
-// ServerReady need no token, as grpc.health; ServerReady follows the
-// health service's status.
+// (KServe v2), on normd's gRPC port beside normd.v1.Normalizer. A front end
+// that only translates (oip_convert.h) into the service's protocol-free
+// Inference (server/service/inference.h), through the same call lifecycle as
+// every gRPC method (grpc_call.h): the bearer token, admission, durability
+// and metrics under the OIP method names. ServerLive and ServerReady need
+// no token, as grpc.health.
 //
 // Thread-safe: gRPC invokes it from many threads at once; everything it
 // uses is thread-safe.
@@ -16,8 +15,8 @@
 
 #include "absl/status/status.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "server/rpc/health_service.h"
-#include "server/rpc/normalizer_service.h"
+#include "server/rpc/grpc_call.h"
+#include "server/service/inference.h"
 
 namespace normd {
 
@@ -39,8 +38,8 @@ using OipServiceBase =
 
 class OipService final : public OipServiceBase {
  public:
-  // `native` and `health` must outlive the service.
-  OipService(NormalizerService& native, HealthService& health);
+  // `front` and `inference` must outlive the service.
+  OipService(GrpcFrontEnd front, Inference& inference);
 
   using Raw = grpc::ByteBuffer;
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
@@ -62,19 +61,18 @@ class OipService final : public OipServiceBase {
                                        const Raw* request,
                                        Raw* response) override;
 
-  // The methods on messages (the REST front-end calls them too).
-  bool Ready();
+  // The methods on messages.
   absl::Status DoModelReady(const inference::ModelReadyRequest& request,
                             inference::ModelReadyResponse& response);
   absl::Status DoServerMetadata(const inference::ServerMetadataRequest& request,
                                 inference::ServerMetadataResponse& response);
   absl::Status DoModelMetadata(const inference::ModelMetadataRequest& request,
                                inference::ModelMetadataResponse& response);
-  // Takes the request's raw contents (moved, not copied).
-  absl::Status DoModelInfer(inference::ModelInferRequest& request,
+  // The protobuf reference path of ModelInfer.
+  absl::Status DoModelInfer(const inference::ModelInferRequest& request,
                             inference::ModelInferResponse& response);
   // ModelInfer on serialized bytes, as the RPC runs it: the raw contents of
-  // the input are read in place from the request's slices and the output is
+  // the inputs are read in place from the request's slices and the output is
   // computed into a buffer that becomes a slice of the response, as the
   // native raw Normalize does (no protobuf copy of either). The same bytes
   // and errors as DoModelInfer.
@@ -82,8 +80,8 @@ class OipService final : public OipServiceBase {
                                grpc::ByteBuffer& response);
 
  private:
-  NormalizerService& native_;
-  HealthService& health_;
+  GrpcFrontEnd front_;
+  Inference& inference_;
 };
 
 }  // namespace normd

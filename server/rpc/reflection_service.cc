@@ -8,9 +8,8 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "server/rpc/answering_stream.h"
-#include "server/rpc/auth.h"
+#include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_message.h"
-#include "server/rpc/status_mapping.h"
 
 namespace normd {
 namespace {
@@ -36,7 +35,9 @@ class ReflectionReactor final : public AnsweringStream {
                     const grpc::CallbackServerContext& context,
                     const std::string& auth_token, StreamWatchdog& watchdog)
       : AnsweringStream(watchdog), services_(services) {
-    if (absl::Status s = CheckBearerToken(context, auth_token); !s.ok()) {
+    if (absl::Status s = CheckBearerToken(AuthorizationOf(context), auth_token,
+                                          kGrpcTokenCarrier);
+        !s.ok()) {
       FinishOnce(s);
       return;
     }

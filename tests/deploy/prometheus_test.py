@@ -6,7 +6,8 @@ on loopback with deploy/prometheus's configuration and rules (the target and
 intervals rewritten for a short test), drives mixed traffic (native gRPC, and the Open Inference
 Protocol over gRPC and REST), then asks
 Prometheus' HTTP API: the target is up, the rate of grpc_server_handled_total
-matches the client's own count, histogram_quantile over
+matches the client's own count, normd_requests_total counts each front end
+under its protocol label, histogram_quantile over
 grpc_server_handling_seconds_bucket gives a plausible p99, every alert rule
 is loaded and evaluates healthily, and every expression of the Grafana
 dashboard evaluates without error (most with data). promtool checks the
@@ -198,6 +199,16 @@ def main():
                 'grpc_server_handling_seconds_bucket{job="normd"}[10s])))')
             check(ok and p99 and 1e-6 < p99[0] < 5,
                   f"p99 latency {p99} s is not plausible")
+            # Every front end is counted under its protocol, which the
+            # alerts and the dashboard split by.
+            reply = api.get("query", query=(
+                'sum by (protocol) (rate(normd_requests_total'
+                '{job="normd"}[5s]))'))
+            by_protocol = {r["metric"].get("protocol"): float(r["value"][1])
+                           for r in reply.get("data", {}).get("result", [])}
+            check(set(by_protocol) == {"grpc", "oip_grpc", "rest"} and
+                  all(v > 0 for v in by_protocol.values()),
+                  f"calls by protocol: {by_protocol}")
             ok, up = api.query('up{job="normd"}')
             check(ok and up == [1.0], f"up = {up}")
             # normd's own metrics are stored; prometheus-cpp's exposer_*

@@ -15,16 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "google/protobuf/stubs/logging.h"
 #include "normd/v1/normalizer.pb.h"
-#include "server/core/engine.h"
-#include "server/rpc/admission.h"
-#include "server/rpc/convert.h"
-#include "server/rpc/health_service.h"
-#include "server/rpc/metrics.h"
-#include "server/rpc/normalizer_service.h"
-#include "server/rpc/oip_convert.h"
-#include "server/rpc/oip_service.h"
+#include "server/service/oip_models.h"
 #include "tests/fuzz/service_fixture.h"
 
 namespace {

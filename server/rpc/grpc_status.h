@@ -1,0 +1,39 @@
+// What the gRPC front end needs to speak the service's language: an
+// absl::Status as a grpc::Status (codes and bounded messages from
+// status_mapping.h, the one mapping) and the bearer token a call presents in
+// its metadata. Stateless; thread-safe.
+#ifndef NORMD_SERVER_RPC_GRPC_STATUS_H_
+#define NORMD_SERVER_RPC_GRPC_STATUS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/service/bearer_token.h"
+#include "server/service/status_mapping.h"
+
+namespace normd {
+
+// Where gRPC calls carry the bearer token.
+inline constexpr TokenCarrier kGrpcTokenCarrier{"authorization", "metadata"};
+
+inline grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(GrpcCodeOf(status.code())),
+                      BoundedMessage(status.message()));
+}
+
+// The value of the call's "authorization" metadata; nullopt when absent.
+inline std::optional<absl::string_view> AuthorizationOf(
+    const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+}  // namespace normd
+
+#endif  // NORMD_SERVER_RPC_GRPC_STATUS_H_

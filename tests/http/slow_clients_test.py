@@ -1,0 +1,209 @@
+#!/usr/bin/python3
+"""Slow and partial clients against a real normd's REST port: none of them
+can lock anyone out, hold the server, or delay its shutdown.
+
+- 64 clients without a token send headers announcing a 1 MB body, then
+  trickle it a byte at a time: each is answered 401 at once (its body never
+  read), and meanwhile /v2/health/live, /v2/health/ready and a valid infer
+  are answered within a second or two;
+- 64 clients with the token trickle their bodies: each is cut with 408
+  naming --http_min_body_rate after about a second;
+- 64 clients trickle their headers: each gets 408 naming
+  --http_header_timeout;
+- with one client trickling a body just fast enough to stay, SIGTERM under
+  --shutdown_grace=2s ends the process within the grace plus a second.
+
+Usage: slow_clients_test.py --normd BUILD/normd --stubs BUILD/python
+"""
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "testing"))
+import normd_process  # noqa: E402
+from raw_http import Connection, request  # noqa: E402
+
+ARGS = normd_process.parse_test_args(__doc__)
+from oip_cases import Checker  # noqa: E402
+
+TOKEN = "slow-clients-token"
+INFER = "/v2/models/layer_norm/infer"
+AUTH = [("Authorization", f"Bearer {TOKEN}")]
+BODY = json.dumps({"inputs": [{"name": "input", "datatype": "FP32",
+                               "shape": [2, 2],
+                               "data": [1, 2, 3, 5]}]}).encode()
+
+
+def probe(c, port, what):
+    """live, ready and a valid infer, each answered promptly."""
+    for method, path, headers, body in (
+            ("GET", "/v2/health/live", [], b""),
+            ("GET", "/v2/health/ready", [], b""),
+            ("POST", INFER, AUTH, BODY)):
+        start = time.monotonic()
+        try:
+            with Connection(port, timeout=10) as conn:
+                conn.send(request(method, path, body, headers))
+                reply = conn.response()
+        except OSError as e:
+            reply = None
+            print(f"{what}: {path}: {e}")
+        took = time.monotonic() - start
+        c.expect(reply is not None and reply[0] == 200 and took < 2,
+                 f"{what}: {path} got {reply and reply[0]} after "
+                 f"{took:.1f} s")
+
+
+class Trickler(threading.Thread):
+    """A client that sends `head`, then trickles `rest` a byte every
+    `every` seconds, and records the answer it gets and when."""
+
+    def __init__(self, port, head, rest, every):
+        super().__init__(daemon=True)
+        self.conn = Connection(port, timeout=30)
+        self.head, self.rest, self.every = head, rest, every
+        self.reply, self.after = None, None
+        self.ready = threading.Event()
+
+    def run(self):
+        start = time.monotonic()
+        self.conn.send(self.head)
+        self.ready.set()
+        sender = threading.Thread(
+            target=self.conn.trickle, args=(self.rest, self.every),
+            daemon=True)
+        sender.start()
+        self.reply = self.conn.response()
+        self.after = time.monotonic() - start
+        self.conn.close()
+
+
+def run_tricklers(port, head, rest, every, count=64):
+    tricklers = [Trickler(port, head, rest, every) for _ in range(count)]
+    for t in tricklers:
+        t.start()
+    for t in tricklers:
+        t.ready.wait(10)
+    return tricklers
+
+
+def check_tokenless_tricklers(c, port):
+    head = request("POST", INFER, headers=[("Content-Length", "1000000")])
+    tricklers = run_tricklers(port, head, b"x" * 100, 1.0)
+    probe(c, port, "64 tokenless tricklers")
+    for t in tricklers:
+        t.join(15)
+    statuses = [t.reply and t.reply[0] for t in tricklers]
+    slowest = max(t.after or 99 for t in tricklers)
+    c.expect(statuses == [401] * 64 and slowest < 3,
+             f"tokenless tricklers: {set(statuses)}, slowest answer after "
+             f"{slowest:.1f} s")
+
+
+def check_body_tricklers(c, port):
+    head = request("POST", INFER, headers=AUTH + [("Content-Length",
+                                                   "1000000")])
+    tricklers = run_tricklers(port, head, b"x" * 100, 0.5)
+    probe(c, port, "64 body tricklers")
+    for t in tricklers:
+        t.join(15)
+    statuses = [t.reply and t.reply[0] for t in tricklers]
+    messages = {json.loads(t.reply[2])["error"].split(" ")[0]
+                for t in tricklers if t.reply}
+    slowest = max(t.after or 99 for t in tricklers)
+    c.expect(statuses == [408] * 64 and slowest < 5 and
+             all(b"--http_min_body_rate" in t.reply[2] for t in tricklers
+                 if t.reply),
+             f"body tricklers: {set(statuses)} {messages}, slowest after "
+             f"{slowest:.1f} s")
+
+
+def check_header_tricklers(c, port):
+    tricklers = run_tricklers(
+        port, b"G", b"ET /v2/health/live HTTP/1.1\r\nHost: x\r\n" * 4, 0.5)
+    probe(c, port, "64 header tricklers")
+    for t in tricklers:
+        t.join(15)
+    statuses = [t.reply and t.reply[0] for t in tricklers]
+    slowest = max(t.after or 99 for t in tricklers)
+    c.expect(statuses == [408] * 64 and slowest < 8 and
+             all(b"--http_header_timeout" in t.reply[2] for t in tricklers
+                 if t.reply),
+             f"header tricklers: {set(statuses)}, slowest after "
+             f"{slowest:.1f} s")
+
+
+def check_shutdown_with_a_slow_client(c, token_file):
+    proc, _, _ = normd_process.start_normd(ARGS.normd, [
+        f"--auth_token_file={token_file}", "--shutdown_grace=2s"])
+    try:
+        port = proc.http_port
+        # Just above the minimum rate: it would take 60 s to finish.
+        conn = Connection(port, timeout=30)
+        conn.send(request("POST", INFER, headers=AUTH + [
+            ("Content-Length", str(80000 * 60))]))
+        stop = threading.Event()
+
+        def feed():
+            while not stop.is_set():
+                try:
+                    conn.send(b" " * 8000)
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        header_trickler = Connection(port, timeout=30)
+        threading.Thread(target=header_trickler.trickle,
+                         args=(b"GET /v2 HTTP/1.1\r\n" * 10, 0.3),
+                         daemon=True).start()
+        time.sleep(1.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired)
+            code = None
+        took = time.monotonic() - start
+        stop.set()
+        c.expect(code == 0 and took < 3.0 + 1.0,
+                 f"SIGTERM with slow clients, --shutdown_grace=2s: exit "
+                 f"{code} after {took:.1f} s")
+        conn.close()
+        header_trickler.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def main():
+    c = Checker()
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(TOKEN)
+        proc, _, _ = normd_process.start_normd(ARGS.normd, [
+            f"--auth_token_file={token_file}"])
+        try:
+            port = proc.http_port
+            check_tokenless_tricklers(c, port)
+            check_body_tricklers(c, port)
+            check_header_tricklers(c, port)
+            probe(c, port, "after every trickler")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        check_shutdown_with_a_slow_client(c, token_file)
+    return normd_process.report(c.failures, f"{c.checks} checks")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
