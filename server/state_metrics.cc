@@ -1,21 +1,15 @@
 #include "server/state_metrics.h"
 
+#include "server/service/service_metrics.h"
+
 namespace normd {
 
 StateMetrics::StateMetrics(prometheus::Registry& registry) {
-  auto counter = [&](const char* name, const char* help) {
-    return &prometheus::BuildCounter()
-                .Name(name)
-                .Help(help)
-                .Register(registry)
-                .Add({});
+  const auto counter = [&](const char* name, const char* help) {
+    return &AddCounter(registry, name, help);
   };
-  auto gauge = [&](const char* name, const char* help) {
-    return &prometheus::BuildGauge()
-                .Name(name)
-                .Help(help)
-                .Register(registry)
-                .Add({});
+  const auto gauge = [&](const char* name, const char* help) {
+    return &AddGauge(registry, name, help);
   };
   syncs_ = counter("normd_wal_syncs_total",
                    "Write-ahead log fdatasyncs (one per group commit).");

@@ -502,18 +502,7 @@ class Connection final
       case Phase::kBody:
       case Phase::kWriting:
         // Cut at the deadline unless done by then.
-        if (deadline_ > cut_at_) {
-          const uint64_t generation = ++timer_generation_;
-          deadline_ = cut_at_;
-          timer_.expires_at(cut_at_);
-          timer_.async_wait([self = this->shared_from_this(),
-                             generation](const beast::error_code& ec) {
-            if (ec || generation != self->timer_generation_) return;
-            self->timed_out_ = true;
-            beast::error_code ignored;
-            Socket(self->stream_).cancel(ignored);
-          });
-        }
+        if (deadline_ > cut_at_) SetDeadline(cut_at_);
         return;
       case Phase::kComputing:  // Answered, then closed.
       case Phase::kClosed:

@@ -29,19 +29,12 @@ HttpMetrics::HttpMetrics(prometheus::Registry& registry) {
            {"code", c + 1 < kNumCodes ? std::to_string(kCodes[c]) : "other"}});
     }
   }
-  connections_ = &prometheus::BuildGauge()
-                      .Name("normd_http_connections")
-                      .Help("REST connections open.")
-                      .Register(registry)
-                      .Add({});
+  connections_ =
+      &AddGauge(registry, "normd_http_connections", "REST connections open.");
   connections_refused_ =
-      &prometheus::BuildCounter()
-           .Name("normd_http_connections_refused_total")
-           .Help(
-               "REST connections answered 503 and closed at once because "
-               "--http_max_connections were open.")
-           .Register(registry)
-           .Add({});
+      &AddCounter(registry, "normd_http_connections_refused_total",
+                  "REST connections answered 503 and closed at once because "
+                  "--http_max_connections were open.");
 }
 
 void HttpMetrics::Handled(RestEndpoint endpoint, int http_status,

@@ -124,6 +124,15 @@ std::optional<RestResponse> RestApi::Admit(RestExchange& exchange) {
     response.headers.emplace_back("Allow", r.allowed);
     return response;
   }
+  // Only the POST endpoints take a body: one sent to any other is refused
+  // before it is read, so that no endpoint reads a body it has not admitted.
+  const bool takes_body = r.endpoint == RestEndpoint::kModelInfer ||
+                          r.endpoint == RestEndpoint::kRepositoryIndex;
+  if (!takes_body && head.content_length.value_or(1) > 0) {
+    return ErrorResponse(
+        400, absl::StrCat("body: ", RestEndpointName(r.endpoint),
+                          " takes none; send the request without a body"));
+  }
   exchange.call =
       std::make_unique<Call>(service_, Protocol::kRest, MethodOf(r.endpoint));
   // Probes need no token and are never refused for load.

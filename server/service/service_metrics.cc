@@ -19,6 +19,21 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *buckets;
 }
 
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const char* name,
+                            const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(
+      {});
+}
+
+prometheus::Counter& AddCounter(prometheus::Registry& registry,
+                                const char* name, const char* help) {
+  return prometheus::BuildCounter()
+      .Name(name)
+      .Help(help)
+      .Register(registry)
+      .Add({});
+}
+
 ServiceMetrics::ServiceMetrics(prometheus::Registry& registry) {
   auto& requests = prometheus::BuildCounter()
                        .Name("normd_requests_total")
@@ -56,19 +71,11 @@ ServiceMetrics::ServiceMetrics(prometheus::Registry& registry) {
   for (int e = 0; e < kNumElementsModes; ++e) {
     elements_[e] = &elements.Add({{"mode", kElementModes[e]}});
   }
-  auto gauge = [&](const char* name, const char* help) {
-    return &prometheus::BuildGauge()
-                .Name(name)
-                .Help(help)
-                .Register(registry)
-                .Add({});
+  const auto gauge = [&](const char* name, const char* help) {
+    return &AddGauge(registry, name, help);
   };
-  auto counter = [&](const char* name, const char* help) {
-    return &prometheus::BuildCounter()
-                .Name(name)
-                .Help(help)
-                .Register(registry)
-                .Add({});
+  const auto counter = [&](const char* name, const char* help) {
+    return &AddCounter(registry, name, help);
   };
   models_ = gauge("normd_models", "BatchNorm models held in memory.");
   model_bytes_ = gauge("normd_model_bytes",

@@ -38,6 +38,12 @@ inline constexpr int kNumElementsModes = 9;
 // The latency buckets of every request histogram, in seconds.
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets();
 
+// A gauge or counter without labels, its family registered in `registry`.
+prometheus::Gauge& AddGauge(prometheus::Registry& registry, const char* name,
+                            const char* help);
+prometheus::Counter& AddCounter(prometheus::Registry& registry,
+                                const char* name, const char* help);
+
 class ServiceMetrics {
  public:
   explicit ServiceMetrics(prometheus::Registry& registry);

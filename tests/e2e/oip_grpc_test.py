@@ -40,16 +40,7 @@ from oip_cases import (BATCH_NORM_STEPS, DTYPES, MODES,  # noqa: E402
                        layer_norm_reference, native_request)
 
 def param(value):
-    p = oip.InferParameter()
-    if isinstance(value, bool):
-        p.bool_param = value
-    elif isinstance(value, int):
-        p.int64_param = value
-    elif isinstance(value, float):
-        p.double_param = value
-    else:
-        p.string_param = value
-    return p
+    return oip_cases.infer_parameter(oip, value)
 
 
 def infer_request(model, tensors, params=None, raw=True, request_id="r1"):

@@ -11,7 +11,8 @@ the server serving on:
   400 and closed; HTTP/1.0: 505, but for the health checks load balancers
   send;
 - an empty POST without Content-Length is answered at once, saying the body
-  is empty;
+  is empty; a body sent to an endpoint that takes none (a probe) is refused
+  before it is read;
 - a JSON array of 17,000,000 values is taken (counted exactly), and the
   output matches numpy's LayerNorm;
 - a shape [1, 2^60] is 400 naming inputs[0].shape, never a 500.
@@ -115,6 +116,24 @@ def check_ambiguous_framing(c, port):
                  conn.closed_by_server(), f"HTTP/1.0 health check: {reply}")
 
 
+def check_bodies_where_none_belongs(c, port):
+    """A body on an endpoint that takes none (a probe, which needs no token)
+    is refused before it is read: no endpoint holds a body it did not
+    admit."""
+    with Connection(port) as conn:
+        start = time.monotonic()
+        conn.send(request("GET", "/v2/health/live", headers=[
+            ("Content-Length", str(64 << 20))]))
+        reply = conn.response()
+        took = time.monotonic() - start
+        closed = conn.closed_by_server(within=5)
+    message = json.loads(reply[2]).get("error", "") if reply else ""
+    c.expect(reply is not None and reply[0] == 400 and
+             message.startswith("body:") and took < 1 and closed,
+             f"a 64 MiB body on a probe: {reply and reply[0]} {message!r} "
+             f"after {took:.2f} s, closed {closed}")
+
+
 def check_empty_post(c, port):
     with Connection(port) as conn:
         start = time.monotonic()
@@ -175,12 +194,12 @@ def check_absurd_shape(c, port):
 
 def main():
     c = Checker()
-    proc, _, _ = normd_process.start_normd(ARGS.normd)
-    try:
+    with normd_process.serving(ARGS.normd) as proc:
         port = proc.http_port
         check_range_is_ignored(c, port)
         check_ambiguous_framing(c, port)
         check_empty_post(c, port)
+        check_bodies_where_none_belongs(c, port)
         check_absurd_shape(c, port)
         check_huge_array(c, port)
         with Connection(port) as conn:
@@ -188,9 +207,6 @@ def main():
             reply = conn.response()
         c.expect(reply is not None and reply[0] == 200,
                  f"serving after it all: {reply}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return normd_process.report(c.failures, f"{c.checks} checks")
 
 

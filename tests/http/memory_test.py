@@ -34,14 +34,6 @@ TOKEN = "memory-token"
 MIB = 1 << 20
 
 
-def rss_kib(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def binary_request(x, token):
     head = json.dumps({"inputs": [{
         "name": "input", "datatype": "FP32", "shape": list(x.shape),
@@ -69,40 +61,40 @@ def send(port, head, body):
         return conn.response()
 
 
+def peak_growth_mib(proc, idle_kib):
+    return (normd_process.rss_kib(proc.pid, "VmHWM") - idle_kib) / 1024
+
+
+def send_at_once(port, head, body, clients=24):
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(lambda _: send(port, head, body),
+                             range(clients)))
+
+
 def check_tokenless_bodies(c, token_file):
-    proc, _, _ = normd_process.start_normd(ARGS.normd, [
-        f"--auth_token_file={token_file}"])
-    try:
-        idle = rss_kib(proc.pid, "VmRSS")
+    with normd_process.serving(ARGS.normd, [
+            f"--auth_token_file={token_file}"]) as proc:
+        idle = normd_process.rss_kib(proc.pid)
         x = np.zeros((12, MIB), np.float32)  # 48 MiB.
-        head, body = binary_request(x, token=None)
-        with concurrent.futures.ThreadPoolExecutor(24) as pool:
-            replies = list(pool.map(lambda _: send(proc.http_port, head,
-                                                   body), range(24)))
-        growth = (rss_kib(proc.pid, "VmHWM") - idle) / 1024
+        replies = send_at_once(proc.http_port, *binary_request(x, None))
+        growth = peak_growth_mib(proc, idle)
         statuses = [r and r[0] for r in replies]
         c.expect(statuses == [401] * 24,
                  f"24 tokenless 48 MiB bodies: {statuses}")
         c.expect(growth < 96, f"24 tokenless 48 MiB bodies grew the peak "
                  f"resident memory by {growth:.0f} MiB")
         print(f"tokenless bodies: peak grew by {growth:.0f} MiB")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def check_admitted_bytes(c, token_file):
-    proc, _, _ = normd_process.start_normd(ARGS.normd, [
-        f"--auth_token_file={token_file}", f"--max_inflight_bytes={64 * MIB}"])
-    try:
-        idle = rss_kib(proc.pid, "VmRSS")
+    with normd_process.serving(ARGS.normd, [
+            f"--auth_token_file={token_file}",
+            f"--max_inflight_bytes={64 * MIB}"]) as proc:
+        idle = normd_process.rss_kib(proc.pid)
         rng = np.random.default_rng(3)
         x = rng.normal(2.0, 3.0, size=(8, MIB)).astype(np.float32)  # 32 MiB.
-        head, body = binary_request(x, token=TOKEN)
-        with concurrent.futures.ThreadPoolExecutor(24) as pool:
-            replies = list(pool.map(lambda _: send(proc.http_port, head,
-                                                   body), range(24)))
-        growth = (rss_kib(proc.pid, "VmHWM") - idle) / 1024
+        replies = send_at_once(proc.http_port, *binary_request(x, TOKEN))
+        growth = peak_growth_mib(proc, idle)
         statuses = [r and r[0] for r in replies]
         c.expect(set(statuses) <= {200, 429} and 200 in statuses and
                  429 in statuses,
@@ -123,17 +115,12 @@ def check_admitted_bytes(c, token_file):
                  f"64MiB grew the peak resident memory by {growth:.0f} MiB")
         print(f"admitted bytes: {statuses.count(200)} answered, "
               f"{statuses.count(429)} refused; peak grew by {growth:.0f} MiB")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def main():
     c = Checker()
     with tempfile.TemporaryDirectory() as tmp:
-        token_file = os.path.join(tmp, "token")
-        with open(token_file, "w") as f:
-            f.write(TOKEN)
+        token_file = normd_process.write_token_file(tmp, TOKEN)
         check_tokenless_bodies(c, token_file)
         check_admitted_bytes(c, token_file)
     return normd_process.report(c.failures, f"{c.checks} checks")

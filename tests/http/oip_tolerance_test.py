@@ -15,7 +15,6 @@
 Usage: oip_tolerance_test.py --normd BUILD/normd --stubs BUILD/python
 """
 
-import json
 import os
 import sys
 
@@ -31,7 +30,7 @@ from inference import grpc_predict_v2_pb2 as oip  # noqa: E402
 from inference import grpc_predict_v2_pb2_grpc as oip_grpc  # noqa: E402
 from normd.v1 import normalizer_pb2 as pb  # noqa: E402
 from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
-from oip_cases import Checker, encode  # noqa: E402
+from oip_cases import Checker, encode, infer_parameter  # noqa: E402
 
 X = [[1.0, 2.0, 3.0], [4.0, 5.0, 7.0]]
 
@@ -68,13 +67,7 @@ def grpc_request(model, parameters=None, input_parameters=None):
     for table, values in ((request.parameters, parameters),
                           (tensor.parameters, input_parameters)):
         for key, value in (values or {}).items():
-            p = table[key]
-            if isinstance(value, bool):
-                p.bool_param = value
-            elif isinstance(value, int):
-                p.int64_param = value
-            else:
-                p.string_param = value
+            table[key].CopyFrom(infer_parameter(oip, value))
     return request
 
 
@@ -195,18 +188,14 @@ def check_unsigned_generation(c, rest, native, stub):
 
 def main():
     c = Checker()
-    proc, port, _ = normd_process.start_normd(ARGS.normd)
-    try:
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    with normd_process.serving(ARGS.normd) as proc:
+        channel = grpc.insecure_channel(f"127.0.0.1:{proc.grpc_port}")
         native = pb_grpc.NormalizerStub(channel)
         stub = oip_grpc.GRPCInferenceServiceStub(channel)
         rest = Rest(proc.http_port)
         check_tolerated_parameters(c, rest, stub)
         check_repository_config_and_stats(c, rest, native)
         check_unsigned_generation(c, rest, native, stub)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return normd_process.report(c.failures, f"{c.checks} checks")
 
 

@@ -1,6 +1,8 @@
 """Starts a real normd on loopback for the Python tests (Debian's python3)."""
 
 import argparse
+import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -22,8 +24,9 @@ def parse_test_args(doc, required=()):
 
 def start_normd(binary, flags=(), port=0):
     """Starts `binary` on free ports (gRPC on `port` if given); returns
-    (process, grpc_port, metrics_port), the REST port as process.http_port
-    (None when a flag turned REST off).
+    (process, grpc_port, metrics_port), the ports also as process.grpc_port,
+    process.metrics_port and process.http_port (None when a flag turned REST
+    off).
 
     `binary` is a path, or a whole command (e.g. a chroot into a container
     image and its entrypoint) that the loopback and free-port flags follow.
@@ -45,10 +48,47 @@ def start_normd(binary, flags=(), port=0):
             proc.serving_line = line
             rest = re.search(r"REST on [^ ]*:(\d+)", line)
             proc.http_port = int(rest.group(1)) if rest else None
+            proc.grpc_port = int(match.group(1))
+            proc.metrics_port = int(match.group(2))
             threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, int(match.group(1)), int(match.group(2))
     proc.kill()
     raise RuntimeError("normd did not start: " + "".join(log))
+
+
+@contextlib.contextmanager
+def serving(binary, flags=()):
+    """start_normd's process for the `with` block; terminated (and waited
+    for) when the block ends, however it ends."""
+    proc, _, _ = start_normd(binary, flags)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def write_token_file(directory, token):
+    """A --auth_token_file holding `token` in `directory`; its path."""
+    path = os.path.join(directory, "token")
+    with open(path, "w") as f:
+        f.write(token)
+    return path
+
+
+def rss_kib(pid, field="VmRSS"):
+    """A process's resident memory in KiB (`field`: VmRSS now, VmHWM its
+    peak)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
 
 
 def is_serving(channel, service="normd.v1.Normalizer", metadata=None):

@@ -123,6 +123,22 @@ def fingerprint(native):
 
 
 
+def infer_parameter(oip, value):
+    """`value` as an inference.InferParameter of the module `oip` (the
+    generated grpc_predict_v2_pb2): a bool, an int64, a double or a
+    string."""
+    p = oip.InferParameter()
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = value
+    return p
+
+
 class Checker:
     """Counts checks and collects the failures."""
 
