@@ -1,5 +1,7 @@
 #include "server/http/rest_json.h"
 
+#include <simdjson.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -77,8 +79,16 @@ void AppendTensorHead(absl::string_view name, absl::string_view datatype,
 }  // namespace
 
 void AppendJsonString(absl::string_view text, std::string& out) {
+  // JSON text is Unicode: a string that is not valid UTF-8 (a client's
+  // bytes echoed back, such as a model name from a path) has each of its
+  // non-ASCII bytes written as U+FFFD, the replacement character.
+  const bool utf8 = simdjson::validate_utf8(text.data(), text.size());
   out.push_back('"');
   for (const char c : text) {
+    if (!utf8 && static_cast<unsigned char>(c) >= 0x80) {
+      out.append("\\ufffd");
+      continue;
+    }
     switch (c) {
       case '"':
         out.append("\\\"");

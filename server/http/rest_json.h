@@ -17,7 +17,8 @@
 
 namespace normd {
 
-// Appends `text` as a JSON string (quoted, escaped).
+// Appends `text` as a JSON string (quoted, escaped; bytes that are not
+// valid UTF-8 written as U+FFFD, so that the JSON is always valid).
 void AppendJsonString(absl::string_view text, std::string& out);
 
 // The most bytes FormatInferReply writes for an output of `elements` values

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -121,6 +122,7 @@ bool Put(http::request_parser<http::string_body>& parser,
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture* fixture = new Fixture;
+  if (size == 0) return 0;
   boost::beast::flat_buffer buffer;
   auto space = buffer.prepare(size);
   std::memcpy(space.data(), data, size);

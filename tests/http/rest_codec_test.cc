@@ -318,6 +318,14 @@ TEST(RestCodecTest, JsonStringsAreEscaped) {
   std::string out;
   AppendJsonString("a\"b\\c\n\x01", out);
   EXPECT_EQ(out, R"("a\"b\\c\n\u0001")");
+  // Valid UTF-8 is kept; a string that is not (a client's bytes echoed
+  // back) has its non-ASCII bytes written as U+FFFD: the JSON stays valid.
+  out.clear();
+  AppendJsonString("caf\xC3\xA9", out);
+  EXPECT_EQ(out, "\"caf\xC3\xA9\"");
+  out.clear();
+  AppendJsonString("b\x89\xFFn", out);
+  EXPECT_EQ(out, R"("b\ufffd\ufffdn")");
 }
 
 TEST(RestRouteTest, PathsAndMethods) {
