@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -12,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/core/parallel.h"
@@ -180,24 +182,35 @@ class Connection final
   const HttpServerOptions& options() const { return hub_.options; }
 
   // Cancels the pending read or write at `when` (or at the server's cut,
-  // if earlier); `timed_out_` tells its handler why it was cancelled.
+  // if earlier); `timed_out_` tells its handler why it was cancelled. The
+  // timer is re-armed only when the deadline comes earlier than it is set
+  // for: a later one is found when it fires, so that the common case (each
+  // request's deadlines later than the last's) costs no timer operation.
   void SetDeadline(Clock::time_point when) {
     deadline_ = std::min(when, cut_at_);
     timed_out_ = false;
+    if (!timer_armed_ || armed_at_ > deadline_) ArmTimer(deadline_);
+  }
+  // Nothing is pending: the timer, when it fires, finds no deadline.
+  void CancelDeadline() { deadline_ = Clock::time_point::max(); }
+  void ArmTimer(Clock::time_point at) {
+    armed_at_ = at;
+    timer_armed_ = true;
     const uint64_t generation = ++timer_generation_;
-    timer_.expires_at(deadline_);
+    timer_.expires_at(at);
     timer_.async_wait([self = this->shared_from_this(),
                        generation](const beast::error_code& ec) {
-      if (ec || generation != self->timer_generation_) return;
+      if (generation != self->timer_generation_) return;  // Re-armed since.
+      self->timer_armed_ = false;
+      if (ec || self->deadline_ == Clock::time_point::max()) return;
+      if (Clock::now() < self->deadline_) {
+        self->ArmTimer(self->deadline_);  // The deadline moved later.
+        return;
+      }
       self->timed_out_ = true;
       beast::error_code ignored;
       Socket(self->stream_).cancel(ignored);
     });
-  }
-  void CancelDeadline() {
-    ++timer_generation_;
-    timer_.cancel();
-    deadline_ = Clock::time_point::max();
   }
   // Whether the server's cut (shutdown) ended the pending operation.
   bool CutByStop() const {
@@ -224,6 +237,7 @@ class Connection final
     exchange_ = RestExchange();
     parser_.reset();
     response_.reset();
+    body_.reset();
     if (stopping_) return Close();
     if (buffer_.size() > 0) return ReadHeader();  // Pipelined.
     SetDeadline(Clock::now() +
@@ -280,18 +294,12 @@ class Connection final
       return Refuse(refusal->status, refusal->message);
     }
     exchange_.head = HeadOf(*parser_);
-    const RestRequestHead& request = exchange_.head;
     has_body_ = !parser_->is_done();
     head_only_ = head.method() == http::verb::head;
     if (std::optional<RestResponse> early = hub_.api.Admit(exchange_)) {
       return Answer(*std::move(early));
     }
     if (!has_body_) return Compute();
-    if (request.content_length.has_value()) {
-      // Room for the JSON parser's padding: it then reads in place.
-      parser_->get().body().reserve(
-          static_cast<size_t>(*request.content_length) + JsonPadding());
-    }
     parser_->body_limit(static_cast<uint64_t>(hub_.api.max_body_bytes()));
     const auto expect = head.find(http::field::expect);
     if (expect != head.end() &&
@@ -320,7 +328,45 @@ class Connection final
     body_deadline_ =
         body_start_ + absl::ToChronoNanoseconds(options().body_timeout);
     received_ = 0;
-    ReadMoreBody();
+    if (!exchange_.head.content_length.has_value()) return ReadMoreBody();
+    // A body of known length goes straight from the socket into a pooled
+    // buffer (not through the parser's copy), with room for the JSON
+    // parser's padding, and placed so that binary data after a JSON head
+    // starts 64-byte aligned: the kernels then read it in place.
+    const size_t length = static_cast<size_t>(*exchange_.head.content_length);
+    uint64_t json = 0;
+    if (!exchange_.head.header_length.has_value() ||
+        !absl::SimpleAtoi(*exchange_.head.header_length, &json) ||
+        json > length) {
+      json = 0;
+    }
+    body_offset_ = (64 - json % 64) % 64;
+    body_length_ = length;
+    body_readable_ = length + JsonPadding();
+    body_ = AcquirePooled(body_offset_ + body_readable_);
+    char* const start = static_cast<char*>(body_.get()) + body_offset_;
+    // What arrived with the headers.
+    const size_t buffered = std::min(buffer_.size(), length);
+    asio::buffer_copy(asio::buffer(start, buffered), buffer_.data());
+    buffer_.consume(buffered);
+    body_read_ = buffered;
+    ReadMoreDirect();
+  }
+
+  void ReadMoreDirect() {
+    if (body_read_ == body_length_) return Compute();
+    SetDeadline(std::min(body_deadline_, RateDeadline(body_start_, received_)));
+    char* const start = static_cast<char*>(body_.get()) + body_offset_;
+    stream_.async_read_some(
+        asio::buffer(start + body_read_, body_length_ - body_read_),
+        [self = this->shared_from_this()](const beast::error_code& ec,
+                                          size_t bytes) {
+          self->CancelDeadline();
+          self->received_ += static_cast<int64_t>(bytes);
+          self->body_read_ += bytes;
+          if (ec) return self->BodyFailed(ec);
+          self->ReadMoreDirect();
+        });
   }
 
   // When the body's average rate since `start` falls below the minimum if
@@ -347,16 +393,26 @@ class Connection final
   void OnBodyRead(const beast::error_code& ec, size_t bytes) {
     CancelDeadline();
     received_ += static_cast<int64_t>(bytes);
-    if (ec) {
-      if (CutByStop()) return Close();
-      if (timed_out_) {
-        const bool whole = Clock::now() >= body_deadline_;
-        const double elapsed =
-            std::chrono::duration<double>(Clock::now() - body_start_).count();
-        return RefuseCall(
-            absl::CancelledError(
-                whole
-                    ? absl::StrCat("body: not complete within ",
+    if (ec) return BodyFailed(ec);
+    if (std::optional<RestResponse> refused = hub_.api.AdmitReceived(
+            exchange_, static_cast<int64_t>(parser_->get().body().size()))) {
+      return Answer(*std::move(refused));
+    }
+    if (parser_->is_done()) return Compute();
+    ReadMoreBody();
+  }
+
+  // Reading the body failed with `ec`: a deadline (408), the client gone,
+  // a malformed or oversized chunked body.
+  void BodyFailed(const beast::error_code& ec) {
+    if (CutByStop()) return Close();
+    if (timed_out_) {
+      const bool whole = Clock::now() >= body_deadline_;
+      const double elapsed =
+          std::chrono::duration<double>(Clock::now() - body_start_).count();
+      return RefuseCall(
+          absl::CancelledError(
+              whole ? absl::StrCat("body: not complete within ",
                                    Seconds(options().body_timeout),
                                    " of the headers (--http_body_timeout)")
                     : absl::StrCat("body: ", received_, " bytes in ",
@@ -364,37 +420,37 @@ class Connection final
                                    " ms, slower than the server's minimum of ",
                                    options().min_body_rate,
                                    " bytes per second (--http_min_body_rate)")),
-            408);
-      }
-      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-          ec == asio::error::connection_reset ||
-          ec == http::error::partial_message) {
-        return Close();
-      }
-      const FramingRefusal refusal = RefusalOfParseError(ec);
-      return RefuseCall(refusal.status == 413
-                            ? absl::ResourceExhaustedError(refusal.message)
-                            : absl::InvalidArgumentError(refusal.message),
-                        refusal.status);
+          408);
     }
-    if (!exchange_.head.content_length.has_value()) {
-      if (std::optional<RestResponse> refused = hub_.api.AdmitReceived(
-              exchange_, static_cast<int64_t>(parser_->get().body().size()))) {
-        return Answer(*std::move(refused));
-      }
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == asio::error::connection_reset ||
+        ec == http::error::partial_message) {
+      return Close();
     }
-    if (parser_->is_done()) return Compute();
-    ReadMoreBody();
+    const FramingRefusal refusal = RefusalOfParseError(ec);
+    RefuseCall(refusal.status == 413
+                   ? absl::ResourceExhaustedError(refusal.message)
+                   : absl::InvalidArgumentError(refusal.message),
+               refusal.status);
   }
 
   void Compute() {
     phase_ = Phase::kComputing;
     has_body_ = false;  // Read whole.
     hub_.ComputationStarted();
-    EnqueueCompute([self = this->shared_from_this()] {
+    RestApi::Body body;
+    if (body_ != nullptr) {
+      body.bytes = absl::string_view(
+          static_cast<const char*>(body_.get()) + body_offset_, body_length_);
+      body.readable = body_readable_;
+    } else {
+      std::string& text = parser_->get().body();
+      body.bytes = text;
+      body.readable = text.capacity();
+    }
+    EnqueueCompute([self = this->shared_from_this(), body] {
       self->hub_.api.Handle(
-          self->exchange_, self->parser_->get().body(),
-          [self](RestResponse response) {
+          self->exchange_, body, [self](RestResponse response) {
             asio::post(self->stream_.get_executor(),
                        [self, response = std::move(response)]() mutable {
                          self->Answer(std::move(response));
@@ -485,6 +541,7 @@ class Connection final
     if (phase_ == Phase::kClosed) return;
     phase_ = Phase::kClosed;
     CancelDeadline();
+    timer_.cancel();  // Its wait holds the connection.
     beast::error_code ignored;
     Socket(stream_).shutdown(tcp::socket::shutdown_both, ignored);
     Socket(stream_).close(ignored);
@@ -514,6 +571,9 @@ class Connection final
   Stream stream_;
   asio::steady_timer timer_;
   uint64_t timer_generation_ = 0;
+  bool timer_armed_ = false;
+  Clock::time_point armed_at_;
+  // When the pending operation is cancelled; max() when none is pending.
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
   beast::flat_buffer buffer_;
@@ -528,7 +588,15 @@ class Connection final
   Clock::time_point request_start_;
   Clock::time_point body_start_;
   Clock::time_point body_deadline_;
-  int64_t received_ = 0;
+  int64_t received_ = 0;  // Body bytes (and chunk framing) so far.
+  // A body of known length, read straight into this buffer: its bytes are
+  // [body_offset_, body_offset_ + body_length_), the first body_read_ of
+  // them in; body_readable_ bytes from its start may be read (padding).
+  PooledBuffer body_{nullptr, &BufferPool::Release};
+  size_t body_offset_ = 0;
+  size_t body_length_ = 0;
+  size_t body_read_ = 0;
+  size_t body_readable_ = 0;
   Clock::time_point linger_start_;
   Clock::time_point linger_deadline_;
   int64_t lingered_ = 0;

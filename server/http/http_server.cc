@@ -22,7 +22,10 @@ using Clock = std::chrono::steady_clock;
 class HttpServer::Impl {
  public:
   Impl(const HttpServerOptions& options, RestApi& api, HttpMetrics& metrics)
-      : hub_(options, api, metrics), acceptor_(io_), retry_(io_) {}
+      : hub_(options, api, metrics),
+        io_(options.io_threads),
+        acceptor_(io_),
+        retry_(io_) {}
 
   ~Impl() { Stop(absl::Now()); }
 
@@ -113,8 +116,12 @@ class HttpServer::Impl {
 
  private:
   void Accept() {
+    // With one I/O thread the loop runs every handler in turn: a strand per
+    // connection would only add a queue.
     acceptor_.async_accept(
-        asio::make_strand(io_),
+        hub_.options.io_threads == 1
+            ? asio::any_io_executor(io_.get_executor())
+            : asio::any_io_executor(asio::make_strand(io_)),
         [this](const boost::system::error_code& ec, tcp::socket socket) {
           if (ec == asio::error::operation_aborted || !acceptor_.is_open()) {
             return;
@@ -138,7 +145,7 @@ class HttpServer::Impl {
   // unregister from it).
   ConnectionHub hub_;
   std::optional<asio::ssl::context> tls_;
-  asio::io_context io_;
+  asio::io_context io_;  // Its concurrency hint: the I/O threads.
   tcp::acceptor acceptor_;
   asio::steady_timer retry_;
   std::vector<std::thread> threads_;

@@ -173,8 +173,9 @@ class DataReader {
     // Never sized by the shape alone: a JSON value takes at least two
     // bytes, so the body bounds how many there can be.
     const int64_t most_values = static_cast<int64_t>(json_bytes / 2 + 1);
-    out_.reserve(static_cast<size_t>(std::min(elements_, most_values) *
-                                     ElementSize(dtype_)));
+    out_.resize(static_cast<size_t>(std::min(elements_, most_values) *
+                                    ElementSize(dtype_)));
+    written_ = 0;
     const bool nested = top.begin() != top.end() && (*top.begin()).is_array();
     if (!nested) {
       const size_t count = CountElements(top);
@@ -183,9 +184,9 @@ class DataReader {
             absl::StrCat(field_, ": ", count, " values; shape ",
                          ShapeString(shape_), " has ", elements_));
       }
-      return ReadLevel(top, -1);
+      return Finish(ReadLevel(top, -1));
     }
-    return ReadLevel(top, 0);
+    return Finish(ReadLevel(top, 0));
   }
 
  private:
@@ -253,12 +254,23 @@ class DataReader {
     }
   }
 
+  // Stores the next element into `out_` (sized up front: every value the
+  // JSON can hold fits).
   template <typename T>
   absl::Status Append(T value) {
-    char bytes[sizeof(T)];
-    std::memcpy(bytes, &value, sizeof(T));
-    out_.insert(out_.end(), bytes, bytes + sizeof(T));
+    if (written_ + sizeof(T) > out_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), ": more values than the body can hold"));
+    }
+    std::memcpy(out_.data() + written_, &value, sizeof(T));
+    written_ += sizeof(T);
     return absl::OkStatus();
+  }
+
+  // The bytes written are the tensor's (the dims were checked on the way).
+  absl::Status Finish(absl::Status status) {
+    out_.resize(written_);
+    return status;
   }
 
   absl::Status NotFinite(double value) const {
@@ -271,6 +283,7 @@ class DataReader {
   const Shape& shape_;
   const int64_t elements_;
   std::vector<char>& out_;
+  size_t written_ = 0;
   std::vector<size_t> path_;
 };
 

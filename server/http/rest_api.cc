@@ -46,13 +46,13 @@ RestResponse Json(int status, std::string body) {
 
 // The body of POST /v2/repository/index: empty, or an object whose only
 // key is "ready" (a bool; every model normd has is ready).
-absl::Status CheckIndexBody(const std::string& body) {
-  if (body.find_first_not_of(" \t\r\n") == std::string::npos) {
+absl::Status CheckIndexBody(absl::string_view body) {
+  if (body.find_first_not_of(" \t\r\n") == absl::string_view::npos) {
     return absl::OkStatus();
   }
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (parser.parse(body).get(root) != simdjson::SUCCESS) {
+  if (parser.parse(body.data(), body.size()).get(root) != simdjson::SUCCESS) {
     return absl::InvalidArgumentError("body: malformed JSON");
   }
   simdjson::dom::object object;
@@ -175,7 +175,7 @@ std::optional<RestResponse> RestApi::AdmitReceived(RestExchange& exchange,
   return std::nullopt;
 }
 
-void RestApi::Handle(RestExchange& exchange, std::string& body,
+void RestApi::Handle(RestExchange& exchange, Body body,
                      absl::AnyInvocable<void(RestResponse) &&> done) {
   auto response = std::make_shared<RestResponse>();
   exchange.call->Run([&] { return Respond(exchange, body, *response); },
@@ -187,7 +187,7 @@ void RestApi::Handle(RestExchange& exchange, std::string& body,
                      });
 }
 
-absl::Status RestApi::Respond(RestExchange& exchange, std::string& body,
+absl::Status RestApi::Respond(RestExchange& exchange, Body body,
                               RestResponse& response) {
   const RestRoute& route = exchange.route;
   switch (route.endpoint) {
@@ -234,7 +234,7 @@ absl::Status RestApi::Respond(RestExchange& exchange, std::string& body,
       return absl::OkStatus();
     }
     case RestEndpoint::kRepositoryIndex: {
-      if (absl::Status s = CheckIndexBody(body); !s.ok()) return s;
+      if (absl::Status s = CheckIndexBody(body.bytes); !s.ok()) return s;
       response = Json(200, RepositoryIndexJson(inference_.RepositoryIndex()));
       return absl::OkStatus();
     }
@@ -246,16 +246,16 @@ absl::Status RestApi::Respond(RestExchange& exchange, std::string& body,
   return absl::InternalError("REST: a request without an endpoint ran");
 }
 
-absl::Status RestApi::Infer(RestExchange& exchange, std::string& body,
+absl::Status RestApi::Infer(RestExchange& exchange, Body body,
                             RestResponse& response) {
-  if (body.empty()) {
+  if (body.bytes.empty()) {
     return absl::InvalidArgumentError(
         "body: empty; an infer request is a JSON object with \"inputs\" "
         "(and, with Inference-Header-Content-Length, binary data after it)");
   }
   RestInferRequest parsed;
   if (absl::Status s =
-          ParseInferBody(body, body.capacity(), exchange.head.header_length,
+          ParseInferBody(body.bytes, body.readable, exchange.head.header_length,
                          exchange.route.model, exchange.route.version, parsed);
       !s.ok()) {
     return s;

@@ -86,11 +86,18 @@ class RestApi {
   // answer to send at once (413 past the body limit, 429).
   std::optional<RestResponse> AdmitReceived(RestExchange& exchange,
                                             int64_t received);
+  // A request's body as read: its bytes, and how many bytes from its start
+  // may be read (the JSON parser reads up to 64 bytes past the JSON: with
+  // that much room it parses in place).
+  struct Body {
+    absl::string_view bytes;
+    size_t readable = 0;
+  };
+
   // Off the I/O thread, once the body is read: parses and computes, then
   // calls `done` with the answer (from the log's thread when a model change
-  // must first be durable). `body` (its capacity past its size is padding
-  // the JSON parser may read) must stay alive until then.
-  void Handle(RestExchange& exchange, std::string& body,
+  // must first be durable). The body must stay alive until then.
+  void Handle(RestExchange& exchange, Body body,
               absl::AnyInvocable<void(RestResponse) &&> done);
 
   // The answer to a request refused before it reached an endpoint (bad
@@ -102,10 +109,9 @@ class RestApi {
 
  private:
   // Fills `response` for the routed request whose body is `body`.
-  absl::Status Respond(RestExchange& exchange, std::string& body,
+  absl::Status Respond(RestExchange& exchange, Body body,
                        RestResponse& response);
-  absl::Status Infer(RestExchange& exchange, std::string& body,
-                     RestResponse& response);
+  absl::Status Infer(RestExchange& exchange, Body body, RestResponse& response);
   // A refusal of an admitted exchange: its call finished with `status`.
   RestResponse Refuse(RestExchange& exchange, const absl::Status& status,
                       int http_status);

@@ -12,22 +12,6 @@
 namespace normd {
 namespace {
 
-// The shortest decimal that reads back as `value`; NaN and the infinities
-// as Python's json writes them (JSON has no such numbers).
-template <typename T>
-void AppendJsonNumber(T value, std::string& out) {
-  if (!std::isfinite(value)) {
-    out.append(std::isnan(value) ? "NaN"
-               : value > 0       ? "Infinity"
-                                 : "-Infinity");
-    return;
-  }
-  char buffer[32];
-  const std::to_chars_result end =
-      std::to_chars(buffer, buffer + sizeof(buffer), value);
-  out.append(buffer, end.ptr);
-}
-
 template <typename Dims>
 void AppendShape(const Dims& shape, std::string& out) {
   out.push_back('[');
@@ -40,29 +24,66 @@ void AppendShape(const Dims& shape, std::string& out) {
   out.push_back(']');
 }
 
-// Raw little-endian elements of `dtype` as a flat JSON array.
+// The most bytes the shortest round-trip decimal of a T takes
+// ("-2.2250738585072014e-308", "-1.17549435e-38").
+template <typename T>
+constexpr size_t kMaxNumberBytes = sizeof(T) == 8 ? 24 : 15;
+
+// The shortest decimal that reads back as each element of `bytes` (count
+// floats or doubles), comma-separated, written at `out`, which has room for
+// kMaxNumberBytes<T> + 1 per element; NaN and the infinities as Python's
+// json writes them (JSON has no such numbers). Returns the end.
+template <typename T>
+char* WriteNumbers(const char* bytes, size_t count, char* out) {
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0) *out++ = ',';
+    T v;
+    std::memcpy(&v, bytes + i * sizeof(T), sizeof(T));
+    if (!std::isfinite(v)) {
+      const absl::string_view text = std::isnan(v) ? "NaN"
+                                     : v > 0       ? "Infinity"
+                                                   : "-Infinity";
+      std::memcpy(out, text.data(), text.size());
+      out += text.size();
+      continue;
+    }
+    out = std::to_chars(out, out + kMaxNumberBytes<T>, v).ptr;
+  }
+  return out;
+}
+
+// Raw little-endian elements of `dtype` as a flat JSON array, written in
+// place (no append per number).
 void AppendJsonData(DType dtype, absl::string_view bytes, std::string& out) {
   const size_t size = static_cast<size_t>(ElementSize(dtype));
   const size_t count = bytes.size() / size;
-  out.push_back('[');
-  for (size_t i = 0; i < count; ++i) {
-    if (i > 0) out.push_back(',');
-    const char* p = bytes.data() + i * size;
-    if (dtype == DType::kFloat64) {
-      double v;
-      std::memcpy(&v, p, sizeof(v));
-      AppendJsonNumber(v, out);
-    } else if (dtype == DType::kFloat32) {
-      float v;
-      std::memcpy(&v, p, sizeof(v));
-      AppendJsonNumber(v, out);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, p, sizeof(h));
-      AppendJsonNumber(HalfToFloat(dtype, h), out);
+  const size_t at = out.size();
+  out.resize(at + 2 +
+             count * (dtype == DType::kFloat64 ? kMaxNumberBytes<double> + 1
+                                               : kMaxNumberBytes<float> + 1));
+  char* p = out.data() + at;
+  *p++ = '[';
+  if (dtype == DType::kFloat64) {
+    p = WriteNumbers<double>(bytes.data(), count, p);
+  } else if (dtype == DType::kFloat32) {
+    p = WriteNumbers<float>(bytes.data(), count, p);
+  } else {
+    // 16-bit values, widened exactly to fp32 a block at a time.
+    constexpr size_t kBlock = 256;
+    float widened[kBlock];
+    for (size_t i = 0; i < count; i += kBlock) {
+      const size_t n = std::min(kBlock, count - i);
+      for (size_t j = 0; j < n; ++j) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + (i + j) * 2, sizeof(h));
+        widened[j] = HalfToFloat(dtype, h);
+      }
+      if (i > 0) *p++ = ',';
+      p = WriteNumbers<float>(reinterpret_cast<const char*>(widened), n, p);
     }
   }
-  out.push_back(']');
+  *p++ = ']';
+  out.resize(static_cast<size_t>(p - out.data()));
 }
 
 // {"name":..., "datatype":..., "shape":[...]} without its closing brace.
@@ -120,9 +141,11 @@ void AppendJsonString(absl::string_view text, std::string& out) {
 }
 
 int64_t JsonOutputBytes(DType dtype, int64_t elements) {
-  // The longest shortest-round-trip forms ("-2.2250738585072014e-308",
-  // "-1.17549435e-38") and a comma.
-  return elements * (dtype == DType::kFloat64 ? 25 : 16) + 2;
+  // The longest shortest-round-trip forms and a comma.
+  return elements * static_cast<int64_t>(dtype == DType::kFloat64
+                                             ? kMaxNumberBytes<double> + 1
+                                             : kMaxNumberBytes<float> + 1) +
+         2;
 }
 
 std::string FormatInferReply(absl::string_view model, absl::string_view id,

@@ -153,88 +153,91 @@ absl::StatusOr<LayerNormStyle> StyleParam(const InferValue& value) {
                    " is not a style; use pytorch or bert"));
 }
 
-// The request parameters into `call` for `model`, which takes `allowed`,
-// in name order (so that the first of several problems is always the same).
+// One request parameter (not a tolerated one) into `call` for `model`,
+// which takes `allowed`; `has_eps` is set when it is eps.
+absl::Status TranslateParameter(const InferParameter& p,
+                                absl::string_view model, unsigned allowed,
+                                NativeInfer& call, bool& has_eps) {
+  const std::string& name = p.name;
+  const ParamName* known = nullptr;
+  for (const ParamName& candidate : kParams) {
+    if (name == candidate.name) known = &candidate;
+  }
+  if (known == nullptr || (allowed & known->param) == 0) {
+    return absl::InvalidArgumentError(
+        known == nullptr
+            ? absl::StrCat("parameters: unknown parameter ",
+                           QuotedForMessage(name), "; model ",
+                           QuotedForMessage(model), " takes ",
+                           ParamNames(allowed))
+            : absl::StrCat("parameters.", name, ": does not apply to model ",
+                           QuotedForMessage(model), ", which takes ",
+                           ParamNames(allowed)));
+  }
+  NormalizeSpec& spec = call.normalize;
+  switch (known->param) {
+    case kNormalizedNdim: {
+      absl::StatusOr<int32_t> v = Int32Param(name, p.value);
+      if (v.ok()) spec.normalized_ndim = *v;
+      return v.status();
+    }
+    case kEps: {
+      absl::StatusOr<double> v = DoubleParam(name, p.value);
+      if (v.ok()) spec.eps = *v;
+      has_eps = true;
+      return v.status();
+    }
+    case kNumGroups: {
+      absl::StatusOr<int64_t> v = Int64Param(name, p.value);
+      if (v.ok()) spec.num_groups = *v;
+      return v.status();
+    }
+    case kChannelAxis: {
+      absl::StatusOr<int32_t> v = Int32Param(name, p.value);
+      if (v.ok()) {
+        spec.channel_axis = *v;
+        call.fit_spec.channel_axis = *v;
+      }
+      return v.status();
+    }
+    case kStyle: {
+      absl::StatusOr<LayerNormStyle> v = StyleParam(p.value);
+      if (v.ok()) spec.layer_norm_style = *v;
+      return v.status();
+    }
+    case kTraining: {
+      absl::StatusOr<bool> v = BoolParam(name, p.value);
+      if (v.ok()) spec.training = *v;
+      return v.status();
+    }
+    case kFit: {
+      absl::StatusOr<bool> v = BoolParam(name, p.value);
+      if (v.ok()) call.fit = *v;
+      return v.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The request parameters into `call` for `model`, which takes `allowed`.
+// Of several problems the one whose parameter name sorts first is
+// reported, so that it is always the same; one pass, whatever their number.
 absl::Status TranslateParameters(const InferParameters& parameters,
                                  absl::string_view model, unsigned allowed,
                                  NativeInfer& call) {
-  std::vector<const InferParameter*> sorted;
-  for (const InferParameter& p : parameters) sorted.push_back(&p);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const InferParameter* a, const InferParameter* b) {
-              return a->name < b->name;
-            });
-  NormalizeSpec& spec = call.normalize;
   bool has_eps = false;
-  for (const InferParameter* p : sorted) {
-    const std::string& name = p->name;
-    if (IsOneOf(name, kToleratedRequestParams)) continue;
-    const ParamName* known = nullptr;
-    for (const ParamName& candidate : kParams) {
-      if (name == candidate.name) known = &candidate;
+  const InferParameter* first_bad = nullptr;
+  absl::Status first_error;
+  for (const InferParameter& p : parameters) {
+    if (IsOneOf(p.name, kToleratedRequestParams)) continue;
+    absl::Status status = TranslateParameter(p, model, allowed, call, has_eps);
+    if (!status.ok() && (first_bad == nullptr || p.name < first_bad->name)) {
+      first_bad = &p;
+      first_error = std::move(status);
     }
-    if (known == nullptr || (allowed & known->param) == 0) {
-      return absl::InvalidArgumentError(
-          known == nullptr
-              ? absl::StrCat("parameters: unknown parameter ",
-                             QuotedForMessage(name), "; model ",
-                             QuotedForMessage(model), " takes ",
-                             ParamNames(allowed))
-              : absl::StrCat("parameters.", name, ": does not apply to model ",
-                             QuotedForMessage(model), ", which takes ",
-                             ParamNames(allowed)));
-    }
-    absl::Status status;
-    switch (known->param) {
-      case kNormalizedNdim: {
-        absl::StatusOr<int32_t> v = Int32Param(name, p->value);
-        if (v.ok()) spec.normalized_ndim = *v;
-        status = v.status();
-        break;
-      }
-      case kEps: {
-        absl::StatusOr<double> v = DoubleParam(name, p->value);
-        if (v.ok()) spec.eps = *v;
-        has_eps = true;
-        status = v.status();
-        break;
-      }
-      case kNumGroups: {
-        absl::StatusOr<int64_t> v = Int64Param(name, p->value);
-        if (v.ok()) spec.num_groups = *v;
-        status = v.status();
-        break;
-      }
-      case kChannelAxis: {
-        absl::StatusOr<int32_t> v = Int32Param(name, p->value);
-        if (v.ok()) {
-          spec.channel_axis = *v;
-          call.fit_spec.channel_axis = *v;
-        }
-        status = v.status();
-        break;
-      }
-      case kStyle: {
-        absl::StatusOr<LayerNormStyle> v = StyleParam(p->value);
-        if (v.ok()) spec.layer_norm_style = *v;
-        status = v.status();
-        break;
-      }
-      case kTraining: {
-        absl::StatusOr<bool> v = BoolParam(name, p->value);
-        if (v.ok()) spec.training = *v;
-        status = v.status();
-        break;
-      }
-      case kFit: {
-        absl::StatusOr<bool> v = BoolParam(name, p->value);
-        if (v.ok()) call.fit = *v;
-        status = v.status();
-        break;
-      }
-    }
-    if (!status.ok()) return status;
   }
+  if (first_bad != nullptr) return first_error;
+  const NormalizeSpec& spec = call.normalize;
   if (call.fit && (spec.training || has_eps)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parameters.", spec.training ? "training" : "eps",

@@ -185,8 +185,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!parser.is_done()) return 0;  // A timeout (408) in life.
     }
     RestResponse answer;
+    std::string& body = parser.get().body();
     fixture->api.Handle(
-        exchange, parser.get().body(),
+        exchange, RestApi::Body{body, body.capacity()},
         [&](RestResponse response) { answer = std::move(response); });
     CheckAnswer(answer);
     if (answer.status >= 400 && fixture->Fingerprint() != before) {

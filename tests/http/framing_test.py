@@ -14,7 +14,8 @@ the server serving on:
   is empty; a body sent to an endpoint that takes none (a probe) is refused
   before it is read;
 - a JSON array of 17,000,000 values is taken (counted exactly), and the
-  output matches numpy's LayerNorm;
+  output matches numpy's LayerNorm; 120,000 parameter names are refused in
+  time linear in the body;
 - a shape [1, 2^60] is 400 naming inputs[0].shape, never a 500.
 
 Usage: framing_test.py --normd BUILD/normd --stubs BUILD/python
@@ -178,6 +179,24 @@ def check_huge_array(c, port):
     c.expect(error < 1e-5, f"17,000,000 values: max error {error}")
 
 
+def check_many_keys(c, port):
+    """120,000 parameter names (1.5 MB): answered in well under a second,
+    however many; checking each against every earlier one took minutes."""
+    parameters = ",".join(f'"k{i}":{i}' for i in range(120000))
+    body = ('{"parameters":{' + parameters + '},"inputs":[{"name":"input",'
+            '"datatype":"FP32","shape":[2],"data":[1,2]}]}').encode()
+    with Connection(port, timeout=60) as conn:
+        start = time.monotonic()
+        conn.send(request("POST", INFER, body))
+        reply = conn.response()
+        took = time.monotonic() - start
+    message = json.loads(reply[2]).get("error", "") if reply else ""
+    c.expect(reply is not None and reply[0] == 400 and
+             "unknown parameter" in message and took < 10,
+             f"120,000 parameter names: {reply and reply[0]} "
+             f"{message[:120]!r} after {took:.1f} s")
+
+
 def check_absurd_shape(c, port):
     for data in ([1, 2], [[1, 2]]):  # Flat and nested.
         body = infer_body(data, [1, 1 << 60])
@@ -201,6 +220,7 @@ def main():
         check_empty_post(c, port)
         check_bodies_where_none_belongs(c, port)
         check_absurd_shape(c, port)
+        check_many_keys(c, port)
         check_huge_array(c, port)
         with Connection(port) as conn:
             conn.send(request("GET", "/v2/health/live"))
