@@ -14,13 +14,16 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "normd/v1/normalizer.grpc.pb.h"
+#include "server/malloc_config.h"
 #include "server/rpc/grpc_transport.h"
-#include "server/server.h"
 
 ABSL_FLAG(std::string, bind_address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 0, "gRPC port (0 picks a free one).");
 ABSL_FLAG(int, malloc_arenas, 1,
           "glibc malloc arenas, as normd's flag of that name (same default).");
+ABSL_FLAG(int64_t, malloc_keep_freed_bytes, 64 << 20,
+          "Freed memory glibc malloc keeps, as normd's flag of that name "
+          "(same default).");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "Largest message accepted or sent, as in normd.");
 
@@ -88,7 +91,9 @@ int Main() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  if (absl::Status s = LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
+  if (absl::Status s = ConfigureMalloc(MallocConfig{
+          .arenas = absl::GetFlag(FLAGS_malloc_arenas),
+          .keep_freed_bytes = absl::GetFlag(FLAGS_malloc_keep_freed_bytes)});
       absl::IsInvalidArgument(s)) {
     std::fprintf(stderr, "echo_server: %s\n", std::string(s.message()).c_str());
     return 1;

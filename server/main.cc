@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/core/simd/target.h"
+#include "server/malloc_config.h"
 #include "server/server.h"
 #include "server/service/logging.h"
 
@@ -129,6 +130,14 @@ ABSL_FLAG(int, malloc_arenas, 1,
           "for the next thread that needs it: under 4 MiB requests it "
           "halves resident memory per byte in flight and raises throughput; "
           "raise it only if a profile shows malloc lock contention.");
+ABSL_FLAG(int64_t, malloc_keep_freed_bytes, 64 << 20,
+          "Freed memory glibc malloc keeps for the next request before it "
+          "returns it to the kernel (M_TRIM_THRESHOLD); blocks up to 32 MiB "
+          "then come from the heap, not from an mmap of their own. Without "
+          "it (0: glibc's default) each request's receive and reply buffers "
+          "fault in and are zeroed anew, which costs 5-15% of 4 MiB "
+          "throughput. Resident memory stays up to this much above the "
+          "live data after a burst.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGINT/SIGTERM: health turns NOT_SERVING and new calls and "
           "connections are refused at once; calls in flight get this long "
@@ -176,8 +185,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Before any thread exists: arenas are made per thread on contention.
-  if (absl::Status s =
-          normd::LimitMallocArenas(absl::GetFlag(FLAGS_malloc_arenas));
+  if (absl::Status s = normd::ConfigureMalloc(normd::MallocConfig{
+          .arenas = absl::GetFlag(FLAGS_malloc_arenas),
+          .keep_freed_bytes = absl::GetFlag(FLAGS_malloc_keep_freed_bytes)});
       absl::IsInvalidArgument(s)) {
     normd::Log(normd::LogSeverity::kError,
                absl::StrCat("cannot start: ", s.message()));

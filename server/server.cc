@@ -1,7 +1,5 @@
 #include "server/server.h"
 
-#include <malloc.h>
-
 #include <exception>
 #include <limits>
 #include <thread>
@@ -135,23 +133,6 @@ class NormdServer::StateObserver final : public state::DurabilityObserver {
   StateMetrics& metrics_;
   NormdServer& server_;
 };
-
-absl::Status LimitMallocArenas(int arenas) {
-  if (arenas < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--malloc_arenas must be >= 0, is ", arenas));
-  }
-#ifdef NORMD_SANITIZED_BUILD  // CMakeLists.txt, for GCC's and clang's.
-  // The sanitizers bring their own allocator, without glibc's arenas.
-  return absl::OkStatus();
-#endif
-  if (arenas > 0 && mallopt(M_ARENA_MAX, arenas) != 1) {
-    return absl::UnimplementedError(
-        "--malloc_arenas: this process's malloc ignores M_ARENA_MAX (a "
-        "preloaded allocator?); left as it is");
-  }
-  return absl::OkStatus();
-}
 
 NormdServer::NormdServer(const ServerOptions& options) : options_(options) {}
 

@@ -79,16 +79,6 @@ struct ServerOptions {
   int64_t snapshot_log_bytes = 64 << 20;
 };
 
-// Caps glibc malloc's arenas at `arenas` (M_ARENA_MAX) for the whole
-// process; 0 keeps glibc's default (8 per core). Call it before starting
-// threads. With one arena a large buffer freed by one thread is reused,
-// warm, by the next; with many, each thread's arena keeps its own freed
-// buffers resident. INVALID_ARGUMENT naming --malloc_arenas when negative;
-// UNIMPLEMENTED when the process's malloc refuses the setting (a preloaded
-// allocator). Nothing to do (OK) under ASan/TSan, whose allocators have no
-// glibc arenas.
-absl::Status LimitMallocArenas(int arenas);
-
 class NormdServer {
  public:
   // UNAVAILABLE if a port cannot be bound; INVALID_ARGUMENT for bad options.

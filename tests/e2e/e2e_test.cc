@@ -577,6 +577,11 @@ TEST(ServerLifecycleTest, BusyPortOrBadFlagFailsToStart) {
   EXPECT_NE(bad_arenas.log().find("--malloc_arenas must be >= 0, is -1"),
             std::string::npos)
       << bad_arenas.log();
+  ServerProcess bad_keep;
+  EXPECT_FALSE(bad_keep.Start(NORMD_BINARY, {"--malloc_keep_freed_bytes=-1"}));
+  EXPECT_NE(bad_keep.log().find("--malloc_keep_freed_bytes must be in [0, "),
+            std::string::npos)
+      << bad_keep.log();
   ServerProcess bad_linger;
   EXPECT_FALSE(bad_linger.Start(NORMD_BINARY, {"--http_linger_timeout=-1s"}));
   EXPECT_NE(bad_linger.log().find("--http_linger_timeout: must be >= 0s"),
