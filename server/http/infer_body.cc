@@ -7,10 +7,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/core/half.h"
@@ -63,20 +64,33 @@ size_t CountElements(const dom::array& array) {
   return count;
 }
 
-// The members of a JSON object, each key at most once (found with a hash
-// set: linear in the members), none but `known` (any when empty).
+// The members of a JSON object, each key at most once, none but `known`
+// (any when empty). Linear in the members: the first few keys are compared
+// one by one, past them a hash set finds a repeat.
 absl::Status ForEachMember(
     const dom::element& e, absl::string_view field,
     std::initializer_list<absl::string_view> known,
-    const std::function<absl::Status(absl::string_view, dom::element)>& fn) {
+    absl::FunctionRef<absl::Status(absl::string_view, dom::element)> fn) {
   dom::object object;
   if (e.get_object().get(object) != simdjson::SUCCESS) {
     return WrongJsonType(field.empty() ? "body" : field, "an object", e);
   }
-  absl::flat_hash_set<absl::string_view> seen;
+  constexpr size_t kComparedKeys = 8;
+  absl::InlinedVector<absl::string_view, kComparedKeys> first_keys;
+  absl::flat_hash_set<absl::string_view> more_keys;
   for (const dom::key_value_pair member : object) {
     const absl::string_view key(member.key.data(), member.key.size());
-    if (!seen.insert(key).second) {
+    bool repeated = false;
+    if (first_keys.size() < kComparedKeys) {
+      repeated = std::find(first_keys.begin(), first_keys.end(), key) !=
+                 first_keys.end();
+      if (!repeated) first_keys.push_back(key);
+    } else {
+      if (more_keys.empty())
+        more_keys.insert(first_keys.begin(), first_keys.end());
+      repeated = !more_keys.insert(key).second;
+    }
+    if (repeated) {
       return absl::InvalidArgumentError(absl::StrCat(
           field.empty() ? std::string(key) : absl::StrCat(field, ".", key),
           ": given twice"));

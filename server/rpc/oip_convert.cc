@@ -160,9 +160,11 @@ absl::Status ToInferRequest(const ModelInferRequest& message,
             "use one form for every input"));
       }
       input.data = raw[i];
-      input.data_field = absl::StrCat("raw_input_contents[", i, "]");
+      input.data_field.clear();  // Its capacity is reused.
+      absl::StrAppend(&input.data_field, "raw_input_contents[", i, "]");
       continue;
     }
+    typed[i].clear();  // A reused request's earlier contents.
     // An unknown datatype is the service's to name.
     if (const std::optional<DType> dtype = OipDatatype(from.datatype())) {
       if (absl::Status s = TypedToBytes(from, field, *dtype, typed[i]);
@@ -171,7 +173,8 @@ absl::Status ToInferRequest(const ModelInferRequest& message,
       }
     }
     input.data = TensorBytes{.contiguous = typed[i], .scattered = nullptr};
-    input.data_field = absl::StrCat(field, ".contents");
+    input.data_field.clear();
+    absl::StrAppend(&input.data_field, field, ".contents");
   }
   request.outputs.resize(message.outputs_size());
   for (int k = 0; k < message.outputs_size(); ++k) {
@@ -182,8 +185,8 @@ absl::Status ToInferRequest(const ModelInferRequest& message,
   return absl::OkStatus();
 }
 
-std::string OipRawResponseHead(const ModelInferRequest& message,
-                               const InferReply& reply) {
+void OipRawResponseHead(const ModelInferRequest& message,
+                        const InferReply& reply, std::string& head) {
   // This thread's head message, reused: protobuf keeps a cleared message's
   // strings and repeated fields, so a warm thread builds the head without
   // allocating. It never holds tensor data.
@@ -192,7 +195,7 @@ std::string OipRawResponseHead(const ModelInferRequest& message,
   SetHead(message, reply, response);
   const size_t size = response.ByteSizeLong();
   constexpr size_t kMaxKeyBytes = 1 + 10;  // The tag and a 64-bit varint.
-  std::string head;
+  head.clear();
   head.reserve(size + kMaxKeyBytes);
   head.resize(size);
   response.SerializeWithCachedSizesToArray(
@@ -201,7 +204,6 @@ std::string OipRawResponseHead(const ModelInferRequest& message,
     constexpr uint32_t kRawOutputContentsField = 6;
     AppendLengthDelimitedKey(kRawOutputContentsField, reply.output.bytes, head);
   }
-  return head;
 }
 
 void ToModelInferResponse(const ModelInferRequest& message,

@@ -43,9 +43,9 @@ std::vector<TensorBytes> RawContentsOf(
 // The ModelInferResponse to `message` for `reply` without the output's
 // elements: with raw contents, serialized and followed by the key of one
 // raw_output_contents entry of the output's bytes (the bytes themselves
-// follow it on the wire).
-std::string OipRawResponseHead(const inference::ModelInferRequest& message,
-                               const InferReply& reply);
+// follow it on the wire); into `head`, replacing what it held.
+void OipRawResponseHead(const inference::ModelInferRequest& message,
+                        const InferReply& reply, std::string& head);
 
 // The ModelInferResponse to `message` for `reply` with the output's
 // elements `output` (raw contents when `raw`, else typed fp32/fp64

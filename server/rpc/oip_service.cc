@@ -23,13 +23,31 @@ struct ComputedInfer {
   std::optional<ReplyPayload> payload;
 };
 
-// Runs `message` (its raw contents `raw`) through `inference`, the output
-// computed into a ReplyPayload.
-absl::Status RunInfer(Inference& inference, const ModelInferRequest& message,
-                      absl::Span<const TensorBytes> raw,
-                      ComputedInfer& computed) {
+// What a raw infer call builds on its way: the parsed message without its
+// raw contents, their places in the request's slices, the service's request
+// and the reply's head.
+struct InferScratch {
+  ModelInferRequest message;
+  std::vector<WireEntry> entries;
+  std::vector<TensorBytes> raw;
   InferRequest request;
   std::vector<std::string> typed;
+  std::string head;
+};
+
+// Requests up to this size are built in their thread's InferScratch, kept
+// from call to call: protobuf keeps a cleared message's strings and
+// repeated fields, and a vector its capacity, so a warm thread parses a
+// small request without allocating. Larger ones get their own, freed with
+// the call, so that no thread keeps a large request's memory.
+constexpr size_t kReusedScratchBytes = 64 << 10;
+
+// Runs `message` (its raw contents `raw`) through `inference` as `request`,
+// the output computed into a ReplyPayload.
+absl::Status RunInfer(Inference& inference, const ModelInferRequest& message,
+                      absl::Span<const TensorBytes> raw,
+                      std::vector<std::string>& typed, InferRequest& request,
+                      ComputedInfer& computed) {
   if (absl::Status s = ToInferRequest(message, raw, typed, request); !s.ok()) {
     return s;
   }
@@ -54,6 +72,50 @@ absl::Status RunInfer(Inference& inference, const ModelInferRequest& message,
 absl::string_view OutputBytes(ComputedInfer& computed) {
   return absl::string_view(static_cast<const char*>(computed.payload->data()),
                            static_cast<size_t>(computed.reply.output.bytes));
+}
+
+// ModelInfer of the serialized `request`, built in `scratch`.
+absl::Status InferRaw(Inference& inference, const grpc::ByteBuffer& request,
+                      InferScratch& scratch, grpc::ByteBuffer& response) {
+  std::vector<grpc::Slice> slices;
+  std::vector<absl::string_view> chunks;
+  if (absl::Status s = SliceViews(request, slices, chunks); !s.ok()) return s;
+  // The raw contents stay where they lie in the slices; the rest is parsed.
+  ModelInferRequest& message = scratch.message;
+  std::vector<TensorBytes>& raw = scratch.raw;
+  scratch.head.clear();
+  scratch.entries.clear();
+  raw.clear();
+  if (SplitTopLevelField(chunks, kRawInputContentsField, scratch.head,
+                         scratch.entries) &&
+      message.ParseFromString(scratch.head)) {
+    for (const WireEntry& entry : scratch.entries) {
+      raw.push_back(entry.contiguous.has_value()
+                        ? TensorBytes{.contiguous = entry.contiguous,
+                                      .scattered = nullptr}
+                        : TensorBytes{.contiguous = std::nullopt,
+                                      .scattered = &entry.pieces});
+    }
+  } else {  // Malformed here: protobuf says what it is.
+    message.Clear();
+    if (absl::Status s = ParseMessage(request, message); !s.ok()) return s;
+    raw = RawContentsOf(message);
+  }
+  ComputedInfer computed;
+  if (absl::Status s = RunInfer(inference, message, raw, scratch.typed,
+                                scratch.request, computed);
+      !s.ok()) {
+    return s;
+  }
+  if (raw.empty()) {  // Typed contents in, typed contents out.
+    ModelInferResponse reply;
+    ToModelInferResponse(message, computed.reply, OutputBytes(computed),
+                         /*raw=*/false, reply);
+    return SerializeMessage(reply, response);
+  }
+  OipRawResponseHead(message, computed.reply, scratch.head);
+  response = computed.payload->Assemble(scratch.head, "");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -93,8 +155,12 @@ absl::Status OipService::DoModelMetadata(
 absl::Status OipService::DoModelInfer(const ModelInferRequest& request,
                                       ModelInferResponse& response) {
   const std::vector<TensorBytes> raw = RawContentsOf(request);
+  std::vector<std::string> typed;
+  InferRequest infer;
   ComputedInfer computed;
-  if (absl::Status s = RunInfer(inference_, request, raw, computed); !s.ok()) {
+  if (absl::Status s =
+          RunInfer(inference_, request, raw, typed, infer, computed);
+      !s.ok()) {
     return s;
   }
   ToModelInferResponse(request, computed.reply, OutputBytes(computed),
@@ -104,42 +170,12 @@ absl::Status OipService::DoModelInfer(const ModelInferRequest& request,
 
 absl::Status OipService::DoModelInferRaw(const grpc::ByteBuffer& request,
                                          grpc::ByteBuffer& response) {
-  std::vector<grpc::Slice> slices;
-  std::vector<absl::string_view> chunks;
-  if (absl::Status s = SliceViews(request, slices, chunks); !s.ok()) return s;
-  // The raw contents stay where they lie in the slices; the rest is parsed.
-  std::string head;
-  std::vector<WireEntry> entries;
-  ModelInferRequest message;
-  std::vector<TensorBytes> raw;
-  if (SplitTopLevelField(chunks, kRawInputContentsField, head, entries) &&
-      message.ParseFromString(head)) {
-    raw.reserve(entries.size());
-    for (const WireEntry& entry : entries) {
-      raw.push_back(entry.contiguous.has_value()
-                        ? TensorBytes{.contiguous = entry.contiguous,
-                                      .scattered = nullptr}
-                        : TensorBytes{.contiguous = std::nullopt,
-                                      .scattered = &entry.pieces});
-    }
-  } else {  // Malformed here: protobuf says what it is.
-    message.Clear();
-    if (absl::Status s = ParseMessage(request, message); !s.ok()) return s;
-    raw = RawContentsOf(message);
+  if (request.Length() <= kReusedScratchBytes) {
+    thread_local InferScratch scratch;
+    return InferRaw(inference_, request, scratch, response);
   }
-  ComputedInfer computed;
-  if (absl::Status s = RunInfer(inference_, message, raw, computed); !s.ok()) {
-    return s;
-  }
-  if (raw.empty()) {  // Typed contents in, typed contents out.
-    ModelInferResponse reply;
-    ToModelInferResponse(message, computed.reply, OutputBytes(computed),
-                         /*raw=*/false, reply);
-    return SerializeMessage(reply, response);
-  }
-  response = computed.payload->Assemble(
-      OipRawResponseHead(message, computed.reply), "");
-  return absl::OkStatus();
+  InferScratch scratch;
+  return InferRaw(inference_, request, scratch, response);
 }
 
 grpc::ServerUnaryReactor* OipService::ServerLive(

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -264,8 +265,8 @@ constexpr const char* kRoles[] = {"input", "weight", "bias"};
 
 // Each input's role (index into kRoles) and dtype, checked.
 absl::Status TranslateInputs(const InferRequest& request, NativeInfer& call,
-                             std::vector<int>& roles,
-                             std::vector<DType>& dtypes) {
+                             absl::InlinedVector<int, 3>& roles,
+                             absl::InlinedVector<DType, 3>& dtypes) {
   bool seen[3] = {false, false, false};
   for (size_t i = 0; i < request.inputs.size(); ++i) {
     const InferInput& input = request.inputs[i];
@@ -347,8 +348,9 @@ absl::Status TranslateInfer(const InferRequest& request, NativeInfer& call) {
       !s.ok()) {
     return s;
   }
-  std::vector<int> roles;
-  std::vector<DType> dtypes;
+  // One per input; a valid request has at most three.
+  absl::InlinedVector<int, 3> roles;
+  absl::InlinedVector<DType, 3> dtypes;
   if (absl::Status s = TranslateInputs(request, call, roles, dtypes); !s.ok()) {
     return s;
   }
@@ -373,12 +375,12 @@ absl::Status TranslateInfer(const InferRequest& request, NativeInfer& call) {
       return s;
     }
     if (role == 0) {
-      spec.input = view;
       call.output.datatype = input.datatype;
       call.output.dtype = view.dtype;
       call.output.shape = view.shape;
       call.output.elements = view.size;
       call.output.bytes = view.size * ElementSize(view.dtype);
+      spec.input = std::move(view);
       continue;
     }
     std::optional<AffineParam>& param = role == 1 ? spec.weight : spec.bias;

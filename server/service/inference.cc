@@ -125,7 +125,7 @@ absl::StatusOr<InferReply> Inference::RunInfer(const InferRequest& request,
   if (absl::Status s = TranslateInfer(request, call); !s.ok()) return s;
   absl::StatusOr<OutputPlacement> placement = place(call.output);
   if (!placement.ok()) return placement.status();
-  InferReply reply{.output = call.output, .counters = std::nullopt};
+  InferReply reply{.output = std::move(call.output), .counters = std::nullopt};
   const auto counters = [](const BatchNormModel& model) {
     return ModelCounters{.num_batches_tracked = model.num_batches_tracked,
                          .generation = model.generation};

@@ -120,6 +120,19 @@ TEST(RestCodecTest, BadBodiesNameTheirField) {
        "parameters.binary_data_output: must be a bool"},
       {R"({"parameters": {"a": 1, "a": 2}, "inputs": []})",
        "parameters.a: given twice"},
+      // Past the first eight keys, repeats are found in a hash set: a
+      // repeat of an early key and of a late one.
+      {R"({"parameters": {"k0": 0, "k1": 1, "k2": 2, "k3": 3, "k4": 4,)"
+       R"( "k5": 5, "k6": 6, "k7": 7, "k8": 8, "k9": 9, "k1": 1},)"
+       R"( "inputs": []})",
+       "parameters.k1: given twice"},
+      {R"({"parameters": {"k0": 0, "k1": 1, "k2": 2, "k3": 3, "k4": 4,)"
+       R"( "k5": 5, "k6": 6, "k7": 7, "k8": 8, "k9": 9, "k9": 9},)"
+       R"( "inputs": []})",
+       "parameters.k9: given twice"},
+      {R"({"parameters": {"k0": 0, "k1": 1, "k2": 2, "k3": 3, "k4": 4,)"
+       R"( "k5": 5, "k6": 6, "k7": 7, "k7": 7}, "inputs": []})",
+       "parameters.k7: given twice"},
       {R"({"parameters": {"seq": 18446744073709551615}, "inputs": []})",
        "parameters.seq: 18446744073709551615 is out of range"},
       // An absurd shape names the shape, and is never allocated for.
