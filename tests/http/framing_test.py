@@ -46,6 +46,20 @@ def infer_body(values, shape, binary_output=False):
     return json.dumps(document).encode()
 
 
+def exchange(port, data, timeout=10, closes=False):
+    """Sends `data` on a fresh connection: the reply (or None), its error
+    message, the seconds it took, and (with `closes`) whether the server
+    closed the connection within 5 s."""
+    with Connection(port, timeout=timeout) as conn:
+        start = time.monotonic()
+        conn.send(data)
+        reply = conn.response()
+        closed = conn.closed_by_server(within=5) if closes else None
+        took = time.monotonic() - start
+    message = json.loads(reply[2]).get("error", "") if reply else ""
+    return reply, message, took, closed
+
+
 def check_range_is_ignored(c, port):
     body = infer_body(list(range(1, 2049)), [2, 1024])
     with Connection(port) as conn:
@@ -83,13 +97,8 @@ def check_ambiguous_framing(c, port):
          [("Transfer-Encoding", "gzip, chunked")], 400, "Transfer-Encoding"),
     ]
     for what, headers, status, field in cases:
-        with Connection(port) as conn:
-            start = time.monotonic()
-            conn.send(request("POST", INFER, body, headers=headers))
-            reply = conn.response()
-            closed = conn.closed_by_server(within=5)
-            took = time.monotonic() - start
-        message = json.loads(reply[2]).get("error", "") if reply else ""
+        reply, message, took, closed = exchange(
+            port, request("POST", INFER, body, headers=headers), closes=True)
         c.expect(reply is not None and reply[0] == status and
                  field in message and closed and took < 5,
                  f"{what}: {reply and reply[0]} {message!r}, closed "
@@ -121,14 +130,10 @@ def check_bodies_where_none_belongs(c, port):
     """A body on an endpoint that takes none (a probe, which needs no token)
     is refused before it is read: no endpoint holds a body it did not
     admit."""
-    with Connection(port) as conn:
-        start = time.monotonic()
-        conn.send(request("GET", "/v2/health/live", headers=[
-            ("Content-Length", str(64 << 20))]))
-        reply = conn.response()
-        took = time.monotonic() - start
-        closed = conn.closed_by_server(within=5)
-    message = json.loads(reply[2]).get("error", "") if reply else ""
+    reply, message, took, closed = exchange(
+        port, request("GET", "/v2/health/live",
+                      headers=[("Content-Length", str(64 << 20))]),
+        closes=True)
     c.expect(reply is not None and reply[0] == 400 and
              message.startswith("body:") and took < 1 and closed,
              f"a 64 MiB body on a probe: {reply and reply[0]} {message!r} "
@@ -136,12 +141,8 @@ def check_bodies_where_none_belongs(c, port):
 
 
 def check_empty_post(c, port):
-    with Connection(port) as conn:
-        start = time.monotonic()
-        conn.send(f"POST {INFER} HTTP/1.1\r\nHost: normd\r\n\r\n".encode())
-        reply = conn.response()
-        took = time.monotonic() - start
-    message = json.loads(reply[2]).get("error", "") if reply else ""
+    reply, message, took, _ = exchange(
+        port, f"POST {INFER} HTTP/1.1\r\nHost: normd\r\n\r\n".encode())
     c.expect(reply is not None and reply[0] == 400 and
              "body: empty" in message and took < 1,
              f"empty POST: {reply and reply[0]} {message!r} after "
@@ -185,12 +186,8 @@ def check_many_keys(c, port):
     parameters = ",".join(f'"k{i}":{i}' for i in range(120000))
     body = ('{"parameters":{' + parameters + '},"inputs":[{"name":"input",'
             '"datatype":"FP32","shape":[2],"data":[1,2]}]}').encode()
-    with Connection(port, timeout=60) as conn:
-        start = time.monotonic()
-        conn.send(request("POST", INFER, body))
-        reply = conn.response()
-        took = time.monotonic() - start
-    message = json.loads(reply[2]).get("error", "") if reply else ""
+    reply, message, took, _ = exchange(port, request("POST", INFER, body),
+                                       timeout=60)
     c.expect(reply is not None and reply[0] == 400 and
              "unknown parameter" in message and took < 10,
              f"120,000 parameter names: {reply and reply[0]} "
@@ -199,11 +196,8 @@ def check_many_keys(c, port):
 
 def check_absurd_shape(c, port):
     for data in ([1, 2], [[1, 2]]):  # Flat and nested.
-        body = infer_body(data, [1, 1 << 60])
-        with Connection(port) as conn:
-            conn.send(request("POST", INFER, body))
-            reply = conn.response()
-        message = json.loads(reply[2]).get("error", "") if reply else ""
+        reply, message, _, _ = exchange(
+            port, request("POST", INFER, infer_body(data, [1, 1 << 60])))
         c.expect(reply is not None and reply[0] == 400 and
                  "inputs[0].shape" in message and
                  not any(k.startswith("exception") for k in reply[1]),
