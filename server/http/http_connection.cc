@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "server/core/parallel.h"
 #include "server/http/infer_body.h"
+#include "server/http/reply_body.h"
 #include "server/http/request_framing.h"
 #include "server/http/rest_json.h"
 
@@ -29,109 +30,7 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-bool ConnectionHub::HasRoom() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(connections_.size()) < options.max_connections;
-}
-
-bool ConnectionHub::Register(
-    const std::shared_ptr<ConnectionHandle>& connection) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_.load()) return false;
-  connections_.emplace(connection.get(), connection);
-  metrics.AddConnections(1);
-  return true;
-}
-
-void ConnectionHub::Unregister(const ConnectionHandle* connection) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (connections_.erase(connection) > 0) metrics.AddConnections(-1);
-  changed_.notify_all();
-}
-
-int64_t ConnectionHub::open() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(connections_.size());
-}
-
-void ConnectionHub::ComputationStarted() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++computations_;
-}
-
-void ConnectionHub::ComputationEnded() {
-  std::lock_guard<std::mutex> lock(mu_);
-  --computations_;
-  changed_.notify_all();
-}
-
-void ConnectionHub::StopAll(Clock::time_point deadline) {
-  std::vector<std::shared_ptr<ConnectionHandle>> open;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_deadline_ = deadline;
-    stopping_.store(true);
-    for (const auto& [key, weak] : connections_) {
-      if (std::shared_ptr<ConnectionHandle> c = weak.lock()) {
-        open.push_back(std::move(c));
-      }
-    }
-  }
-  for (const auto& connection : open) connection->Stop(deadline);
-}
-
-void ConnectionHub::WaitForConnections(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait_until(lock, deadline, [&] { return connections_.empty(); });
-}
-
-void ConnectionHub::WaitForComputations() {
-  std::unique_lock<std::mutex> lock(mu_);
-  changed_.wait(lock, [&] { return computations_ == 0; });
-}
-
 namespace {
-
-// The body of an answer: its JSON text, then its binary payload, written
-// from where they are (no copy into one buffer).
-struct ReplyBody {
-  struct value_type {
-    std::string json;
-    PooledBuffer payload{nullptr, &BufferPool::Release};
-    size_t payload_bytes = 0;
-  };
-
-  static std::uint64_t size(const value_type& body) {
-    return body.json.size() + body.payload_bytes;
-  }
-
-  class writer {
-   public:
-    using const_buffers_type = std::array<asio::const_buffer, 2>;
-
-    template <bool isRequest, class Fields>
-    writer(const http::header<isRequest, Fields>&, const value_type& body)
-        : body_(body) {}
-
-    void init(beast::error_code& ec) { ec = {}; }
-
-    boost::optional<std::pair<const_buffers_type, bool>> get(
-        beast::error_code& ec) {
-      ec = {};
-      if (done_) return boost::none;
-      done_ = true;
-      return std::make_pair(
-          const_buffers_type{
-              asio::buffer(body_.json),
-              asio::buffer(body_.payload.get(), body_.payload_bytes)},
-          false);
-    }
-
-   private:
-    const value_type& body_;
-    bool done_ = false;
-  };
-};
 
 tcp::socket& Socket(tcp::socket& stream) { return stream; }
 tcp::socket& Socket(asio::ssl::stream<tcp::socket>& stream) {
