@@ -47,8 +47,14 @@ NormdClient::NormdClient(std::shared_ptr<grpc::Channel> channel,
 
 void NormdClient::Prepare(grpc::ClientContext& context,
                           absl::string_view model) const {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  PrepareGroup(context, ModelGroupOf(model));
   if (!model.empty()) context.AddMetadata(kModelHeader, std::string(model));
+}
+
+void NormdClient::PrepareGroup(grpc::ClientContext& context,
+                               absl::string_view group) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  if (!group.empty()) context.AddMetadata(kGroupHeader, std::string(group));
   if (!options_.bearer_token.empty()) {
     context.AddMetadata("authorization", "Bearer " + options_.bearer_token);
   }
@@ -86,7 +92,18 @@ absl::StatusOr<v1::CreateModelsResponse> NormdClient::CreateModels(
   return Unary<v1::CreateModelsResponse>(
       [&](v1::CreateModelsResponse* response) {
         grpc::ClientContext context;
-        Prepare(context, "");
+        // The group every name shares, or none (a proxy refuses the call).
+        absl::string_view group;
+        for (const v1::CreateModelRequest& model : request.models()) {
+          const absl::string_view own = ModelGroupOf(model.name());
+          if (&model == &request.models(0)) {
+            group = own;
+          } else if (own != group) {
+            group = "";
+            break;
+          }
+        }
+        PrepareGroup(context, group);
         return stub_->CreateModels(&context, request, response);
       });
 }
@@ -101,11 +118,14 @@ absl::StatusOr<v1::ModelState> NormdClient::GetModel(absl::string_view name) {
   });
 }
 
-absl::StatusOr<v1::ListModelsResponse> NormdClient::ListModels() {
+absl::StatusOr<v1::ListModelsResponse> NormdClient::ListModels(
+    absl::string_view group) {
+  v1::ListModelsRequest request;
+  request.set_group(std::string(group));
   return Unary<v1::ListModelsResponse>([&](v1::ListModelsResponse* response) {
     grpc::ClientContext context;
-    Prepare(context, "");
-    return stub_->ListModels(&context, v1::ListModelsRequest(), response);
+    PrepareGroup(context, group);
+    return stub_->ListModels(&context, request, response);
   });
 }
 
@@ -224,13 +244,20 @@ absl::StatusOr<v1::FitResponse> NormdClient::FitStream(
 }
 
 absl::Status NormdClient::WaitForConnection(absl::Duration timeout) {
-  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::OkStatus();
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+  for (grpc_connectivity_state state = channel_->GetState(true);
+       state != GRPC_CHANNEL_READY; state = channel_->GetState(true)) {
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      return absl::UnavailableError(
+          "connection failed (refused, unresolvable or TLS refused)");
+    }
+    if (!channel_->WaitForStateChange(state, deadline)) {
+      return absl::UnavailableError(absl::StrCat("not connected after ",
+                                                 absl::FormatDuration(timeout),
+                                                 " (no answer)"));
+    }
   }
-  return absl::UnavailableError(absl::StrCat(
-      "not connected after ", absl::FormatDuration(timeout), "; channel ",
-      channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE ? "failing"
-                                                                  : "idle"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus>

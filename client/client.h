@@ -1,7 +1,8 @@
 // normd C++ client: a thin, typed wrapper over the normd.v1.Normalizer stub
 // that returns absl::StatusOr, applies a per-call deadline, and sends the
-// routing header `x-normd-model` (the request's model name; absent for
-// LAYER_NORM) so that an HTTP/2 proxy can keep one model on one replica.
+// routing headers `x-normd-model` (the request's model name; absent for
+// LAYER_NORM) and `x-normd-group` (its group, the name up to the first '.')
+// so that an HTTP/2 proxy can keep a model's group on one replica.
 //
 // Thread-safe: one NormdClient may be shared by any number of threads (gRPC
 // stubs and channels are thread-safe).
@@ -23,8 +24,16 @@
 
 namespace normd::client {
 
-// The metadata key that carries the model name.
+// The metadata keys that carry the model name and its group.
 inline constexpr char kModelHeader[] = "x-normd-model";
+inline constexpr char kGroupHeader[] = "x-normd-group";
+
+// A model's group: its name up to the first '.' (the whole name if none).
+// A sharding proxy hashes it, so that a checkpoint's models P.<layer> stay
+// on one replica.
+inline absl::string_view ModelGroupOf(absl::string_view name) {
+  return name.substr(0, name.find('.'));
+}
 
 struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);  // Per call.
@@ -50,12 +59,15 @@ class NormdClient {
   absl::StatusOr<v1::FitResponse> Fit(const v1::FitRequest& request);
   absl::StatusOr<v1::ModelState> CreateModel(
       const v1::CreateModelRequest& request);
-  // Creates every model of the request or none. Sent without the routing
-  // header: the models are created on the server this client talks to.
+  // Creates every model of the request or none. Routed by the group the
+  // names share; names of several groups are sent without the group
+  // header, which a sharding proxy refuses (INVALID_ARGUMENT).
   absl::StatusOr<v1::CreateModelsResponse> CreateModels(
       const v1::CreateModelsRequest& request);
   absl::StatusOr<v1::ModelState> GetModel(absl::string_view name);
-  absl::StatusOr<v1::ListModelsResponse> ListModels();
+  // Every model, or with `group` that group's, routed to its replica.
+  absl::StatusOr<v1::ListModelsResponse> ListModels(
+      absl::string_view group = "");
   absl::Status DeleteModel(absl::string_view name);
   absl::StatusOr<v1::ModelState> ResetModel(absl::string_view name);
   // A model's complete state (with pooled_m2), for ImportModel / MergeModel.
@@ -83,8 +95,10 @@ class NormdClient {
       absl::string_view model, absl::Duration deadline,
       const std::function<absl::StatusOr<bool>(v1::FitRequest&)>& next);
 
-  // Waits until the channel is connected: UNAVAILABLE if it is not within
-  // `timeout` (the server is down, unreachable, or refuses the handshake).
+  // Waits until the channel is connected. UNAVAILABLE as soon as an attempt
+  // fails (connection refused, name not resolved, TLS handshake refused):
+  // nobody is there to wait for. UNAVAILABLE too if a server that does not
+  // answer at all (a dropped SYN) is not connected within `timeout`.
   absl::Status WaitForConnection(absl::Duration timeout);
 
   // grpc.health.v1 Check: SERVING, NOT_SERVING, ... ("" = whole server).
@@ -92,8 +106,12 @@ class NormdClient {
       absl::string_view service = "");
 
  private:
-  // A context with the deadline and, if `model` is not empty, the header.
+  // A context with the deadline and, if `model` is not empty, the routing
+  // headers: the model and its group.
   void Prepare(grpc::ClientContext& context, absl::string_view model) const;
+  // The deadline and the group header alone (CreateModels, ListModels).
+  void PrepareGroup(grpc::ClientContext& context,
+                    absl::string_view group) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

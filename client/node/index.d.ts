@@ -51,7 +51,8 @@ export class Client {
     runningVar?: ArrayLike<number>; weight?: ArrayLike<number>; bias?: ArrayLike<number>;
     numBatchesTracked?: number; usePooledStatistics?: boolean; }): Promise<ModelState>;
   getModel(name: string): Promise<ModelState>;
-  listModels(): Promise<ModelState[]>;
+  /** Every model, or only the models `group` and `group.*`. */
+  listModels(group?: string): Promise<ModelState[]>;
   deleteModel(name: string): Promise<void>;
   resetModel(name: string): Promise<ModelState>;
   exportModel(name: string): Promise<ModelState>;

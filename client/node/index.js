@@ -8,7 +8,8 @@
 // Every method returns a Promise; failures reject with a NormdError whose
 // `code` is the gRPC status code (grpc.status) and `details` the server's
 // message naming the field. Calls that name a model send it as the
-// x-normd-model header, for proxies that route by model.
+// x-normd-model header and its group (modelGroup) as x-normd-group, for
+// proxies that route by group.
 "use strict";
 
 const fs = require("node:fs");
@@ -114,6 +115,16 @@ function fromTensor(tensor) {
 }
 
 /** A model's configuration and statistics (see the .proto's ModelState). */
+/**
+ * A model's group: its name up to the first '.' (the whole name if none).
+ * A sharding proxy routes by it, so that a checkpoint's models
+ * `prefix.<layer>` share a replica.
+ */
+function modelGroup(name) {
+  const dot = name.indexOf(".");
+  return dot < 0 ? name : name.slice(0, dot);
+}
+
 function modelState(m) {
   return {
     name: m.name,
@@ -179,9 +190,12 @@ class Client {
     this._stub.close();
   }
 
-  _call(method, request, model) {
+  // `model` sends x-normd-model and its group; `group` alone the group.
+  _call(method, request, model, group) {
     const metadata = new grpc.Metadata();
     if (model) metadata.set("x-normd-model", model);
+    const routedGroup = model ? modelGroup(model) : group;
+    if (routedGroup) metadata.set("x-normd-group", routedGroup);
     if (this._token !== undefined) metadata.set("authorization", `Bearer ${this._token}`);
     const callOptions = {};
     if (this._timeoutMs !== undefined) {
@@ -359,9 +373,14 @@ class Client {
     return modelState(await this._call("GetModel", { name }, name));
   }
 
-  /** Every model, without the per-channel arrays. */
-  async listModels() {
-    return (await this._call("ListModels", {})).models.map(modelState);
+  /**
+   * Every model, or with `group` only the models `group` and `group.*`
+   * (routed to the replica that holds them behind a sharding proxy); without
+   * the per-channel arrays.
+   */
+  async listModels(group) {
+    return (await this._call("ListModels", { group: group ?? "" }, undefined, group))
+      .models.map(modelState);
   }
 
   async deleteModel(name) {
@@ -398,5 +417,5 @@ class Client {
 }
 
 module.exports = {
-  Client, NormdError, halfToNumber, status: grpc.status, credentials: grpc.credentials,
+  Client, NormdError, halfToNumber, modelGroup, status: grpc.status, credentials: grpc.credentials,
 };

@@ -34,6 +34,15 @@ inline std::optional<absl::string_view> AuthorizationOf(
   return absl::string_view(it->second.data(), it->second.size());
 }
 
+// The value of the call's `key` metadata, copied; nullopt when absent.
+inline std::optional<std::string> MetadataValue(
+    const grpc::CallbackServerContext& context, absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_RPC_GRPC_STATUS_H_

@@ -15,6 +15,7 @@
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/reply_payload.h"
+#include "server/service/model_group.h"
 
 namespace normd {
 namespace {
@@ -326,15 +327,15 @@ absl::Status NormalizerService::DoCreateModel(
 }
 
 absl::Status NormalizerService::DoCreateModels(
-    const v1::CreateModelsRequest& request,
-    v1::CreateModelsResponse& response) {
+    const v1::CreateModelsRequest& request, v1::CreateModelsResponse& response,
+    const std::optional<std::string>& routed_group) {
   std::vector<ModelSpec> specs;
   specs.reserve(request.models_size());
   for (const v1::CreateModelRequest& model : request.models()) {
     specs.push_back(ToModelSpec(model));
   }
   absl::StatusOr<std::vector<BatchNormModel>> models =
-      service().CreateModels(specs);
+      service().CreateModels(specs, routed_group);
   if (!models.ok()) return models.status();
   for (const BatchNormModel& model : *models) {
     ToModelState(model, /*with_arrays=*/false, *response.add_models());
@@ -352,7 +353,10 @@ absl::Status NormalizerService::DoGetModel(const v1::GetModelRequest& request,
 
 absl::Status NormalizerService::DoListModels(
     const v1::ListModelsRequest& request, v1::ListModelsResponse& response) {
-  for (const BatchNormModel& model : service().ListModels()) {
+  absl::StatusOr<std::vector<BatchNormModel>> models =
+      service().ListModels(request.group());
+  if (!models.ok()) return models.status();
+  for (const BatchNormModel& model : *models) {
     ToModelState(model, /*with_arrays=*/false, *response.add_models());
   }
   return absl::OkStatus();
@@ -407,7 +411,6 @@ absl::Status NormalizerService::DoMergeModel(
                      &NormalizerService::Do##name);                          \
   }
 NORMD_MODEL_METHOD(CreateModel)
-NORMD_MODEL_METHOD(CreateModels)
 NORMD_MODEL_METHOD(GetModel)
 NORMD_MODEL_METHOD(ListModels)
 NORMD_MODEL_METHOD(DeleteModel)
@@ -416,6 +419,19 @@ NORMD_MODEL_METHOD(ExportModel)
 NORMD_MODEL_METHOD(ImportModel)
 NORMD_MODEL_METHOD(MergeModel)
 #undef NORMD_MODEL_METHOD
+
+grpc::ServerUnaryReactor* NormalizerService::CreateModels(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return RunParsed<v1::CreateModelsRequest, v1::CreateModelsResponse>(
+      front_, Protocol::kGrpc, Method::kCreateModels, context, request,
+      response, UnaryOptions{},
+      [this, routed_group = MetadataValue(*context, kRoutingGroupHeader)](
+          const v1::CreateModelsRequest& parsed,
+          v1::CreateModelsResponse& reply) {
+        return DoCreateModels(parsed, reply, routed_group);
+      });
+}
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 NormalizerService::NormalizeStream(grpc::CallbackServerContext* context) {

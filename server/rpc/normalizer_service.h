@@ -109,8 +109,10 @@ class NormalizerService final : public NormalizerServiceBase {
   // The model RPCs (see the .proto).
   absl::Status DoCreateModel(const v1::CreateModelRequest& request,
                              v1::ModelState& response);
+  // `routed_group`: the x-normd-group header, when sent.
   absl::Status DoCreateModels(const v1::CreateModelsRequest& request,
-                              v1::CreateModelsResponse& response);
+                              v1::CreateModelsResponse& response,
+                              const std::optional<std::string>& routed_group);
   absl::Status DoGetModel(const v1::GetModelRequest& request,
                           v1::ModelState& response);
   absl::Status DoListModels(const v1::ListModelsRequest& request,

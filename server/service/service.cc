@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/core/layout.h"
 #include "server/service/buffer_pool.h"
+#include "server/service/model_group.h"
 
 namespace normd {
 namespace {
@@ -144,7 +145,11 @@ absl::StatusOr<BatchNormModel> Service::CreateModel(const ModelSpec& spec) {
 }
 
 absl::StatusOr<std::vector<BatchNormModel>> Service::CreateModels(
-    absl::Span<const ModelSpec> specs) {
+    absl::Span<const ModelSpec> specs,
+    const std::optional<std::string>& routed_group) {
+  if (absl::Status s = CheckRoutedGroup(specs, routed_group); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::vector<BatchNormModel>> models = store().CreateAll(specs);
   if (models.ok()) UpdateModelMetrics();
   return models;
@@ -156,6 +161,17 @@ absl::StatusOr<BatchNormModel> Service::GetModel(absl::string_view name) const {
 
 std::vector<BatchNormModel> Service::ListModels() const {
   return store().List();
+}
+
+absl::StatusOr<std::vector<BatchNormModel>> Service::ListModels(
+    absl::string_view group) const {
+  if (group.empty()) return store().List();
+  if (absl::Status s = ValidateGroup(group, "group"); !s.ok()) return s;
+  std::vector<BatchNormModel> models = store().List();
+  std::erase_if(models, [group](const BatchNormModel& model) {
+    return ModelGroup(model.name) != group;
+  });
+  return models;
 }
 
 bool Service::HasModel(absl::string_view name) const {

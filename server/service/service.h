@@ -65,9 +65,16 @@ class Service {
   // store; every reply carries the model's arrays but CreateModels' and
   // ListModels'.
   absl::StatusOr<BatchNormModel> CreateModel(const ModelSpec& spec);
+  // CreateModels routed by a group (`routed_group`, the routing header)
+  // creates only models of that group (model_group.h).
   absl::StatusOr<std::vector<BatchNormModel>> CreateModels(
-      absl::Span<const ModelSpec> specs);
+      absl::Span<const ModelSpec> specs,
+      const std::optional<std::string>& routed_group = std::nullopt);
   absl::StatusOr<BatchNormModel> GetModel(absl::string_view name) const;
+  // Every model, or with `group` only that group's (INVALID_ARGUMENT if it
+  // is not a group).
+  absl::StatusOr<std::vector<BatchNormModel>> ListModels(
+      absl::string_view group) const;
   std::vector<BatchNormModel> ListModels() const;
   absl::Status DeleteModel(absl::string_view name);
   absl::StatusOr<BatchNormModel> ResetModel(absl::string_view name);

@@ -16,6 +16,12 @@ HAProxy routing on the x-normd-model header that the clients send.
 4. The Fits that landed elsewhere meanwhile are folded back with
    `normctl merge --from` through the proxy (and deleted where they were):
    every model is on one replica again with every acknowledged Fit.
+5. Checkpoints stay together: `normctl import-checkpoint` through the proxy
+   puts each checkpoint's layers (P.<layer>, one group) on one replica, the
+   replica every later call of each layer reaches; `normctl list --group`
+   and `export-checkpoint` through the proxy see them all and the export
+   round-trips bit for bit; a CreateModels call with names of two groups is
+   refused with INVALID_ARGUMENT and creates nothing anywhere.
 
 Usage: sharding_test.py --normd BUILD/normd --stubs BUILD/python
          --normctl BUILD/normctl [--haproxy /usr/sbin/haproxy]
@@ -26,6 +32,7 @@ import argparse
 import collections
 import csv
 import io
+import json
 import os
 import random
 import shutil
@@ -280,6 +287,126 @@ def placement(replicas, skip=()):
     return where, batches
 
 
+def checkpoint_layers(seed, count=8):
+    """A state_dict of `count` BatchNorm layers, as numpy float32 / int64."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for i in range(count):
+        layer = f"layer{i // 2}.{i % 2}.bn"
+        c = 4 + i
+        tensors[f"{layer}.running_mean"] = rng.standard_normal(c).astype(
+            np.float32)
+        tensors[f"{layer}.running_var"] = (rng.random(c) + 0.5).astype(
+            np.float32)
+        tensors[f"{layer}.weight"] = rng.standard_normal(c).astype(np.float32)
+        tensors[f"{layer}.bias"] = rng.standard_normal(c).astype(np.float32)
+        tensors[f"{layer}.num_batches_tracked"] = np.array(seed + i, np.int64)
+    return tensors
+
+
+def normctl(*argv):
+    return subprocess.run([args.normctl, *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_checkpoints(proxy, replicas, tmp):
+    prefixes = [f"ckpt{i}" for i in range(6)]
+    files = {}
+    for i, prefix in enumerate(prefixes):
+        files[prefix] = os.path.join(tmp, f"{prefix}.safetensors")
+        normd.save_safetensors(files[prefix], checkpoint_layers(i))
+        run = normctl(f"--server={proxy.target}", "import-checkpoint",
+                      f"--input={files[prefix]}", f"--prefix={prefix}")
+        check(run.returncode == 0, f"import-checkpoint {prefix} through the "
+                                   f"proxy: {run.stderr}")
+    where, _ = placement(replicas)
+    home = {}
+    for prefix in prefixes:
+        layers = sorted(m for m in where if m.startswith(prefix + "."))
+        holders = {r for m in layers for r in where[m]}
+        check(len(layers) == 8 and len(holders) == 1 and
+              all(len(where[m]) == 1 for m in layers),
+              f"{prefix}: {len(layers)} layers on {sorted(holders)}, not "
+              f"whole on one replica")
+        home[prefix] = holders.pop() if len(holders) == 1 else None
+    print("checkpoints per replica:",
+          dict(collections.Counter(home.values())))
+    check(len(set(home.values())) >= 2,
+          f"6 checkpoints all hashed to one replica: {home}")
+    # Every layer's later calls reach its checkpoint's replica: a Fit
+    # through the proxy lands there (num_batches_tracked + 1) and the
+    # response names it.
+    stub = pb_grpc.NormalizerStub(grpc.insecure_channel(proxy.target))
+    by_name = {r.name: r for r in replicas}
+    for prefix in prefixes[:3]:
+        before = by_name[home[prefix]].models() if home[prefix] else {}
+        names = [m for m in before if m.startswith(prefix + ".")]
+        for m in names:
+            with normd.Client(proxy.target) as client:
+                c = client.get_model(m).num_features
+                client.fit(m, np.ones((2, c), np.float32))
+            _, call = stub.GetModel.with_call(
+                pb.GetModelRequest(name=m), timeout=10,
+                metadata=[("x-normd-model", m), ("x-normd-group", prefix)])
+            replica = dict(call.initial_metadata()).get("x-normd-replica")
+            check(replica == home[prefix],
+                  f"{m}: answered by {replica}, checkpoint on {home[prefix]}")
+        after = by_name[home[prefix]].models() if home[prefix] else {}
+        check(names and all(after[m] == before[m] + 1 for m in names),
+              f"{prefix}: Fits through the proxy did not all land on "
+              f"{home[prefix]}")
+    # list --group and export-checkpoint through the proxy see the whole
+    # checkpoint; the export is the imported file's statistics, exactly.
+    for prefix in prefixes[3:]:
+        run = normctl(f"--server={proxy.target}", "list", f"--group={prefix}",
+                      "--json")
+        listed = ([m["name"] for m in json.loads(run.stdout)["models"]]
+                  if run.returncode == 0 else run.stderr)
+        check(len(listed) == 8 and all(n.startswith(prefix + ".")
+                                       for n in listed),
+              f"list --group={prefix} through the proxy: {listed}")
+        out = os.path.join(tmp, f"{prefix}-out.safetensors")
+        run = normctl(f"--server={proxy.target}", "export-checkpoint",
+                      f"--prefix={prefix}", f"--output={out}")
+        check(run.returncode == 0 and "wrote 8 models" in run.stdout,
+              f"export-checkpoint {prefix} through the proxy: {run.stdout} "
+              f"{run.stderr}")
+        if run.returncode == 0:
+            want = checkpoint_layers(prefixes.index(prefix))
+            got = normd.load_safetensors(out)
+            check(sorted(got) == sorted(want) and all(
+                np.array_equal(np.asarray(got[k]), want[k]) for k in want),
+                f"{prefix}: exported checkpoint differs from the imported")
+    # Names of two groups in one CreateModels: refused by the proxy, nothing
+    # created; a group header that does not match the names: refused by the
+    # replica it reaches.
+    before, _ = placement(replicas)
+    mixed = [pb.CreateModelRequest(name="mixa.bn", num_features=2),
+             pb.CreateModelRequest(name="mixb.bn", num_features=2)]
+    with normd.Client(proxy.target) as client:
+        try:
+            client.create_models(mixed)
+            failures.append("two groups in one CreateModels: accepted")
+        except normd.NormdError as e:
+            check(e.code == grpc.StatusCode.INVALID_ARGUMENT and
+                  "x-normd-group" in e.details,
+                  f"two groups through the proxy: {e.code} {e.details}")
+    try:
+        stub.CreateModels(pb.CreateModelsRequest(models=mixed), timeout=10,
+                          metadata=[("x-normd-group", "mixa")])
+        failures.append("CreateModels routed by mixa with mixb.bn: accepted")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+              "models[1].name: 'mixb.bn' is in group 'mixb'" in e.details(),
+              f"mismatched group header: {e.code()} {e.details()}")
+    after, _ = placement(replicas)
+    check(after == before, "a refused CreateModels created models")
+    # Straight to one replica, several groups in one call are fine.
+    with normd.Client(replicas[0].target) as client:
+        check(len(client.create_models(mixed)) == 2,
+              "two groups straight to a replica")
+
+
 def main():
     root = tempfile.mkdtemp(prefix="normd_sharding_")
     replicas = [Replica(i, root) for i in range(3)]
@@ -468,6 +595,9 @@ def main():
         print("merge-back: every model on one replica with every "
               "acknowledged Fit")
         channel.close()
+
+        # 5. Checkpoints stay together.
+        test_checkpoints(proxy, replicas, root)
     finally:
         if proxy:
             proxy.stop()
