@@ -13,10 +13,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -26,112 +22,63 @@
 #include "client/checkpoint/checkpoint.h"
 #include "client/checkpoint/safetensors.h"
 #include "client/client.h"
+#include "client/json_output.h"
+#include "client/normctl_commands.h"
 #include "client/npy.h"
 #include "client/tensor_io.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "normd address host:port.");
-ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Per-call deadline.");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle to verify a TLS server with (turns TLS on).");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate for mTLS (with --tls_key and --tls_ca).");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding the server's bearer token (its --auth_token_file).");
-ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
-          "Largest message normctl sends or accepts, in bytes (at most "
-          "2147483647). Raise it with the server's --max_message_bytes to "
-          "send tensors of 64 MiB or more.");
+// The flags; what each means for a command is in that command's entry of
+// client/normctl_commands.cc (`normctl COMMAND --help`). Numbers that may
+// be absent (--eps, --momentum, --channel_axis) are strings: "" = unset.
+ABSL_FLAG(std::string, server, "localhost:50051",
+          "See normctl COMMAND --help.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30),
+          "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, tls_ca, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, tls_cert, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, tls_key, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, token_file, "", "See normctl COMMAND --help.");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "See normctl COMMAND --help.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
-          "How long to try to reach the server; past it normctl exits 3.");
-ABSL_FLAG(bool, json, false,
-          "Print the reply (and errors, on stderr) as JSON.");
-ABSL_FLAG(std::string, input, "",
-          "normalize, fit: the input tensor from a .npy file (float32, "
-          "float64 or float16, C order; shape and dtype from the file); "
-          "import-checkpoint: the .safetensors or .onnx file.");
-ABSL_FLAG(std::string, output, "",
-          "normalize: write the output tensor to this .npy file; "
-          "export-checkpoint: the .safetensors file to write.");
-ABSL_FLAG(std::string, prefix, "",
-          "import-checkpoint, export-checkpoint: the models are named "
-          "PREFIX.<layer> (the layer's PyTorch module path).");
+          "See normctl COMMAND --help.");
+ABSL_FLAG(bool, json, false, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, input, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, output, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, prefix, "", "See normctl COMMAND --help.");
 ABSL_FLAG(uint64_t, max_header_bytes, normd::client::kDefaultMaxHeaderBytes,
-          "import-checkpoint: the largest safetensors header read.");
-ABSL_FLAG(int64_t, chunk_bytes, 4 << 20,
-          "fit --input: bytes of input per FitStream message (whole rows "
-          "along the first dim); each message is one Fit step.");
-ABSL_FLAG(std::string, progress, "auto",
-          "fit --input: progress bar on stderr: auto (when stderr is a "
-          "terminal), always or never.");
-ABSL_FLAG(std::string, model, "",
-          "Model name (normalize --mode=batch_norm, fit, create, get, delete, "
-          "reset, export, merge; import: the name to import under).");
-ABSL_FLAG(std::string, mode, "layer_norm",
-          "normalize: layer_norm, batch_norm, group_norm, instance_norm, "
-          "rms_norm, l2_norm (F.normalize over the trailing --normalized_ndim "
-          "dims) or weight_norm (torch weight_norm of the input v at "
-          "--channel_axis, default 0, with --weight as g).");
-ABSL_FLAG(bool, training, false,
-          "normalize --mode=batch_norm, or instance_norm with --model: use the "
-          "batch's statistics and update the model (PyTorch train()).");
-ABSL_FLAG(int64_t, num_groups, 0,
-          "normalize --mode=group_norm: number of groups (divides C).");
+          "See normctl COMMAND --help.");
+ABSL_FLAG(int64_t, chunk_bytes, 4 << 20, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, progress, "auto", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, model, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, group, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, mode, "layer_norm", "See normctl COMMAND --help.");
+ABSL_FLAG(bool, training, false, "See normctl COMMAND --help.");
+ABSL_FLAG(int64_t, num_groups, 0, "See normctl COMMAND --help.");
 ABSL_FLAG(std::string, layer_norm_style, "pytorch",
-          "normalize --mode=layer_norm: pytorch, or bert (unbiased std + eps "
-          "outside the root, eps default 1e-6).");
-ABSL_FLAG(std::string, shape, "", "Input shape, e.g. 2,3.");
-ABSL_FLAG(std::string, values, "",
-          "Input values, row-major, e.g. 1,2,3,4,5,6.");
-ABSL_FLAG(std::string, input_file, "",
-          "Input as a raw little-endian file of --dtype elements (instead of "
-          "--values).");
-ABSL_FLAG(std::string, output_file, "",
-          "normalize: also write the output's raw little-endian bytes here.");
-ABSL_FLAG(std::string, dtype, "float32",
-          "Element type of --values / --input_file: float32, float64, "
-          "bfloat16 or float16.");
-ABSL_FLAG(std::string, channel_axis, "",
-          "BatchNorm / GroupNorm / InstanceNorm channel axis (default 1; -1 = "
-          "channels-last); weight_norm: PyTorch's dim (default 0).");
-ABSL_FLAG(int, normalized_ndim, 1,
-          "layer_norm / rms_norm / l2_norm: number of trailing dims "
-          "normalized together.");
-ABSL_FLAG(std::string, eps, "",
-          "eps (default: the model's; 1e-5; l2_norm 1e-12; weight_norm has "
-          "none; import-checkpoint: the file's).");
-ABSL_FLAG(std::string, weight, "",
-          "normalize: affine weight values (weight_norm: g, one per slice); "
-          "create: initial weight.");
-ABSL_FLAG(std::string, bias, "",
-          "normalize: affine bias values; create: initial bias.");
-ABSL_FLAG(int64_t, num_features, 0, "create: number of channels C.");
-ABSL_FLAG(std::string, momentum, "",
-          "create, import-checkpoint: momentum in [0,1] (default 0.1; "
-          "import-checkpoint: an ONNX node's, converted to PyTorch's).");
-ABSL_FLAG(bool, cumulative_average, false,
-          "create, import-checkpoint: cumulative moving average (PyTorch "
-          "momentum=None).");
-ABSL_FLAG(std::string, running_mean, "", "create: initial running_mean.");
-ABSL_FLAG(std::string, running_var, "", "create: initial running_var.");
-ABSL_FLAG(int64_t, num_batches_tracked, 0, "create: initial counter.");
-ABSL_FLAG(bool, use_pooled_statistics, false,
-          "create: eval uses the exact pooled statistics.");
-ABSL_FLAG(std::string, state_file, "",
-          "export: write the model's state here as JSON (default: stdout); "
-          "import, merge: read the state from this file (\"-\" = stdin).");
-ABSL_FLAG(std::string, from, "",
-          "import, merge: take the state from this other normd (host:port; "
-          "same TLS / token flags) with ExportModel instead of a file.");
-ABSL_FLAG(std::string, from_model, "",
-          "import, merge --from: the model to export there (default: "
-          "--model).");
-ABSL_FLAG(bool, create_only, false,
-          "import: fail with ALREADY_EXISTS instead of replacing a model of "
-          "that name.");
-ABSL_FLAG(std::string, service, "",
-          "health: service name (\"\" = server, normd.v1.Normalizer).");
-ABSL_FLAG(std::string, request_id, "", "Request id echoed by the server.");
+          "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, shape, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, values, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, input_file, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, output_file, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, dtype, "float32", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, channel_axis, "", "See normctl COMMAND --help.");
+ABSL_FLAG(int, normalized_ndim, 1, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, eps, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, weight, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, bias, "", "See normctl COMMAND --help.");
+ABSL_FLAG(int64_t, num_features, 0, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, momentum, "", "See normctl COMMAND --help.");
+ABSL_FLAG(bool, cumulative_average, false, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, running_mean, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, running_var, "", "See normctl COMMAND --help.");
+ABSL_FLAG(int64_t, num_batches_tracked, 0, "See normctl COMMAND --help.");
+ABSL_FLAG(bool, use_pooled_statistics, false, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, state_file, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, from, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, from_model, "", "See normctl COMMAND --help.");
+ABSL_FLAG(bool, create_only, false, "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, service, "", "See normctl COMMAND --help.");
+ABSL_FLAG(std::string, request_id, "", "See normctl COMMAND --help.");
 
 namespace normd::client {
 namespace {
@@ -143,160 +90,7 @@ constexpr int kExitServerError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitUnreachable = 3;
 
-// One subcommand: its synopsis, what it does, and the flags it reads.
-struct Command {
-  const char* name;
-  const char* synopsis;
-  const char* description;
-  std::vector<const char*> flags;
-};
-
-const std::vector<Command>& Commands() {
-  static const auto* commands = new std::vector<Command>{
-      {"normalize",
-       "--input=x.npy [--output=y.npy] | --shape=2,3 --values=1,2,3,4,5,6",
-       "LayerNorm (default), BatchNorm, GroupNorm, InstanceNorm or RMSNorm "
-       "of a tensor. With --output the result goes to a .npy file, else it "
-       "is printed.",
-       {"input", "output", "shape", "values", "input_file", "dtype",
-        "output_file", "mode", "model", "training", "channel_axis",
-        "normalized_ndim", "num_groups", "layer_norm_style", "eps", "weight",
-        "bias", "request_id"}},
-      {"fit",
-       "--model=NAME --input=big.npy | --shape=.. --values=..",
-       "Folds a batch into a BatchNorm model's statistics (creating it). "
-       "--input streams the file over one FitStream in --chunk_bytes "
-       "messages, each one Fit step, with a progress bar.",
-       {"model", "input", "chunk_bytes", "progress", "shape", "values",
-        "input_file", "dtype", "channel_axis", "request_id"}},
-      {"create",
-       "--model=NAME --num_features=C",
-       "Creates a model, optionally with PyTorch statistics.",
-       {"model", "num_features", "momentum", "cumulative_average", "eps",
-        "running_mean", "running_var", "weight", "bias", "num_batches_tracked",
-        "use_pooled_statistics"}},
-      {"get",
-       "--model=NAME",
-       "Prints a model's configuration and statistics.",
-       {"model"}},
-      {"list", "", "Lists every model as a table (no per-channel arrays).", {}},
-      {"delete", "--model=NAME", "Deletes a model.", {"model"}},
-      {"reset",
-       "--model=NAME",
-       "Resets a model's statistics and counts (configuration, weight and "
-       "bias kept).",
-       {"model"}},
-      {"export",
-       "--model=NAME [--state_file=NAME.json]",
-       "Writes a model's complete state (configuration, running and pooled "
-       "statistics, counts, generation) as JSON, for import or merge here "
-       "or on another server.",
-       {"model", "state_file"}},
-      {"import",
-       "--state_file=NAME.json | --from=HOST:PORT --model=NAME",
-       "Creates or replaces a model from an exported state: a file, or "
-       "straight from another server. --model renames it.",
-       {"state_file", "from", "from_model", "model", "create_only"}},
-      {"merge",
-       "--model=NAME --state_file=PART.json | --from=HOST:PORT",
-       "Folds an exported state into an existing model: pooled statistics "
-       "exactly (Chan's formula), counts added, running statistics averaged "
-       "by their batch counts; the model's configuration kept.",
-       {"model", "state_file", "from", "from_model"}},
-      {"import-checkpoint",
-       "--input=FILE.safetensors|FILE.onnx --prefix=P",
-       "Creates one model per BatchNorm layer of a checkpoint, named "
-       "P.<layer>, in one CreateModels call: if any layer is invalid or any "
-       "name is taken, none is created. A safetensors layer is a group of "
-       "tensors <layer>.running_mean, .running_var (and .weight, .bias, "
-       ".num_batches_tracked when present); an ONNX layer is a "
-       "BatchNormalization node with its initializers, epsilon and momentum. "
-       "--momentum, --cumulative_average and --eps replace the file's "
-       "settings for every layer.",
-       {"input", "prefix", "momentum", "cumulative_average", "eps",
-        "max_header_bytes"}},
-      {"export-checkpoint",
-       "--prefix=P --output=FILE.safetensors",
-       "Writes every model named P.<layer> as a PyTorch state_dict: "
-       "<layer>.running_mean, .running_var, .weight, .bias (float32) and "
-       ".num_batches_tracked (int64), atomically (a temporary file renamed "
-       "over FILE). Load it with module.load_state_dict("
-       "safetensors.torch.load_file(FILE), strict=False).",
-       {"prefix", "output"}},
-      {"health",
-       "[--service=normd.v1.Normalizer]",
-       "Asks grpc.health.v1; exits 0 only when SERVING.",
-       {"service"}},
-  };
-  return *commands;
-}
-
-const Command* FindCommand(absl::string_view name) {
-  for (const Command& c : Commands()) {
-    if (c.name == name) return &c;
-  }
-  return nullptr;
-}
-
-constexpr const char* kCommonFlags[] = {
-    "server", "timeout",  "connect_timeout", "max_message_bytes", "json",
-    "tls_ca", "tls_cert", "tls_key",         "token_file"};
-
-std::string Usage() {
-  std::string out =
-      "command-line client for the normd tensor normalization server.\n\n"
-      "Usage: normctl [--server=host:port] COMMAND [flags]\n"
-      "       normctl COMMAND --help     (that command's flags)\n\n"
-      "Commands:\n";
-  for (const Command& c : Commands()) {
-    absl::StrAppendFormat(&out, "  %-17s %s\n", c.name, c.synopsis);
-  }
-  absl::StrAppend(&out,
-                  "\nExit status: 0 success, 1 server error (its gRPC code and "
-                  "message are printed), 2 bad usage, 3 server unreachable.");
-  return out;
-}
-
-void PrintFlagHelp(const char* name) {
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  if (flag == nullptr) return;
-  std::cout << absl::StrFormat(
-      "  --%s (default: %s)\n      %s\n", name,
-      flag->DefaultValue().empty() ? std::string("\"\"") : flag->DefaultValue(),
-      flag->Help());
-}
-
-void PrintCommandHelp(const Command& c) {
-  std::cout << "Usage: normctl " << c.name << " " << c.synopsis << "\n\n"
-            << c.description << "\n";
-  if (!c.flags.empty()) std::cout << "\nFlags:\n";
-  for (const char* flag : c.flags) PrintFlagHelp(flag);
-  std::cout << "\nCommon flags:\n";
-  for (const char* flag : kCommonFlags) PrintFlagHelp(flag);
-  std::cout << "\nExit status: 0 success, 1 server error, 2 bad usage, 3 "
-               "server unreachable.\n";
-}
-
-bool IsNormctlFlagFile(absl::string_view file) {
-  return absl::StrContains(file, "client/normctl.cc");
-}
-
 bool Json() { return absl::GetFlag(FLAGS_json); }
-
-std::string JsonString(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 // Prints the error (as JSON with --json) and returns the exit status.
 int Fail(const absl::Status& status, int code = kExitServerError) {
@@ -311,8 +105,19 @@ int Fail(const absl::Status& status, int code = kExitServerError) {
   return code;
 }
 
-// `message` as indented JSON with the .proto's field names; with
-// `all_fields`, fields at their default value too (a complete state).
+// A local problem (bad usage, a file that cannot be read or written): its
+// message, which names the flag or the file, and no gRPC code. Exit 2.
+int FailLocal(const absl::Status& status) {
+  if (Json()) {
+    std::cerr << "{\"message\": " << JsonString(status.message()) << "}\n";
+  } else {
+    std::cerr << "normctl: " << status.message() << "\n";
+  }
+  return kExitUsage;
+}
+
+// The proto3 JSON form of a model's state, for `export` files: what
+// `import --state_file` and the other clients read back.
 std::string ToJson(const google::protobuf::Message& message,
                    bool all_fields = false) {
   std::string json;
@@ -324,8 +129,9 @@ std::string ToJson(const google::protobuf::Message& message,
   return json;
 }
 
+// --json: numbers as numbers (shapes, counts, tensor data).
 void PrintJson(const google::protobuf::Message& message) {
-  std::cout << ToJson(message);
+  std::cout << MessageToJson(message);
 }
 
 void PrintModel(const v1::ModelState& m) {
@@ -451,10 +257,9 @@ int RunNormalize(NormdClient& client) {
   if (!v1::Mode_Parse(absl::AsciiStrToUpper(absl::GetFlag(FLAGS_mode)),
                       &mode) ||
       mode == v1::MODE_UNSPECIFIED) {
-    return Fail(absl::InvalidArgumentError(
-                    "--mode: expected layer_norm, batch_norm, group_norm, "
-                    "instance_norm, rms_norm, l2_norm or weight_norm"),
-                kExitUsage);
+    return FailLocal(absl::InvalidArgumentError(
+        "--mode: expected layer_norm, batch_norm, group_norm, "
+        "instance_norm, rms_norm, l2_norm or weight_norm"));
   }
   request.set_mode(mode);
   const std::string style =
@@ -462,13 +267,12 @@ int RunNormalize(NormdClient& client) {
   if (style == "bert") {
     request.set_layer_norm_style(v1::BERT_UNBIASED_STD);
   } else if (style != "pytorch") {
-    return Fail(absl::InvalidArgumentError(
-                    "--layer_norm_style: expected pytorch or bert"),
-                kExitUsage);
+    return FailLocal(absl::InvalidArgumentError(
+        "--layer_norm_style: expected pytorch or bert"));
   }
   request.set_num_groups(absl::GetFlag(FLAGS_num_groups));
   absl::StatusOr<v1::Tensor> input = InputTensor();
-  if (!input.ok()) return Fail(input.status(), kExitUsage);
+  if (!input.ok()) return FailLocal(input.status());
   *request.mutable_input() = *std::move(input);
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_training(absl::GetFlag(FLAGS_training));
@@ -478,22 +282,22 @@ int RunNormalize(NormdClient& client) {
   }
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
-  if (!axis.ok()) return Fail(axis.status(), kExitUsage);
+  if (!axis.ok()) return FailLocal(axis.status());
   if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
   auto eps = OptionalNumber(FLAGS_eps, "--eps");
-  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
+  if (!eps.ok()) return FailLocal(eps.status());
   if (eps->has_value()) request.set_eps(**eps);
   if (absl::Status s =
           AffineTensor(absl::GetFlag(FLAGS_weight), "--weight", request,
                        &v1::NormalizeRequest::mutable_weight);
       !s.ok()) {
-    return Fail(s, kExitUsage);
+    return FailLocal(s);
   }
   if (absl::Status s =
           AffineTensor(absl::GetFlag(FLAGS_bias), "--bias", request,
                        &v1::NormalizeRequest::mutable_bias);
       !s.ok()) {
-    return Fail(s, kExitUsage);
+    return FailLocal(s);
   }
 
   absl::StatusOr<v1::NormalizeResponse> response = client.Normalize(request);
@@ -502,13 +306,13 @@ int RunNormalize(NormdClient& client) {
   if (!out_file.empty()) {
     if (absl::Status s = WriteFile(out_file, response->output().data());
         !s.ok()) {
-      return Fail(s);
+      return FailLocal(s);
     }
   }
   const std::string npy = absl::GetFlag(FLAGS_output);
   if (!npy.empty()) {
     if (absl::Status s = WriteNpy(npy, response->output()); !s.ok()) {
-      return Fail(s);
+      return FailLocal(s);
     }
     response->mutable_output()->clear_data();  // Not printed again.
   }
@@ -577,13 +381,12 @@ int RunFitStream(NormdClient& client, const v1::FitRequest& base,
   const std::string path = absl::GetFlag(FLAGS_input);
   const int64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   if (chunk_bytes <= 0) {
-    return Fail(absl::InvalidArgumentError("--chunk_bytes: must be > 0"),
-                kExitUsage);
+    return FailLocal(absl::InvalidArgumentError("--chunk_bytes: must be > 0"));
   }
   absl::StatusOr<bool> progress = ProgressEnabled();
-  if (!progress.ok()) return Fail(progress.status(), kExitUsage);
+  if (!progress.ok()) return FailLocal(progress.status());
   absl::StatusOr<std::unique_ptr<NpyReader>> reader = NpyReader::Open(path);
-  if (!reader.ok()) return Fail(reader.status(), kExitUsage);
+  if (!reader.ok()) return FailLocal(reader.status());
   NpyReader& npy = **reader;
   const int64_t rows = npy.rows_left();
   const int64_t rows_per_step =
@@ -625,7 +428,7 @@ int RunFit(NormdClient& client, absl::Duration timeout) {
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
   auto axis = OptionalNumber(FLAGS_channel_axis, "--channel_axis");
-  if (!axis.ok()) return Fail(axis.status(), kExitUsage);
+  if (!axis.ok()) return FailLocal(axis.status());
   if (axis->has_value()) request.set_channel_axis(static_cast<int>(**axis));
   if (!absl::GetFlag(FLAGS_input).empty() &&
       absl::GetFlag(FLAGS_input_file).empty() &&
@@ -634,7 +437,7 @@ int RunFit(NormdClient& client, absl::Duration timeout) {
     return RunFitStream(client, request, timeout);
   }
   absl::StatusOr<v1::Tensor> input = InputTensor();
-  if (!input.ok()) return Fail(input.status(), kExitUsage);
+  if (!input.ok()) return FailLocal(input.status());
   *request.mutable_input() = *std::move(input);
   absl::StatusOr<v1::FitResponse> response = client.Fit(request);
   if (!response.ok()) return Fail(response.status());
@@ -654,10 +457,10 @@ int RunCreate(NormdClient& client) {
   request.set_num_batches_tracked(absl::GetFlag(FLAGS_num_batches_tracked));
   request.set_use_pooled_statistics(absl::GetFlag(FLAGS_use_pooled_statistics));
   auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
-  if (!momentum.ok()) return Fail(momentum.status(), kExitUsage);
+  if (!momentum.ok()) return FailLocal(momentum.status());
   if (momentum->has_value()) request.set_momentum(**momentum);
   auto eps = OptionalNumber(FLAGS_eps, "--eps");
-  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
+  if (!eps.ok()) return FailLocal(eps.status());
   if (eps->has_value()) request.set_eps(**eps);
   for (auto [text, flag, field] :
        {std::tuple{absl::GetFlag(FLAGS_running_mean), "--running_mean",
@@ -669,7 +472,7 @@ int RunCreate(NormdClient& client) {
         std::tuple{absl::GetFlag(FLAGS_bias), "--bias",
                    request.mutable_bias()}}) {
     absl::StatusOr<std::vector<double>> values = OptionalValues(text, flag);
-    if (!values.ok()) return Fail(values.status(), kExitUsage);
+    if (!values.ok()) return FailLocal(values.status());
     field->Assign(values->begin(), values->end());
   }
   absl::StatusOr<v1::ModelState> model = client.CreateModel(request);
@@ -735,7 +538,8 @@ const std::vector<std::string>& ModelHeader() {
 }
 
 int RunList(NormdClient& client) {
-  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
+  absl::StatusOr<v1::ListModelsResponse> list =
+      client.ListModels(absl::GetFlag(FLAGS_group));
   if (!list.ok()) return Fail(list.status());
   if (Json()) {
     PrintJson(*list);
@@ -759,24 +563,23 @@ absl::StatusOr<std::string> PrefixFlag() {
 
 int RunImportCheckpoint(NormdClient& client) {
   absl::StatusOr<std::string> prefix = PrefixFlag();
-  if (!prefix.ok()) return Fail(prefix.status(), kExitUsage);
+  if (!prefix.ok()) return FailLocal(prefix.status());
   const std::string path = absl::GetFlag(FLAGS_input);
   if (path.empty()) {
-    return Fail(absl::InvalidArgumentError(
-                    "--input: required (a .safetensors or .onnx file)"),
-                kExitUsage);
+    return FailLocal(absl::InvalidArgumentError(
+        "--input: required (a .safetensors or .onnx file)"));
   }
   LayerOverrides overrides;
   overrides.cumulative_average = absl::GetFlag(FLAGS_cumulative_average);
   auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
-  if (!momentum.ok()) return Fail(momentum.status(), kExitUsage);
+  if (!momentum.ok()) return FailLocal(momentum.status());
   overrides.momentum = *momentum;
   auto eps = OptionalNumber(FLAGS_eps, "--eps");
-  if (!eps.ok()) return Fail(eps.status(), kExitUsage);
+  if (!eps.ok()) return FailLocal(eps.status());
   overrides.eps = *eps;
   absl::StatusOr<std::vector<CheckpointLayer>> layers =
       ReadCheckpoint(path, absl::GetFlag(FLAGS_max_header_bytes));
-  if (!layers.ok()) return Fail(layers.status(), kExitUsage);
+  if (!layers.ok()) return FailLocal(layers.status());
   absl::StatusOr<v1::CreateModelsResponse> created =
       client.CreateModels(CreateModelsFor(*layers, *prefix, overrides));
   if (!created.ok()) return Fail(created.status());
@@ -796,15 +599,16 @@ int RunImportCheckpoint(NormdClient& client) {
 
 int RunExportCheckpoint(NormdClient& client) {
   absl::StatusOr<std::string> prefix = PrefixFlag();
-  if (!prefix.ok()) return Fail(prefix.status(), kExitUsage);
+  if (!prefix.ok()) return FailLocal(prefix.status());
   const std::string path = absl::GetFlag(FLAGS_output);
   if (!absl::EndsWith(path, ".safetensors")) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--output: '", path,
-                    "' must name a .safetensors file (the format written)")),
-                kExitUsage);
+    return FailLocal(absl::InvalidArgumentError(
+        absl::StrCat("--output: '", path,
+                     "' must name a .safetensors file (the format written)")));
   }
-  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
+  // Routed to the replica that holds the prefix's group.
+  absl::StatusOr<v1::ListModelsResponse> list =
+      client.ListModels(ModelGroupOf(*prefix));
   if (!list.ok()) return Fail(list.status());
   std::vector<v1::ModelState> models;
   for (const v1::ModelState& listed : list->models()) {
@@ -827,7 +631,7 @@ int RunExportCheckpoint(NormdClient& client) {
   absl::StatusOr<std::string> bytes = EncodeSafetensors(*tensors);
   if (!bytes.ok()) return Fail(bytes.status());
   if (absl::Status s = WriteFileAtomically(path, *bytes); !s.ok()) {
-    return Fail(s);
+    return FailLocal(s);
   }
   if (Json()) {
     std::cout << "{\"output\": " << JsonString(path)
@@ -915,7 +719,7 @@ int RunExport(NormdClient& client) {
     return kExitOk;
   }
   if (absl::Status s = WriteFile(file, json); !s.ok()) {
-    return Fail(s, kExitUsage);
+    return FailLocal(s);
   }
   if (!Json()) {
     std::cerr << "exported " << state->name() << " (generation "
@@ -930,7 +734,7 @@ int RunImportOrMerge(NormdClient& client, const ClientOptions& options,
   if (!state.ok()) {
     switch (state.status().code()) {
       case absl::StatusCode::kInvalidArgument:
-        return Fail(state.status(), kExitUsage);
+        return FailLocal(state.status());
       case absl::StatusCode::kUnavailable:
         return Fail(state.status(), kExitUnreachable);
       default:
@@ -947,9 +751,9 @@ int RunImportOrMerge(NormdClient& client, const ClientOptions& options,
   } else {
     const std::string name = absl::GetFlag(FLAGS_model);
     if (name.empty()) {
-      return Fail(absl::InvalidArgumentError("merge: needs --model (the "
-                                             "model to merge into)"),
-                  kExitUsage);
+      return FailLocal(
+          absl::InvalidArgumentError("merge: needs --model (the "
+                                     "model to merge into)"));
     }
     model = client.MergeModel(name, *state);
   }
@@ -1007,7 +811,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (help && asked != nullptr) {
-    PrintCommandHelp(*asked);
+    std::cout << CommandHelp(*asked);
     return kExitOk;
   }
   // `normctl --help`, `-h` or `help`: the commands, not every flag.
@@ -1016,44 +820,34 @@ int Main(int argc, char** argv) {
               << "\n\nRun `normctl COMMAND --help` for a command's flags.\n";
     return kExitOk;
   }
-  const std::string usage = Usage();
-  absl::SetProgramUsageMessage(usage);
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = IsNormctlFlagFile;
-  usage_config.contains_helpshort_flags = IsNormctlFlagFile;
-  absl::SetFlagsUsageConfig(usage_config);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) {
-    std::cerr << usage << "\n";
+  // Every usage error is found here, before any network.
+  absl::StatusOr<CommandLine> line = ParseNormctlCommandLine(argc, argv);
+  if (!line.ok()) {
+    if (Json()) return FailLocal(line.status());
+    std::cerr << "normctl: " << line.status().message()
+              << "\nRun `normctl --help` for the commands.\n";
     return kExitUsage;
   }
-  const std::string command = args[1];
-  if (FindCommand(command) == nullptr) {
-    std::cerr << "normctl: unknown command '" << command << "'\n\n"
-              << usage << "\n";
-    return kExitUsage;
-  }
+  const std::string command = line->command->name;
   ClientOptions options;
   options.timeout = absl::GetFlag(FLAGS_timeout);
   if (const int64_t max_bytes = absl::GetFlag(FLAGS_max_message_bytes);
       max_bytes < 1 || max_bytes > std::numeric_limits<int>::max()) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat(
-            "--max_message_bytes: ", max_bytes, " is outside [1, 2147483647]")),
-        kExitUsage);
+    return FailLocal(absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes: ", max_bytes, " is outside [1, 2147483647]")));
   } else {
     options.max_message_bytes = static_cast<int>(max_bytes);
   }
   if (absl::Status s = ApplySecurityFlags(options); !s.ok()) {
-    return Fail(s, kExitUsage);
+    return FailLocal(s);
   }
   const std::string server = absl::GetFlag(FLAGS_server);
   std::unique_ptr<NormdClient> client = NormdClient::Connect(server, options);
   if (absl::Status s =
           client->WaitForConnection(absl::GetFlag(FLAGS_connect_timeout));
       !s.ok()) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot reach ", server,
-                                                    " (", s.message(), ")")),
+    return Fail(absl::UnavailableError(
+                    absl::StrCat("cannot reach ", server, ": ", s.message())),
                 kExitUnreachable);
   }
   if (command == "normalize") return RunNormalize(*client);

@@ -248,10 +248,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
   if (!out) {
-    return absl::UnavailableError(absl::StrCat(path, ": cannot write"));
+    return absl::UnavailableError(
+        absl::StrCat(path, ": cannot write (",
+                     errno != 0 ? std::strerror(errno) : "write failed", ")"));
   }
   return absl::OkStatus();
 }

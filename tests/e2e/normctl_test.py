@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -175,8 +176,8 @@ def test_streaming_fit(ctl, tmp):
               f"--chunk_bytes={chunk_bytes}", "--progress=always", "--json")
     check(run.returncode == 0, f"fit --input: {run.stderr}")
     state = json.loads(run.stdout)["model"]
-    check(int(state["num_batches_tracked"]) == steps and
-          int(state["sample_count"]) == len(big),
+    check(state["num_batches_tracked"] == steps and
+          state["sample_count"] == len(big),
           f"fit --input counts {state['num_batches_tracked']} "
           f"{state['sample_count']}, want {steps} steps of {len(big)} rows")
     check(np.allclose(state["mean"], big.mean(0), rtol=1e-12, atol=0) and
@@ -354,6 +355,165 @@ def test_exit_codes(ctl, tmp):
           f"--max_message_bytes message: {cases[8][1].stderr!r}")
 
 
+def closed_port():
+    """An address nobody listens on: connecting to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_usage_before_network(ctl):
+    """Usage errors exit 2 naming the flag, before any network: against an
+    address where a connection is refused (which would exit 3), and fast."""
+    closed = closed_port()
+    cases = [
+        (("--modle=m", "get"), "--modle: unknown flag (did you mean --model?)"),
+        (("get", "--modle=m"), "did you mean --model?"),
+        (("get",), "--model: required by get"),
+        (("delete",), "--model: required by delete"),
+        (("export-checkpoint", "--prefix=p"), "--output: required"),
+        (("import-checkpoint", "--input=x.safetensors"), "--prefix: required"),
+        (("create", "--model=m"), "--num_features: required"),
+        (("fit", "--model=m"), "fit: give one of --input, --input_file, "
+                               "--values"),
+        (("merge", "--model=m", "--state_file=a", "--from=b"),
+         "give only one of --state_file, --from"),
+        (("normalize", "--shape=2", "--values=1,2", "--prefix=p"),
+         "--prefix: not a flag of normalize"),
+        (("list", "--timeout=soon"), "--timeout: bad value 'soon'"),
+        (("list", "--json=maybe"), "--json: bad value 'maybe'"),
+        (("list", "--nomodel"), "--nomodel: unknown flag"),
+        (("list", "--group"), "--group: needs a value"),
+        (("get", "list", "--model=m"), "one command at a time"),
+        (("frobnicate",), "unknown command 'frobnicate'"),
+    ]
+    for argv, message in cases:
+        start = time.monotonic()
+        run = ctl(*argv, server=closed)
+        took = time.monotonic() - start
+        check(run.returncode == 2 and message in run.stderr and took < 5,
+              f"usage {argv}: exit {run.returncode} in {took:.1f}s, "
+              f"{run.stderr!r} lacks {message!r}")
+    run = ctl("list", "--json", "--modle=m", server=closed)
+    try:
+        check(run.returncode == 2 and "--modle" in
+              json.loads(run.stderr)["message"], f"--json usage: {run.stderr}")
+    except ValueError:
+        failures.append(f"--json usage error is not JSON: {run.stderr!r}")
+
+
+def test_refused_connection_is_quick(ctl):
+    """A refused connection exits 3 at once, not after --connect_timeout."""
+    closed = closed_port()
+    for argv in (("list",), ("get", "--model=m"),
+                 ("list", "--connect_timeout=30s")):
+        start = time.monotonic()
+        run = ctl(*argv, server=closed)
+        took = time.monotonic() - start
+        check(run.returncode == 3 and took < 1.5 and
+              f"cannot reach {closed}" in run.stderr,
+              f"refused {argv}: exit {run.returncode} after {took:.2f}s "
+              f"{run.stderr!r}")
+
+
+def test_local_file_errors(ctl, tmp):
+    """A file normctl cannot write or read is named, exit 2, no gRPC code."""
+    missing_dir = os.path.join(tmp, "no-such-dir")
+    cases = [
+        (("normalize", "--shape=1,2", "--values=1,3",
+          f"--output={missing_dir}/y.npy"), f"{missing_dir}/y.npy"),
+        (("normalize", "--shape=1,2", "--values=1,3",
+          f"--output_file={missing_dir}/y.bin"), f"{missing_dir}/y.bin"),
+        (("export-checkpoint", "--prefix=jck",
+          f"--output={missing_dir}/c.safetensors"), missing_dir),
+        (("normalize", f"--input={missing_dir}/x.npy"), f"{missing_dir}/x.npy"),
+        (("import", f"--state_file={missing_dir}/s.json"),
+         f"{missing_dir}/s.json"),
+    ]
+    ctl("fit", "--model=jck.bn", "--shape=2,2", "--values=1,2,3,4")
+    ctl("create", "--model=localio", "--num_features=2")
+    cases.append((("export", "--model=localio",
+                   f"--state_file={missing_dir}/m.json"),
+                  f"{missing_dir}/m.json"))
+    codes = ("UNAVAILABLE", "NOT_FOUND", "INVALID_ARGUMENT", "UNKNOWN",
+             "INTERNAL")
+    for argv, path in cases:
+        run = ctl(*argv)
+        check(run.returncode == 2 and path in run.stderr and
+              not any(code in run.stderr for code in codes),
+              f"local error {argv}: exit {run.returncode} {run.stderr!r}")
+    ctl("delete", "--model=jck.bn")
+    ctl("delete", "--model=localio")
+
+
+def test_json_numbers(ctl, tmp):
+    """--json: shapes and counts are numbers, a printed tensor's data the
+    element values (fp64 LayerNorm reference), and no data when the tensor
+    went to --output."""
+    x = np.array([[1, 2, 4], [-3, 0, 9]], np.float32)
+    run = ctl("normalize", "--shape=2,3",
+              "--values=" + ",".join(str(v) for v in x.ravel()), "--json")
+    out = json.loads(run.stdout)["output"]
+    check(out["shape"] == [2, 3], f"--json shape: {out.get('shape')!r}")
+    data = np.array(out["data"], np.float64)
+    check(data.shape == (6,) and np.abs(
+        data - layer_norm(x).ravel()).max() < 2e-6,
+        f"--json data {out.get('data')!r} vs fp64 {layer_norm(x).ravel()}")
+    half = np.array([[1, 3]], np.float16)
+    src = os.path.join(tmp, "half.npy")
+    np.save(src, half)
+    out = json.loads(ctl("normalize", f"--input={src}", "--json").stdout)
+    want = layer_norm(half).astype(np.float16).ravel().tolist()
+    check(out["output"]["dtype"] == "FLOAT16" and
+          out["output"]["data"] == want,
+          f"--json float16 data: {out}")
+    dst = os.path.join(tmp, "y.npy")
+    out = json.loads(ctl("normalize", f"--input={src}", f"--output={dst}",
+                         "--json").stdout)
+    check(out["output"]["shape"] == [1, 2] and "data" not in out["output"],
+          f"--json with --output: {out}")
+    fit = json.loads(ctl("fit", "--model=jnum", "--shape=2,2",
+                         "--values=1,2,3,5", "--json").stdout)["model"]
+    check(fit["num_batches_tracked"] == 1 and fit["sample_count"] == 2 and
+          fit["num_features"] == 2 and fit["mean"] == [2, 3.5],
+          f"--json fit counts: {fit}")
+    listed = json.loads(ctl("list", "--json").stdout)["models"]
+    check(any(m["name"] == "jnum" and m["generation"] >= 1 for m in listed),
+          f"--json list: {listed}")
+    ctl("delete", "--model=jnum")
+
+
+def test_help_is_per_command(ctl):
+    """Each command's --help lists its own flags only, each described as
+    that command reads it (no other command named in its flags)."""
+    common = {"server", "timeout", "connect_timeout", "max_message_bytes",
+              "json", "tls_ca", "tls_cert", "tls_key", "token_file"}
+    own = {
+        "get": {"model"}, "delete": {"model"}, "reset": {"model"},
+        "list": {"group"}, "health": {"service"},
+        "export": {"model", "state_file"},
+        "export-checkpoint": {"prefix", "output"},
+        "import-checkpoint": {"input", "prefix", "momentum",
+                              "cumulative_average", "eps",
+                              "max_header_bytes"},
+    }
+    for command in COMMANDS:
+        text = ctl(command, "--help").stdout
+        flags_part = text.split("\nFlags:\n", 1)[-1].split(
+            "\nCommon flags:\n")[0] if "\nFlags:\n" in text else ""
+        listed = set(re.findall(r"^  --(\w+) \(default", text, re.M))
+        if command in own:
+            check(listed == own[command] | common,
+                  f"{command} --help lists {sorted(listed - common)}")
+        for other in COMMANDS:
+            if other != command and re.search(
+                    rf"(?<![\w-]){re.escape(other)}(?![\w-])", flags_part):
+                failures.append(f"{command} --help's flags name {other}")
+    normalize = ctl("normalize", "--help").stdout
+    check("safetensors" not in normalize and "--prefix" not in normalize,
+          "normalize --help describes import-checkpoint's flags")
+
+
 def test_large_message(tmp):
     """A tensor over the 64 MiB default goes through with --max_message_bytes
     raised on both sides, and is refused naming the limit without it."""
@@ -521,10 +681,10 @@ def test_readme_commands(ctl, tmp):
                                  timeout=120)
             check(run.returncode == 0, f"README: {argv}: {run.stderr}")
         got = json.loads(ctl("get", "--model=m", "--json").stdout)
-        check(got["sample_count"] == "8" and got["num_batches_tracked"] == "2",
+        check(got["sample_count"] == 8 and got["num_batches_tracked"] == 2,
               f"README merge doubled m: {got}")
         copy = json.loads(ctl("get", "--model=m", "--json", server=b).stdout)
-        check(copy["mean"] == got["mean"] and copy["sample_count"] == "4",
+        check(copy["mean"] == got["mean"] and copy["sample_count"] == 4,
               f"README import on B: {copy}")
     finally:
         other.terminate()
@@ -543,6 +703,11 @@ def main():
             test_json_everywhere(ctl, tmp)
             test_help_everywhere(ctl)
             test_exit_codes(ctl, tmp)
+            test_usage_before_network(ctl)
+            test_refused_connection_is_quick(ctl)
+            test_local_file_errors(ctl, tmp)
+            test_json_numbers(ctl, tmp)
+            test_help_is_per_command(ctl)
             test_bad_npy(ctl, tmp)
             test_large_message(tmp)
             test_readme_commands(ctl, tmp)
