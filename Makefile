@@ -163,7 +163,7 @@ test-arm64: build
 # as the image's non-root user; needs root (podman storage, chroot). The
 # debian:bookworm base is made once with debootstrap. See
 # tests/deploy/container_test.py.
-CONTAINER_PACKAGES := podman debootstrap
+CONTAINER_PACKAGES := podman buildah debootstrap
 test-container: build
 	$(call install_missing,$(CONTAINER_PACKAGES))
 	mkdir -p $(BUILD_DIR)/container

@@ -9,6 +9,11 @@ From the host it then checks health, a LayerNorm against numpy in fp64, two
 Fits, /metrics, the image's own HEALTHCHECK command, and that the state in
 the volume survives a SIGTERM and restart. Prints the image size.
 
+Also a newcomer's first step: docs/clients.md's Python recipe, run as
+written (apt-get included, as root, without sudo) in a fresh Debian 12
+container that has no python3-wheel, from a copy of client/python and
+proto.
+
 Usage: container_test.py --normd BUILD/normd --stubs BUILD/python
          [--image localhost/normd:test] [--work DIR]
 """
@@ -185,6 +190,41 @@ def smoke(command, chroot, healthcheck, failures):
         proc.wait(timeout=60)
 
 
+def python_recipe(failures):
+    """docs/clients.md's Python install block, as written, in a fresh
+    debian:bookworm container (buildah, chroot isolation) as root."""
+    import re
+    text = open(os.path.join(SOURCE_DIR, "docs", "clients.md")).read()
+    section = text.split("\n## Python\n", 1)[1].split("\n## ")[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    container = output(["buildah", "from", "--pull=never", BASE_IMAGE])
+    try:
+        run(["buildah", "copy", container,
+             os.path.join(SOURCE_DIR, "client", "python"),
+             "/src/client/python"], stdout=subprocess.DEVNULL)
+        run(["buildah", "copy", container, os.path.join(SOURCE_DIR, "proto"),
+             "/src/proto"], stdout=subprocess.DEVNULL)
+        before = subprocess.run(
+            ["buildah", "run", "--isolation=chroot", container, "--",
+             "dpkg-query", "-W", "python3-wheel"], capture_output=True)
+        if before.returncode == 0:
+            failures.append("the fresh container already has python3-wheel")
+        script = "set -e\ncd /src\n" + block
+        done = subprocess.run(
+            ["buildah", "run", "--isolation=chroot", container, "--",
+             "sh", "-c", script], capture_output=True, text=True,
+            timeout=900)
+        last = done.stdout.strip().splitlines()[-1:] or [""]
+        print(f"python recipe in a fresh container: exit {done.returncode}, "
+              f"{last[0]!r}", flush=True)
+        if done.returncode != 0 or last[0] != "normd client 1.0.0":
+            failures.append(f"docs/clients.md's Python recipe in a fresh "
+                            f"container: exit {done.returncode}: "
+                            f"{done.stdout[-1500:]} {done.stderr[-1500:]}")
+    finally:
+        subprocess.run(["buildah", "rm", container], stdout=subprocess.DEVNULL)
+
+
 def main():
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -214,6 +254,7 @@ def main():
     finally:
         subprocess.run(["podman", "umount", container], stdout=subprocess.DEVNULL)
         subprocess.run(["podman", "rm", container], stdout=subprocess.DEVNULL)
+    python_recipe(failures)
     return normd_process.report(
         failures, f"container: image {size_mb:.0f} MB, smoke run done")
 

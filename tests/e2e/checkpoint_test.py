@@ -499,7 +499,7 @@ def test_docs_session(port, tmp):
                 check(run.returncode == 0 and run.stdout == want,
                       f"docs $ {command}: {run.stdout!r} {run.stderr!r}")
                 ran += 1
-    check(ran == 5, f"docs session: ran {ran} steps")
+    check(ran == 6, f"docs session: ran {ran} steps")
 
 
 def main():

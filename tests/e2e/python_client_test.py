@@ -203,10 +203,32 @@ def test_batch_norm_from_torch(client):
     check(state.num_features == 3 and state.num_batches_tracked == 3,
           f"create_model from state_dict: {state}")
     close(state.running_var, sd["running_var"], 0, "running_var loaded")
-    got_sd = client.get_model("py-bn2d").state_dict()
+    got_sd = client.get_model("py-bn2d").state_dict(numpy=True)
     for key in ("weight", "bias", "running_mean", "running_var"):
+        check(got_sd[key].dtype == np.float64,
+              f"state_dict(numpy=True)[{key}] dtype {got_sd[key].dtype}")
         close(got_sd[key], sd[key], 0, f"state_dict()[{key}] round trip")
     check(int(got_sd["num_batches_tracked"]) == 3, "num_batches_tracked")
+    # The default: torch tensors with BatchNorm's dtypes, which a float32
+    # BatchNorm2d loads as they are (strict: every key, no conversion).
+    tensors = client.get_model("py-bn2d").state_dict()
+    check(all(isinstance(v, torch.Tensor) for v in tensors.values()) and
+          tensors["running_mean"].dtype == torch.float32 and
+          tensors["num_batches_tracked"].dtype == torch.int64 and
+          tensors["num_batches_tracked"].dim() == 0,
+          f"state_dict() types: {[(k, type(v), getattr(v, 'dtype', None)) for k, v in tensors.items()]}")
+    loaded = torch.nn.BatchNorm2d(3)
+    try:
+        loaded.load_state_dict(tensors)
+        for key in ("weight", "bias", "running_mean", "running_var"):
+            want = module.state_dict()[key].float()
+            check(torch.equal(loaded.state_dict()[key], want),
+                  f"BatchNorm2d.load_state_dict: {key} is not the float32 "
+                  f"of the trained module's")
+        check(int(loaded.num_batches_tracked) == 3,
+              "BatchNorm2d.load_state_dict: num_batches_tracked")
+    except (RuntimeError, TypeError) as e:
+        failures.append(f"BatchNorm2d.load_state_dict(state_dict()): {e}")
 
     x = (torch.randn(2, 3, 4, 4, dtype=torch.float64) * 3 - 2)
     module.eval()
@@ -442,15 +464,24 @@ def test_docs_snippet(port):
 def test_venv_recipe():
     """docs/clients.md's install recipe for Debian 12, run as written from a
     copy of the repository's client/python and proto, apart from apt-get
-    (the packages it names must be installed) and the package index (pip
-    gets --no-index: everything must come from Debian's packages)."""
+    (the packages it names must be installed; the container test runs it
+    all in a fresh Debian) and the package index (pip gets --no-index:
+    everything must come from Debian's packages). client/python/README.md
+    gives the same recipe."""
     import re
     section = clients_page_section("Python", "Node")
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    readme = open(os.path.join(SOURCE, "client", "python", "README.md")).read()
+    check(f"```sh\n{block}```" in readme,
+          "client/python/README.md's recipe differs from docs/clients.md's")
     lines = [line for line in block.splitlines() if line.strip()]
-    check(len(lines) == 4 and lines[0].startswith("sudo apt-get install"),
+    install = lines[2].split()
+    check(len(lines) == 6 and install[:3] == ["$SUDO", "apt-get", "install"]
+          and "python3-wheel" in install and
+          lines[3].startswith("/usr/bin/python3 -m venv"),
           f"docs/clients.md recipe: {block!r}")
-    for package in lines[0].split()[4:]:
+    lines = lines[3:]
+    for package in install[4:]:
         installed = subprocess.run(
             ["dpkg-query", "-W", "-f=${Status}", package],
             capture_output=True, text=True).stdout
@@ -462,7 +493,7 @@ def test_venv_recipe():
                         ignore=shutil.ignore_patterns("build", "*.egg-info"))
         shutil.copytree(os.path.join(SOURCE, "proto"),
                         os.path.join(tmp, "proto"))
-        for line in lines[1:]:
+        for line in lines:
             argv = shlex.split(line)
             if argv[0].endswith("pip"):
                 argv.append("--no-index")

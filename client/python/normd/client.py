@@ -20,6 +20,14 @@ _WIRE_DTYPES = {
 }
 _NUMPY_DTYPES = {wire: dtype for dtype, wire in _WIRE_DTYPES.items()}
 _MODEL_HEADER = "x-normd-model"
+_GROUP_HEADER = "x-normd-group"
+
+
+def model_group(name: str) -> str:
+    """A model's group: its name up to the first '.' (the whole name if it
+    has none). A sharding proxy routes by it, so that the models of a
+    checkpoint imported under a prefix (`prefix.<layer>`) share a replica."""
+    return name.split(".", 1)[0]
 _LAYER_NORM_STYLES = {"pytorch": pb.PYTORCH, "bert": pb.BERT_UNBIASED_STD}
 
 
@@ -57,10 +65,15 @@ class ModelState:
     pooled_m2: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(0))
 
-    def state_dict(self) -> dict:
-        """The statistics in torch.nn.BatchNorm*d's state_dict layout (numpy
-        arrays; wrap each in torch.from_numpy to load them into a module)."""
-        return {
+    def state_dict(self, numpy: bool = False) -> dict:
+        """The statistics in torch.nn.BatchNorm*d's state_dict layout.
+
+        When torch can be imported: torch tensors with BatchNorm's dtypes
+        (float32 weight, bias, running_mean and running_var; a 0-d int64
+        num_batches_tracked), so that `module.load_state_dict(
+        state.state_dict())` loads them. With numpy=True (or without torch):
+        numpy arrays, the statistics in float64 as the server keeps them."""
+        arrays = {
             "weight": self.weight.copy(),
             "bias": self.bias.copy(),
             "running_mean": self.running_mean.copy(),
@@ -68,6 +81,15 @@ class ModelState:
             "num_batches_tracked": np.array(self.num_batches_tracked,
                                             dtype=np.int64),
         }
+        if numpy:
+            return arrays
+        try:
+            import torch
+        except ImportError:
+            return arrays
+        return {k: torch.from_numpy(v if k == "num_batches_tracked"
+                                    else v.astype(np.float32))
+                for k, v in arrays.items()}
 
     @classmethod
     def from_proto(cls, m: "pb.ModelState") -> "ModelState":
@@ -390,9 +412,13 @@ class Client:
         return ModelState.from_proto(
             self._call("GetModel", pb.GetModelRequest(name=name), name))
 
-    def list_models(self) -> list:
-        """Every model, without the per-channel arrays (empty here)."""
-        response = self._call("ListModels", pb.ListModelsRequest())
+    def list_models(self, group: Optional[str] = None) -> list:
+        """Every model, or with `group` only the models `group` and
+        `group.*` (routed to the replica that holds them behind a sharding
+        proxy); without the per-channel arrays (empty here)."""
+        response = self._call("ListModels",
+                              pb.ListModelsRequest(group=group or ""),
+                              group=group)
         return [ModelState.from_proto(m) for m in response.models]
 
     def delete_model(self, name: str) -> None:
@@ -432,9 +458,14 @@ class Client:
                       ) -> list:
         """Creates every model of `requests` (normd.v1.CreateModelRequest
         messages) or none: if one is invalid or its name is taken, nothing
-        is created. Returns the models without their per-channel arrays."""
+        is created. Returns the models without their per-channel arrays.
+        Routed by the group the names share; a sharding proxy refuses names
+        of several groups (INVALID_ARGUMENT)."""
+        requests = list(requests)
+        groups = {model_group(r.name) for r in requests}
         response = self._call("CreateModels",
-                              pb.CreateModelsRequest(models=list(requests)))
+                              pb.CreateModelsRequest(models=requests),
+                              group=groups.pop() if len(groups) == 1 else None)
         return [ModelState.from_proto(m) for m in response.models]
 
     # -- torch modules ------------------------------------------------------
@@ -516,10 +547,14 @@ class Client:
         if eps is not None:
             request.eps = eps
 
-    def _call(self, method: str, request, model: Optional[str] = None):
+    def _call(self, method: str, request, model: Optional[str] = None,
+              group: Optional[str] = None):
         metadata = []
         if model:
             metadata.append((_MODEL_HEADER, model))
+            group = model_group(model)
+        if group:
+            metadata.append((_GROUP_HEADER, group))
         if self._token is not None:
             metadata.append(("authorization", "Bearer " + self._token))
         try:
