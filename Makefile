@@ -19,7 +19,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   python3-onnx python3-torchvision python3-tqdm
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
-  format bench test-container test-arm64
+  format bench test-container test-arm64 check-manifests
 
 all: build
 
@@ -158,6 +158,14 @@ test-arm64: build
 	  ctest --output-on-failure -j $(JOBS) --timeout 900 -L core
 	/usr/bin/python3 tests/deploy/arm64_smoke.py --normd $(BUILD_DIR)/normd \
 	  --normctl $(BUILD_DIR)/normctl --normd_arm64 $(ARM64_BUILD_DIR)/normd
+
+# The deployment manifests, offline (no cluster): deploy/k8s renders with
+# kubectl kustomize and validates against the Kubernetes and
+# prometheus-operator schemas, deploy/kserve's InferenceServices against the
+# Pod schema and normd's own flags, the sharded overlay's HAProxy config
+# with haproxy -c. The same test as ctest's k8s_manifests.
+check-manifests: build
+	/usr/bin/python3 tests/deploy/k8s_test.py --normd $(BUILD_DIR)/normd
 
 # The Dockerfile, built with podman (no Docker engine needed) and smoke-run
 # as the image's non-root user; needs root (podman storage, chroot). The

@@ -64,7 +64,9 @@ ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "is read).");
 ABSL_FLAG(int64_t, max_models, 10000,
           "Most BatchNorm models held at once; creating more is "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED. 0: a replica for the stateless modes only "
+          "(an autoscaled KServe InferenceService), where every model call "
+          "that would create one is refused.");
 ABSL_FLAG(int64_t, max_num_features, 65536,
           "Most channels (num_features) of one model; more is "
           "RESOURCE_EXHAUSTED naming this flag.");

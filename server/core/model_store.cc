@@ -78,6 +78,12 @@ absl::Status ModelStore::CheckBudget(int64_t needed_bytes,
         " bytes, and the models held take ", held, " of the ",
         options_.max_model_bytes, " the server allows (--max_model_bytes)"));
   }
+  if (options_.max_models == 0 && new_models > 0) {
+    return absl::ResourceExhaustedError(
+        "model: this server keeps no BatchNorm models (--max_models=0, a "
+        "replica for the stateless modes); create and fit them on the "
+        "replicas that keep models");
+  }
   if (new_models > options_.max_models - static_cast<int64_t>(models_.size())) {
     return absl::ResourceExhaustedError(
         absl::StrCat("model: the server holds ", models_.size(), " models and ",

@@ -180,6 +180,21 @@ TEST(CreateAllTest, AnyProblemCreatesNothing) {
   }
 }
 
+// --max_models=0, a replica for the stateless modes: nothing is created,
+// and the message says why.
+TEST(CreateAllTest, NoModelsAtAllSaysTheReplicaKeepsNone) {
+  ModelStore store({.max_models = 0});
+  const absl::Status one =
+      store.Create({.name = "m", .num_features = 2}).status();
+  EXPECT_EQ(one.code(), absl::StatusCode::kResourceExhausted) << one;
+  EXPECT_NE(one.message().find("keeps no BatchNorm models (--max_models=0"),
+            std::string::npos)
+      << one;
+  EXPECT_EQ(store.CreateAll(ThreeLayers()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.size(), 0);
+}
+
 // A malformed model is reported before a limit, wherever the two are.
 TEST(CreateAllTest, MalformedIsReportedBeforeALimit) {
   ModelStore store({.max_num_features = 10});

@@ -4,7 +4,8 @@ the Kubernetes and prometheus-operator schemas (tests/k8s/validate.mjs, npm
 packages kubernetes-models and @kubernetes-models/prometheus-operator), and
 the manifests keep the promises schemas cannot check: native gRPC probes
 (HTTP ones on the REST port in overlays/http-probes),
-deploy/kserve's InferenceService (its PodSpec validated as a Pod),
+deploy/kserve's InferenceServices, REST and gRPC (their PodSpecs validated
+as Pods; their args, ports and scraping annotations against `normd --help`),
 named ports, requests and limits, a locked-down securityContext matching the
 image's user, the StatefulSet's pod the same as the Deployment's, state on
 a PersistentVolumeClaim, and the PrometheusRule equal to
@@ -12,11 +13,14 @@ deploy/prometheus/alerts.yml; the sharded overlay: HAProxy with the same
 routing and gRPC health checks as deploy/haproxy/haproxy.cfg (haproxy -c
 passes), one DNS slot per StatefulSet ordinal, no gRPC port around the proxy.
 
-Usage: k8s_test.py (kubectl and node on PATH; `npm ci` done in tests/k8s)
+Usage: k8s_test.py --normd BUILD/normd (kubectl and node on PATH; `npm ci`
+done in tests/k8s)
 """
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -250,49 +254,96 @@ KSERVE_EXTENSION_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric",
                            "scaleTarget"}
 
 
-def check_kserve(deployed):
-    """deploy/kserve/inferenceservice.yaml: KServe's schema is not on npm,
-    so its PodSpec part is validated as a Pod against kubernetes-models and
-    the KServe fields by hand; the container is the base's, serving REST on
-    the one port KServe routes to, with HTTP probes on it."""
-    with open(os.path.join(SOURCE, "deploy", "kserve",
-                           "inferenceservice.yaml")) as f:
-        isvc = yaml.safe_load(f)
-    check(isvc.get("apiVersion") == "serving.kserve.io/v1beta1" and
-          isvc.get("kind") == "InferenceService" and
-          isvc.get("metadata", {}).get("name"),
-          f"kserve: {isvc.get('apiVersion')} {isvc.get('kind')}")
-    predictor = isvc["spec"]["predictor"]
-    extension = {k: v for k, v in predictor.items()
-                 if k in KSERVE_EXTENSION_FIELDS}
-    check(set(isvc["spec"]) == {"predictor"} and
-          extension.get("scaleMetric") in ("cpu", "memory", "concurrency",
-                                           "rps") and
-          1 <= extension.get("minReplicas", 0) <= extension.get(
-              "maxReplicas", 0), f"kserve: predictor extension {extension}")
-    pod = {k: v for k, v in predictor.items()
-           if k not in KSERVE_EXTENSION_FIELDS}
-    validate("kserve", [{"apiVersion": "v1", "kind": "Pod",
+def normd_flags(normd):
+    """The flag names `normd --help` lists."""
+    text = subprocess.run([normd, "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    return set(re.findall(r"^\s+--(\w+) ", text, re.M))
+
+
+def check_kserve(deployed, flags):
+    """deploy/kserve's two InferenceServices: KServe's schema is not on npm,
+    so each PodSpec part is validated as a Pod against kubernetes-models and
+    the KServe fields by hand. Both run the base's container, serve the
+    stateless modes only (--max_models=0) and autoscale, with KServe's
+    Prometheus scraping annotations naming normd's --metrics_port. The REST
+    one serves --http_port on its one port with HTTP probes; the gRPC one
+    --port on a port named h2c (KServe's rule for gRPC) with gRPC probes.
+    Every arg is a flag `normd --help` lists."""
+    names = set()
+    for protocol in ("rest", "grpc"):
+        what = f"kserve {protocol}"
+        with open(os.path.join(SOURCE, "deploy", "kserve",
+                               f"inferenceservice-{protocol}.yaml")) as f:
+            isvc = yaml.safe_load(f)
+        metadata = isvc.get("metadata", {})
+        names.add(metadata.get("name"))
+        check(isvc.get("apiVersion") == "serving.kserve.io/v1beta1" and
+              isvc.get("kind") == "InferenceService" and metadata.get("name"),
+              f"{what}: {isvc.get('apiVersion')} {isvc.get('kind')}")
+        predictor = isvc["spec"]["predictor"]
+        extension = {k: v for k, v in predictor.items()
+                     if k in KSERVE_EXTENSION_FIELDS}
+        check(set(isvc["spec"]) == {"predictor"} and
+              extension.get("scaleMetric") in ("cpu", "memory",
+                                               "concurrency", "rps") and
+              1 <= extension.get("minReplicas", 0) < extension.get(
+                  "maxReplicas", 0), f"{what}: must autoscale: {extension}")
+        pod = {k: v for k, v in predictor.items()
+               if k not in KSERVE_EXTENSION_FIELDS}
+        validate(what, [{"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": "normd-predictor"},
                          "spec": pod}])
-    (container,) = pod["containers"]
-    (port,) = container["ports"]
-    check(f"--http_port={port['containerPort']}" in container["args"],
-          f"kserve: args {container['args']} vs port {port}")
-    for probe, path in (("readinessProbe", "/v2/health/ready"),
-                        ("livenessProbe", "/v2/health/live")):
-        check(container.get(probe, {}).get("httpGet") ==
-              {"path": path, "port": port["containerPort"]},
-              f"kserve: {probe} {container.get(probe)}")
-    for key in ("image", "resources", "securityContext", "volumeMounts"):
-        check(container.get(key) == deployed.get(key),
-              f"kserve: container {key} differs from the base's")
-    check(pod.get("securityContext", {}).get("runAsUser") == 10001 and
-          pod["securityContext"].get("runAsNonRoot") is True,
-          "kserve: pod must run as uid 10001, non-root")
+        (container,) = pod["containers"]
+        args = dict(a[2:].split("=", 1) for a in container["args"])
+        unknown = set(args) - flags
+        check(not unknown and all(a.startswith("--") and "=" in a
+                                  for a in container["args"]),
+              f"{what}: args normd does not know: {sorted(unknown)}")
+        check(args.get("max_models") == "0",
+              f"{what}: an autoscaled replica must keep no models "
+              f"(--max_models=0): {container['args']}")
+        annotations = metadata.get("annotations", {})
+        check(annotations.get("serving.kserve.io/enable-prometheus-scraping")
+              == "true" and annotations.get("prometheus.kserve.io/port") ==
+              args.get("metrics_port") and
+              annotations.get("prometheus.kserve.io/path") == "/metrics",
+              f"{what}: scraping annotations {annotations} vs "
+              f"--metrics_port={args.get('metrics_port')}")
+        (port,) = container["ports"]
+        number = port["containerPort"]
+        if protocol == "rest":
+            check(args.get("http_port") == str(number) and
+                  port.get("name") in (None, "http1"),
+                  f"{what}: --http_port vs port {port}")
+            probes = {"readinessProbe": {"httpGet": {
+                "path": "/v2/health/ready", "port": number}},
+                "livenessProbe": {"httpGet": {"path": "/v2/health/live",
+                                              "port": number}}}
+        else:
+            check(args.get("port") == str(number) and
+                  port.get("name") == "h2c",
+                  f"{what}: --port vs port {port} (KServe needs h2c)")
+            probes = {"readinessProbe": {"grpc": {
+                "port": number, "service": "normd.v1.Normalizer"}},
+                "livenessProbe": {"grpc": {"port": number}}}
+        for probe, want in probes.items():
+            got = {k: v for k, v in container.get(probe, {}).items()
+                   if k in ("httpGet", "grpc")}
+            check(got == want, f"{what}: {probe} {container.get(probe)}")
+        for key in ("image", "resources", "securityContext", "volumeMounts"):
+            check(container.get(key) == deployed.get(key),
+                  f"{what}: container {key} differs from the base's")
+        check(pod.get("securityContext", {}).get("runAsUser") == 10001 and
+              pod["securityContext"].get("runAsNonRoot") is True,
+              f"{what}: pod must run as uid 10001, non-root")
+    check(len(names) == 2, f"kserve: the two need two names: {names}")
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--normd", required=True)
+    args = parser.parse_args()
     base = by_kind(render(os.path.join(K8S, "base")))
     durable = by_kind(render(os.path.join(K8S, "overlays", "durable")))
     for name, kinds in (("base", base), ("durable", durable)):
@@ -332,7 +383,7 @@ def main():
     check_sharded(by_kind(render(os.path.join(K8S, "overlays", "sharded"))),
                   stateful)
     check_http_probes(deployed)
-    check_kserve(deployed)
+    check_kserve(deployed, normd_flags(args.normd))
     return normd_process.report(failures, "k8s manifests")
 
 

@@ -75,6 +75,17 @@ def main():
         if count > limit:
             failures.append(f"{os.path.relpath(page, source)} has {count} "
                             f"lines (at most {limit})")
+    # Every alert rule is in docs/deploy.md's alert table.
+    with open(os.path.join(source, "deploy", "prometheus", "alerts.yml"),
+              encoding="utf-8") as f:
+        alerts = re.findall(r"^\s*- alert: (\w+)", f.read(), re.M)
+    with open(os.path.join(docs, "deploy.md"), encoding="utf-8") as f:
+        deploy = f.read()
+    for alert in alerts:
+        if f"| `{alert}` |" not in deploy:
+            failures.append(f"docs/deploy.md's alert table lacks {alert}")
+    if not alerts:
+        failures.append("no alert found in deploy/prometheus/alerts.yml")
     for failure in failures:
         print("FAIL", failure)
     print(f"{len(pages)} pages, {links} relative links, "
