@@ -271,6 +271,17 @@ def test_fit_and_models(client):
           f"pooled var {state.var} vs {every.var(0)}")
     names = [m.name for m in client.list_models()]
     check("py-fit" in names and "py-bn2d" in names, f"list_models: {names}")
+    # One group: the name G and the names G.*, nothing else.
+    for name in ("pyg", "pyg.layer1.bn", "pyg.bn2", "pyg2.bn"):
+        client.create_model(name, 2)
+    group = [m.name for m in client.list_models(group="pyg")]
+    check(group == ["pyg", "pyg.bn2", "pyg.layer1.bn"],
+          f"list_models(group='pyg'): {group}")
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, "group",
+                 lambda: client.list_models(group="pyg.bn2"),
+                 "list_models of a name with a '.'")
+    for name in ("pyg", "pyg.layer1.bn", "pyg.bn2", "pyg2.bn"):
+        client.delete_model(name)
     # export -> import under another name: the same state, bit for bit; a
     # merge of it into the original doubles the data (same mean, same var).
     exported = client.export_model("py-fit")
