@@ -63,5 +63,7 @@ export class Client {
 
 /** The number a bfloat16 / float16 bit pattern stands for. */
 export function halfToNumber(bits: number, dtype: HalfDType): number;
+/** A model's group, its name up to the first ".": what a sharding proxy routes by. */
+export function modelGroup(name: string): string;
 export const status: typeof grpcStatus;
 export { credentials } from "@grpc/grpc-js";

@@ -7,7 +7,7 @@ const test = require("node:test");
 const assert = require("node:assert/strict");
 const { spawn } = require("node:child_process");
 const grpc = require("@grpc/grpc-js");
-const { Client, NormdError, halfToNumber, status } = require("..");
+const { Client, NormdError, halfToNumber, modelGroup, status } = require("..");
 
 function startNormd() {
   const binary = process.env.NORMD_BINARY;
@@ -206,6 +206,12 @@ test("normd Node client", async (t) => {
     await assert.rejects(client.layerNorm([1, 2], [2]), TypeError);
     await assert.rejects(client.layerNorm(new Float32Array(3), [2]), RangeError);
   });
+});
+
+test("a model's group is its name up to the first dot", () => {
+  assert.equal(modelGroup("resnet.layer1.0.bn1"), "resnet");
+  assert.equal(modelGroup("m"), "m");
+  assert.equal(modelGroup("a-b.c"), "a-b");
 });
 
 test("x-normd-model and its group go with every call that names a model", async (t) => {
