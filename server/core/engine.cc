@@ -12,6 +12,7 @@
 #include "server/core/half.h"
 #include "server/core/parallel.h"
 #include "server/core/simd/streaming.h"
+#include "server/core/thread_paths.h"
 
 namespace normd {
 namespace {
@@ -255,6 +256,8 @@ void FusedGroupRows(const Storage<T>* x, Storage<T>* y, const GroupGeometry& g,
   // With several chunks per thread, each chunk's loops run on its thread.
   const bool serial_chunks =
       chunks >= kFusedChunksPerThread * ComputeConcurrency();
+  CountThreadPath(serial_chunks ? ThreadPath::kGroupChunksOnOneThread
+                                : ThreadPath::kGroupChunksSpread);
   ParallelFor(
       tbb::blocked_range<int64_t>(0, g.samples * g.groups, per_chunk), total,
       [&](const tbb::blocked_range<int64_t>& range) {
@@ -778,9 +781,13 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   // Stateless with groups of contiguous rows: each is reduced and written
   // while cached. With larger samples and a large enough batch: one sample
   // per task, reduced then written backwards.
-  if (!with_model &&
-      (g.sample_outer == 1 ||
-       g.samples >= kFusedSamplesPerThread * ComputeConcurrency())) {
+  const bool fused_samples =
+      g.samples >= kFusedSamplesPerThread * ComputeConcurrency();
+  if (!with_model && g.sample_outer != 1) {
+    CountThreadPath(fused_samples ? ThreadPath::kGroupSamplesFused
+                                  : ThreadPath::kGroupSamplesTwoPass);
+  }
+  if (!with_model && (g.sample_outer == 1 || fused_samples)) {
     const std::vector<double>& weight =
         spec.weight.has_value() ? spec.weight->values : no_weight;
     const std::vector<double>& bias =

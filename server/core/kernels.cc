@@ -17,6 +17,7 @@
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/streaming.h"
 #include "server/core/staging.h"
+#include "server/core/thread_paths.h"
 
 namespace normd {
 namespace {
@@ -264,6 +265,10 @@ void LayerNormRows(DType dtype, const InputSource& source, void* y,
       x != nullptr && job.RowBytes() <= kMaxWholeLongRowBytes &&
       rows.rows >= kWholeLongRowsPerThread * ComputeConcurrency() &&
       job.BufferFloats() <= kMaxHalfKernelRow;
+  if (n >= kLongLayerNormRow) {
+    CountThreadPath(whole_long_rows ? ThreadPath::kLayerNormWholeLongRows
+                                    : ThreadPath::kLayerNormLongRowsSpread);
+  }
   if (n >= kLongLayerNormRow && !whole_long_rows) {
     for (int64_t r = 0; r < rows.rows; ++r) {
       job.WriteLongRow(x + r * job.RowBytes(), out + r * job.RowBytes());

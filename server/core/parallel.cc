@@ -3,10 +3,19 @@
 #include <tbb/global_control.h>
 
 #include <algorithm>
+#include <atomic>
 
 namespace normd {
+namespace {
+// A ScopedComputeThreads' arena, when one is alive.
+std::atomic<tbb::task_arena*> arena_override{nullptr};
+}  // namespace
 
 tbb::task_arena& ComputeArena() {
+  if (tbb::task_arena* scoped =
+          arena_override.load(std::memory_order_acquire)) {
+    return *scoped;
+  }
   // Never destroyed: tasks may still be finishing while the process exits.
   static tbb::task_arena* arena = [] {
     auto* a = new tbb::task_arena();
@@ -27,6 +36,19 @@ SerialLoopsScope::SerialLoopsScope(bool active) : previous_(serial_loops) {
 SerialLoopsScope::~SerialLoopsScope() { serial_loops = previous_; }
 
 bool SerialLoopsScope::Active() { return serial_loops; }
+
+ScopedComputeThreads::ScopedComputeThreads(int threads)
+    : allowed_(tbb::global_control::max_allowed_parallelism,
+               static_cast<size_t>(threads)),
+      arena_(std::make_unique<tbb::task_arena>(threads)),
+      previous_(nullptr) {
+  arena_->initialize();
+  previous_ = arena_override.exchange(arena_.get(), std::memory_order_acq_rel);
+}
+
+ScopedComputeThreads::~ScopedComputeThreads() {
+  arena_override.store(previous_, std::memory_order_release);
+}
 
 int ComputeConcurrency() {
   const auto limit = tbb::global_control::active_value(

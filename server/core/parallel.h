@@ -13,10 +13,12 @@
 #define NORMD_SERVER_CORE_PARALLEL_H_
 
 #include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 namespace normd {
@@ -30,6 +32,24 @@ tbb::task_arena& ComputeArena();
 // How many threads compute work can use now: the arena's size, or less
 // under a tbb::global_control limit (normd's --tbb_threads).
 int ComputeConcurrency();
+
+// For tests of results at a thread count: while one is alive, the compute
+// arena is a fresh arena of exactly `threads` slots and TBB may run that
+// many threads, even past the machine's cores (oversubscribed, which is fine
+// for comparing bits); ComputeConcurrency() is `threads`. Scopes nest. Not
+// for use while other compute runs (it replaces the process-wide arena).
+class ScopedComputeThreads {
+ public:
+  explicit ScopedComputeThreads(int threads);
+  ~ScopedComputeThreads();
+  ScopedComputeThreads(const ScopedComputeThreads&) = delete;
+  ScopedComputeThreads& operator=(const ScopedComputeThreads&) = delete;
+
+ private:
+  tbb::global_control allowed_;
+  std::unique_ptr<tbb::task_arena> arena_;
+  tbb::task_arena* previous_;
+};
 
 // Runs `task` (any callable, move-only is fine) in the compute arena on some
 // worker thread, later; returns at once. `task` must not throw.

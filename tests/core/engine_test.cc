@@ -3,9 +3,10 @@
 #include "server/core/engine.h"
 
 #include <gtest/gtest.h>
-#include <tbb/global_control.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,11 +22,14 @@
 
 #include "server/core/parallel.h"
 #include "server/core/simd/streaming.h"
+#include "server/core/thread_paths.h"
 #include "tests/testing/core_cases.h"
+#include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
 
+using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::GroupCase;
 using ::normd::testing::NumElementsOf;
 using ::normd::testing::RandomValues;
@@ -419,39 +423,62 @@ TEST(ScatteredInputTest, EveryPathMatchesContiguousBitwise) {
   CheckScatteredMatchesContiguous<double>();
 }
 
-// Runs `f` with the core limited to `threads` threads. The core computes in
-// its own arena (ComputeArena), so an arena made here would not limit it; a
-// global_control does (the most restrictive one is in effect).
+// The thread counts each determinism test compares with one thread: real
+// threads in an arena of that size (ScopedComputeThreads), oversubscribed
+// where the machine has fewer cores, so that every count takes the paths a
+// machine of that many cores would.
+constexpr int kThreadCounts[] = {2, 3, 8, 16};
+
+// Runs f() with the compute arena at exactly `threads` threads.
 template <typename F>
-auto WithThreads(int threads, F f) {
-  tbb::global_control limit(tbb::global_control::max_allowed_parallelism,
-                            threads);
+auto OnThreads(int threads, F f) {
+  const ScopedComputeThreads scope(threads);
+  EXPECT_EQ(ComputeConcurrency(), threads);
   return f();
 }
 
-// Expects `normalize` (a Normalize of `spec` into a float output) to give
-// the same bytes on 2 and 8 threads as on 1.
+// How often each thread-dependent path was taken since construction.
+class PathsTaken {
+ public:
+  PathsTaken() {
+    for (int p = 0; p < kPaths; ++p) {
+      start_[p] = ThreadPathCount(static_cast<ThreadPath>(p));
+    }
+  }
+  int64_t operator()(ThreadPath path) const {
+    return ThreadPathCount(path) - start_[static_cast<int>(path)];
+  }
+
+ private:
+  static constexpr int kPaths = static_cast<int>(ThreadPath::kCount);
+  int64_t start_[kPaths];
+};
+
+// Expects a Normalize of `spec` into a float output to give the same bytes
+// on every count of kThreadCounts as on 1, on every SIMD target.
 void ExpectSameBitsOnAnyThreads(const NormalizeSpec& spec,
                                 const std::string& what) {
-  auto run = [&](int threads) {
-    return WithThreads(threads, [&] {
-      Engine engine;
-      std::vector<float> y(spec.input.size);
-      EXPECT_TRUE(engine.Normalize(spec, y.data()).ok()) << what;
-      return y;
-    });
-  };
-  const std::vector<float> one = run(1);
-  for (int threads : {2, 8}) {
-    EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
-                          one.size() * sizeof(float)),
-              0)
-        << what << " on " << threads << " threads";
-  }
+  ForEachSimdTarget([&](const std::string& target) {
+    auto run = [&](int threads) {
+      return OnThreads(threads, [&] {
+        Engine engine;
+        std::vector<float> y(spec.input.size);
+        EXPECT_TRUE(engine.Normalize(spec, y.data()).ok()) << what;
+        return y;
+      });
+    };
+    const std::vector<float> one = run(1);
+    for (int threads : kThreadCounts) {
+      EXPECT_EQ(std::memcmp(one.data(), run(threads).data(),
+                            one.size() * sizeof(float)),
+                0)
+          << what << " on " << threads << " threads, " << target;
+    }
+  });
 }
 
 TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
-  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  const PathsTaken taken;
   struct Case {
     Shape shape;
     int32_t axis;
@@ -463,42 +490,81 @@ TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
                         {{1, 5, 700, 300}, 1},
                         {{3, 20000, 33}, 2},
                         // LayerNorm rows of 40000: whole rows per work item
-                        // on 1 and 2 threads, spread over the threads one
-                        // at a time on 3 and 8 (see LayerNormKernel).
+                        // on 1 and 2 threads (8 rows, 4 per thread), spread
+                        // over the threads one at a time on 3 and more (see
+                        // LayerNormKernel).
                         {{8, 2, 20000}, 1}};
-  for (const Case& c : cases) {
-    int64_t n = 1;
-    for (int64_t d : c.shape) n *= d;
-    const auto x = RandomValues<float>(n, 9, 1e3, 5.0);
-    auto run = [&](int threads) {
-      return WithThreads(threads, [&] {
-        Engine engine;
-        NormalizeSpec spec = TrainingSpec("d", x, c.shape, c.axis);
-        std::vector<float> y(n);
-        auto model = engine.Normalize(spec, y.data());
-        EXPECT_TRUE(model.ok());
-        spec.mode = NormMode::kLayerNorm;
-        spec.normalized_ndim = 2;
-        std::vector<float> ln(n);
-        EXPECT_TRUE(engine.Normalize(spec, ln.data()).ok());
-        return std::make_tuple(y, ln, (*model)->running_var,
-                               (*model)->PooledVariance());
-      });
-    };
-    const auto one = run(1);
-    for (int threads : {2, 3, 8}) {
-      const auto many = run(threads);
-      EXPECT_EQ(std::memcmp(std::get<0>(one).data(), std::get<0>(many).data(),
-                            n * sizeof(float)),
-                0)
-          << threads;
-      EXPECT_EQ(std::memcmp(std::get<1>(one).data(), std::get<1>(many).data(),
-                            n * sizeof(float)),
-                0)
-          << threads;
-      EXPECT_EQ(std::get<2>(one), std::get<2>(many));
-      EXPECT_EQ(std::get<3>(one), std::get<3>(many));
+  ForEachSimdTarget([&](const std::string& target) {
+    for (const Case& c : cases) {
+      int64_t n = 1;
+      for (int64_t d : c.shape) n *= d;
+      const auto x = RandomValues<float>(n, 9, 1e3, 5.0);
+      auto run = [&](int threads) {
+        return OnThreads(threads, [&] {
+          Engine engine;
+          NormalizeSpec spec = TrainingSpec("d", x, c.shape, c.axis);
+          std::vector<float> y(n);
+          auto model = engine.Normalize(spec, y.data());
+          EXPECT_TRUE(model.ok());
+          spec.mode = NormMode::kLayerNorm;
+          spec.normalized_ndim = 2;
+          std::vector<float> ln(n);
+          EXPECT_TRUE(engine.Normalize(spec, ln.data()).ok());
+          return std::make_tuple(y, ln, (*model)->running_var,
+                                 (*model)->PooledVariance());
+        });
+      };
+      const auto one = run(1);
+      for (int threads : kThreadCounts) {
+        SCOPED_TRACE(ShapeString(c.shape) + " on " + std::to_string(threads) +
+                     " threads, " + target);
+        const auto many = run(threads);
+        EXPECT_EQ(std::memcmp(std::get<0>(one).data(), std::get<0>(many).data(),
+                              n * sizeof(float)),
+                  0);
+        EXPECT_EQ(std::memcmp(std::get<1>(one).data(), std::get<1>(many).data(),
+                              n * sizeof(float)),
+                  0);
+        EXPECT_EQ(std::get<2>(one), std::get<2>(many));
+        EXPECT_EQ(std::get<3>(one), std::get<3>(many));
+      }
     }
+  });
+  // Both ways of a long LayerNorm row were compared.
+  EXPECT_GT(taken(ThreadPath::kLayerNormWholeLongRows), 0);
+  EXPECT_GT(taken(ThreadPath::kLayerNormLongRowsSpread), 0);
+}
+
+// ScopedComputeThreads gives real threads: a loop of `threads` pieces, each
+// waiting until every piece has started, finishes only if that many threads
+// run at once (on 2 cores too). A piece gives up after 30 s.
+TEST(ParallelTest, ScopedComputeThreadsRunsThatManyThreadsAtOnce) {
+  for (int threads : kThreadCounts) {
+    const ScopedComputeThreads scope(threads);
+    EXPECT_EQ(ComputeConcurrency(), threads);
+    std::atomic<int> started{0};
+    std::mutex mutex;
+    std::vector<std::thread::id> ids;
+    ParallelFor(
+        tbb::blocked_range<int64_t>(0, threads, 1), int64_t{1} << 30,
+        [&](const tbb::blocked_range<int64_t>& r) {
+          for (int64_t i = r.begin(); i < r.end(); ++i) {
+            started.fetch_add(1);
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              ids.push_back(std::this_thread::get_id());
+            }
+            const auto give_up =
+                std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (started.load() < threads &&
+                   std::chrono::steady_clock::now() < give_up) {
+              std::this_thread::sleep_for(std::chrono::microseconds(200));
+            }
+          }
+        });
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(std::unique(ids.begin(), ids.end()) - ids.begin(), threads)
+        << "distinct threads of a loop in an arena of " << threads;
   }
 }
 
@@ -546,7 +612,11 @@ TEST(ParallelTest, SerialLoopsScopeRunsLoopsWholeOnTheCallingThread) {
 }
 
 TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
-  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  const PathsTaken taken;
+  // NCHW [16, 32, 64, 64] / 8 groups: 32 chunks of 4 groups, on one thread
+  // each up to 8 threads, spread on 16. Channels-last [16, 64, 64, 32]: one
+  // sample per task up to 4 threads (16 samples, 4 per thread), the
+  // two-pass path on 8 and 16.
   const GroupCase cases[] = {{{16, 32, 64, 64}, 1, 8},
                              {{16, 64, 64, 32}, -1, 4},
                              {{2, 5, 4, 30000}, 2, 2}};
@@ -559,10 +629,14 @@ TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
     spec.input = View(x, c.shape);
     ExpectSameBitsOnAnyThreads(spec, ShapeString(c.shape));
   }
+  for (ThreadPath path :
+       {ThreadPath::kGroupChunksOnOneThread, ThreadPath::kGroupChunksSpread,
+        ThreadPath::kGroupSamplesFused, ThreadPath::kGroupSamplesTwoPass}) {
+    EXPECT_GT(taken(path), 0) << "path " << static_cast<int>(path);
+  }
 }
 
 TEST(DeterminismTest, L2AndWeightNormBitwiseEqualFor1AndNThreads) {
-  tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   // L2 rows short, long (one at a time over every thread) and of two dims;
   // Weight Norm of a [4096, 512] weight at dims 0 and 1, and of a conv
   // weight.
