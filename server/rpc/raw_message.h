@@ -18,10 +18,23 @@
 
 namespace normd {
 
+// A unary call whose message never arrived (the client cancelled it, or its
+// deadline passed, while the message was still on its way) reaches its
+// handler with an empty ByteBuffer: CANCELLED, not a server error.
+inline absl::Status MessageArrived(const grpc::ByteBuffer& bytes) {
+  if (bytes.Valid()) return absl::OkStatus();
+  return absl::CancelledError(
+      "request: no message arrived (the client cancelled the call, or its "
+      "deadline passed, before it was received)");
+}
+
 // Parses the serialized `Message` in `bytes` (which keeps its contents):
 // INVALID_ARGUMENT "request: not a serialized <type>" if they are not one.
 template <typename Message>
 absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
+  if (absl::Status arrived = MessageArrived(bytes); !arrived.ok()) {
+    return arrived;
+  }
   grpc::ByteBuffer copy(bytes);  // Shares the slices; parsing consumes it.
   if (!grpc::SerializationTraits<Message>::Deserialize(&copy, &message).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -38,6 +51,9 @@ absl::Status ParseMessage(const grpc::ByteBuffer& bytes, Message& message) {
 inline absl::Status SliceViews(const grpc::ByteBuffer& message,
                                std::vector<grpc::Slice>& slices,
                                std::vector<absl::string_view>& views) {
+  if (absl::Status arrived = MessageArrived(message); !arrived.ok()) {
+    return arrived;
+  }
   if (!message.Dump(&slices).ok()) {
     return absl::InternalError("request: cannot read the message bytes");
   }

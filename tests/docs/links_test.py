@@ -75,6 +75,16 @@ def main():
         if count > limit:
             failures.append(f"{os.path.relpath(page, source)} has {count} "
                             f"lines (at most {limit})")
+    # Counts the docs state are the suite's own: the bad-input table's rows.
+    import json
+    with open(os.path.join(source, "tests", "e2e", "bad_inputs.json"),
+              encoding="utf-8") as f:
+        rows = len(json.load(f)["rows"])
+    with open(os.path.join(docs, "reliability.md"), encoding="utf-8") as f:
+        reliability = f.read()
+    if f"bad_inputs.json` lists {rows} such requests" not in reliability:
+        failures.append(f"docs/reliability.md does not say that "
+                        f"bad_inputs.json lists {rows} requests")
     # Every alert rule is in docs/deploy.md's alert table.
     with open(os.path.join(source, "deploy", "prometheus", "alerts.yml"),
               encoding="utf-8") as f:

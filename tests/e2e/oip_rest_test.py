@@ -465,17 +465,27 @@ def check_connections(c, rest, port, native):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(client, range(16)))
     c.expect(results == [15] * 16, f"16 concurrent connections: {results}")
-    # Garbage and half requests get a 4xx answer, never a crash or a silent
-    # close; the server keeps serving.
-    for garbage in (b"\x00\xff garbage\r\n\r\n", b"GET\r\n\r\n",
-                    b"POST /v2/models/layer_norm/infer HTTP/1.1\r\n"
-                    b"Content-Length: -5\r\n\r\n",
-                    b"POST /v2/models/layer_norm/infer HTTP/1.1\r\n"
-                    b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
-                    b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n"):
+    # Garbage and half requests get their defined answer, status and the
+    # JSON error naming what is wrong, never a crash or a silent close; the
+    # server keeps serving.
+    for garbage, status, names in (
+            (b"\x00\xff garbage\r\n\r\n", 400, b"(bad method)"),
+            (b"GET\r\n\r\n", 400, b"(bad method)"),
+            (b"POST /v2/models/layer_norm/infer HTTP/1.1\r\nHost: n\r\n"
+             b"Content-Length: -5\r\n\r\n", 400, b"Content-Length"),
+            (b"POST /v2/models/layer_norm/infer HTTP/1.1\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, b"Host"),
+            (b"POST /v2/models/layer_norm/infer HTTP/1.1\r\nHost: n\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400,
+             b"(bad chunk)"),
+            (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: n\r\n\r\n", 404,
+             b"path: no endpoint")):
         reply = raw_exchange(port, garbage)
-        c.expect(reply.startswith(b"HTTP/1.1 4"),
-                 f"garbage {garbage[:30]!r}: {reply[:60]!r}")
+        head, _, body = reply.partition(b"\r\n\r\n")
+        c.expect(head.startswith(b"HTTP/1.1 %d " % status) and
+                 body.startswith(b'{"error":') and names in body,
+                 f"garbage {garbage[:30]!r}: {reply[:160]!r}, want {status} "
+                 f"naming {names!r}")
     c.expect(rest.get("/v2/health/live").status_code == 200,
              "serving after garbage")
 

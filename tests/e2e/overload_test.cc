@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/tensor_io.h"
 #include "tests/testing/reference.h"
@@ -238,18 +240,44 @@ TEST(OverloadTest, AnOpenStreamWaitingOnItsClientHoldsNoSlot) {
   EXPECT_EQ(fit_response.model().num_batches_tracked(), 1);
 }
 
-// Canceled Normalize calls the server finished, from its metrics.
-double CanceledNormalizeCalls(int metrics_port) {
+// The value of one series of the server's /metrics ("name{labels} "), or -1
+// when it is absent (a failure).
+double MetricValue(int metrics_port, const std::string& series) {
   const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
-  const std::string series =
-      "grpc_server_handled_total{grpc_code=\"Canceled\",grpc_method="
-      "\"Normalize\",grpc_service=\"normd.v1.Normalizer\",grpc_type="
-      "\"unary\"} ";
   const size_t at = metrics.find(series);
-  EXPECT_NE(at, std::string::npos) << metrics;
+  EXPECT_NE(at, std::string::npos) << series << " in\n" << metrics;
   return at == std::string::npos
              ? -1
              : std::stod(metrics.substr(at + series.size()));
+}
+
+// Normalize calls the server started, and those it finished with `code`.
+double StartedNormalizeCalls(int metrics_port) {
+  return MetricValue(metrics_port,
+                     "grpc_server_started_total{grpc_method=\"Normalize\","
+                     "grpc_service=\"normd.v1.Normalizer\",grpc_type="
+                     "\"unary\"} ");
+}
+double NormalizeCallsEnded(int metrics_port, const std::string& code) {
+  return MetricValue(metrics_port,
+                     "grpc_server_handled_total{grpc_code=\"" + code +
+                         "\",grpc_method=\"Normalize\",grpc_service=\"normd."
+                         "v1.Normalizer\",grpc_type=\"unary\"} ");
+}
+double CanceledNormalizeCalls(int metrics_port) {
+  return NormalizeCallsEnded(metrics_port, "Canceled");
+}
+// Normalize calls the server finished, with any code.
+double HandledNormalizeCalls(int metrics_port) {
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  double handled = 0;
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (absl::StartsWith(line, "grpc_server_handled_total{") &&
+        absl::StrContains(line, "grpc_method=\"Normalize\"")) {
+      handled += std::stod(std::string(line.substr(line.rfind(' ') + 1)));
+    }
+  }
+  return handled;
 }
 
 TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
@@ -263,10 +291,18 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
   // in connecting (on a loaded CI machine connecting alone took longer:
   // the calls expired at the client and the server never saw them). Where
   // in the queue they land is up to the scheduler, so up to 5 rounds.
+  // Skipped means skipped: normd_elements_total counts what was computed,
+  // and it equals the huge calls plus the medium calls the server started
+  // and did not end as Canceled or DeadlineExceeded, so not one element of
+  // an expired call was computed.
+  constexpr int64_t kHugeElements = 2048 * 4096;
+  constexpr int64_t kMediumElements = 512 * 1024;
   const v1::NormalizeRequest huge = LayerNormRequest(2048, 4096);
   const v1::NormalizeRequest medium = LayerNormRequest(512, 1024);
   auto client = NormdClient::Connect(server.target());
   std::atomic<int> expired = 0;
+  std::atomic<int64_t> huge_calls = 0;
+  std::atomic<int64_t> huge_ok = 0;
   for (int round = 0;
        round < 5 && CanceledNormalizeCalls(server.metrics_port()) <= 0;
        ++round) {
@@ -282,7 +318,10 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
     std::vector<std::thread> busy;
     for (int i = 0; i < 4; ++i) {
       busy.emplace_back([&] {
-        while (!round_over) (void)client->Normalize(huge);
+        while (!round_over) {
+          ++huge_calls;
+          if (client->Normalize(huge).ok()) ++huge_ok;
+        }
       });
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -304,7 +343,34 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
     for (auto& t : busy) t.join();
   }
   EXPECT_GT(expired, 0);
-  EXPECT_GT(CanceledNormalizeCalls(server.metrics_port()), 0);
+  // The server answers the calls the client gave up on when it reaches
+  // them: wait until it has answered every call it started.
+  for (int i = 0; i < 300 && HandledNormalizeCalls(server.metrics_port()) <
+                                 StartedNormalizeCalls(server.metrics_port());
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double canceled = CanceledNormalizeCalls(server.metrics_port());
+  EXPECT_GT(canceled, 0);
+  const double skipped =
+      canceled + NormalizeCallsEnded(server.metrics_port(), "DeadlineExceeded");
+  EXPECT_EQ(huge_ok, huge_calls);
+  const double medium_started =
+      StartedNormalizeCalls(server.metrics_port()) - huge_calls;
+  const double elements = MetricValue(
+      server.metrics_port(), "normd_elements_total{mode=\"layer_norm\"} ");
+  const double medium_computed =
+      (elements - static_cast<double>(huge_ok) * kHugeElements) /
+      kMediumElements;
+  EXPECT_EQ(medium_computed + skipped, medium_started)
+      << "elements " << elements << ", huge " << huge_ok << ", medium started "
+      << medium_started << ", ended expired " << skipped << "\n"
+      << server.log();
+  // An expired call is the client's doing, never a server error: a call
+  // whose message had not fully arrived used to end INTERNAL ("cannot read
+  // the message bytes"), which the error-ratio alert counts.
+  EXPECT_EQ(NormalizeCallsEnded(server.metrics_port(), "Internal"), 0)
+      << server.log();
   client.reset();
   EXPECT_EQ(server.Stop(), 0) << server.log();
 }

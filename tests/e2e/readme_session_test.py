@@ -48,8 +48,10 @@ def main():
                 argv = ["curl"] + [a.replace("localhost:8000",
                                              f"127.0.0.1:{http_port}")
                                    for a in argv[1:]]
+            elif argv[0] != "normctl":
+                raise RuntimeError(f"README session: not normctl or curl: "
+                                   f"{command}")
             else:
-                assert argv[0] == "normctl", command
                 argv = [args.normctl, f"--server=127.0.0.1:{port}"] + argv[1:]
             run = subprocess.run(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -59,6 +59,13 @@ def fit_request(model, channels, rows=4, seed=0, dtype=pb.FLOAT64):
                          input=tensor([rows, channels], dtype=dtype, seed=seed))
 
 
+def require(condition, what):
+    """Stops the test when `condition` is false. Unlike assert, it stays
+    under `python3 -O` (where an assert would not even start the server)."""
+    if not condition:
+        raise RuntimeError(f"required: {what}")
+
+
 def connect(server):
     channel = grpc.insecure_channel(
         server.target(),
@@ -117,7 +124,7 @@ def finding1_overflow_is_refused_and_state_recovers():
     CHECKS.begin("1. what the server accepts, it recovers")
     with tempfile.TemporaryDirectory() as state_dir:
         server = harness.Server(ARGS.normd, state_dir=state_dir)
-        assert server.start(), server.log
+        require(server.start(), server.log)
         _, stub = connect(server)
 
         # CreateModel(num_batches_tracked = INT64_MAX), then Fit: it used to
@@ -221,7 +228,7 @@ def finding1_overflow_is_refused_and_state_recovers():
 def finding2_memory_budget():
     CHECKS.begin("2. the memory budget")
     server = harness.Server(ARGS.normd)
-    assert server.start(), server.log
+    require(server.start(), server.log)
     _, stub = connect(server)
     # The 13-byte request: refused by the default --max_num_features.
     CHECKS.expect_error(
@@ -243,7 +250,7 @@ def finding2_memory_budget():
     budget = 200_000_000
     server = harness.Server(ARGS.normd, ["--max_num_features=1048576",
                                          f"--max_model_bytes={budget}"])
-    assert server.start(), server.log
+    require(server.start(), server.log)
     _, stub = connect(server)
     rss_before = server.rss_mib()
     accepted = 0
@@ -284,7 +291,7 @@ def finding2_memory_budget():
 def finding3_idle_streams():
     CHECKS.begin("3. idle streams")
     server = harness.Server(ARGS.normd)
-    assert server.start(), server.log
+    require(server.start(), server.log)
     channel, stub = connect(server)
     # 300 open streams that send nothing: over --max_inflight_requests
     # (256), yet a new caller is served.
@@ -308,7 +315,7 @@ def finding3_idle_streams():
 
     # --stream_idle_timeout ends a stream that waits on its client.
     server = harness.Server(ARGS.normd, ["--stream_idle_timeout=1s"])
-    assert server.start(), server.log
+    require(server.start(), server.log)
     _, stub = connect(server)
     request = pb.NormalizeRequest(mode=pb.LAYER_NORM, input=tensor([2, 4]))
     for what, blocker, want in [
@@ -353,7 +360,7 @@ GARBAGE = b"\xff\xff\xff\xff\x0f"  # A field tag whose varint never ends.
 def finding4_garbage_in_streams():
     CHECKS.begin("4. a garbage message at every position of a stream")
     server = harness.Server(ARGS.normd)
-    assert server.start(), server.log
+    require(server.start(), server.log)
     channel, stub = connect(server)
     fit_stream = channel.stream_unary(SERVICE + "FitStream")
     for position in range(5):
@@ -406,7 +413,7 @@ def finding4_garbage_in_streams():
 def finding5_rejected_training_step_changes_nothing():
     CHECKS.begin("5. a reply too large to send changes nothing")
     server = harness.Server(ARGS.normd, ["--max_num_features=1048576"])
-    assert server.start(), server.log
+    require(server.start(), server.log)
     _, stub = connect(server)
     channels = 1 << 20
     stub.CreateModel(pb.CreateModelRequest(name="wide", num_features=channels))
@@ -430,7 +437,7 @@ def finding5_rejected_training_step_changes_nothing():
 
     # The same for Fit and CreateModel under a small message limit.
     server = harness.Server(ARGS.normd, ["--max_message_bytes=1048576"])
-    assert server.start(), server.log
+    require(server.start(), server.log)
     _, stub = connect(server)
     CHECKS.expect_error(
         lambda: stub.Fit(fit_request("small", 65536, rows=2,
@@ -482,7 +489,7 @@ def finding6_recovery_of_crashed_state():
     try:
         base = os.path.join(work, "base")
         server = harness.Server(ARGS.normd, state_dir=base)
-        assert server.start(), server.log
+        require(server.start(), server.log)
         _, stub = connect(server)
         states = []
         for i in range(5):
@@ -559,9 +566,9 @@ def finding6_recovery_of_crashed_state():
         # A graceful restart writes a snapshot; three more Fits go into the
         # next segment; then a crash.
         server = harness.Server(ARGS.normd, state_dir=base)
-        assert server.start(), server.log
+        require(server.start(), server.log)
         server.stop(signal.SIGTERM)
-        assert server.start(), server.log
+        require(server.start(), server.log)
         _, stub = connect(server)
         for i in range(3):
             stub.Fit(fit_request("m", 3, seed=10 + i))
@@ -606,7 +613,7 @@ def finding7_small_ones():
     token_file.flush()
     server = harness.Server(ARGS.normd,
                             [f"--auth_token_file={token_file.name}"])
-    assert server.start(), server.log
+    require(server.start(), server.log)
     channel, _ = connect(server)
     auth = [("authorization", "Bearer s3cret")]
     stub = pb_grpc.NormalizerStub(channel)
