@@ -13,6 +13,8 @@
 namespace normd {
 namespace {
 
+using ::normd::testing::Fp32OutputBound;
+using ::normd::testing::Fp64OutputBound;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceLayerNorm;
 using ::normd::testing::View;
@@ -39,13 +41,52 @@ TEST(LayerNormTest, MatchesReferenceWithAffine) {
     ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
     const auto ref = ReferenceLayerNorm(x, n, 1e-5, w, b);
     for (int64_t i = 0; i < 360; ++i) {
-      ASSERT_NEAR(y[i], ref[i], 2e-6 * (1 + std::abs(ref[i]))) << k << " " << i;
+      const int64_t j = i % n;
+      ASSERT_LE(std::abs(y[i] - ref[i]), Fp32OutputBound(ref[i], b[j], w[j]))
+          << k << " " << i;
     }
     // A weight of the wrong shape names the field.
     spec.weight = AffineParam{{n + 1}, std::vector<double>(n + 1, 1.0)};
     auto status = engine.Normalize(spec, y.data()).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(status.message().find("weight.shape"), std::string::npos);
+  }
+}
+
+// fp64 LayerNorm against long double, within Fp64OutputBound: rows short
+// and long (one lane term to thousands), data offset by 50 sigma (kappa
+// about 60), with eps at its default and at 0.1.
+TEST(LayerNormTest, Float64MatchesLongDoubleToFp64Accuracy) {
+  Engine engine;
+  for (int64_t n : {1, 2, 7, 768, 40000}) {
+    const int64_t rows = n > 10000 ? 2 : 9;
+    const auto x = RandomValues<double>(rows * n, 11, 50.0, 1.0);
+    std::vector<double> w(n), b(n);
+    for (int64_t j = 0; j < n; ++j) {
+      w[j] = 0.5 + 0.001 * static_cast<double>(j % 1500);
+      b[j] = -0.25 + 0.01 * static_cast<double>(j % 50);
+    }
+    for (double eps : {1e-5, 0.1}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " eps " << eps);
+      NormalizeSpec spec;
+      spec.mode = NormMode::kLayerNorm;
+      spec.input = View(x, {rows, n});
+      spec.weight = AffineParam{{n}, w};
+      spec.bias = AffineParam{{n}, b};
+      spec.eps = eps;
+      std::vector<double> y(x.size());
+      ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+      const auto ref = ReferenceLayerNorm(x, n, eps, w, b);
+      const int64_t lane_terms = (n + 7) / 8;
+      // kappa: max|x| / sigma, sigma >= sqrt(eps) and about 1 here (n > 1).
+      const double kappa = n == 1 ? 55.0 / std::sqrt(eps) : 60.0;
+      for (int64_t i = 0; i < rows * n; ++i) {
+        const int64_t j = i % n;
+        ASSERT_LE(std::abs(y[i] - ref[i]),
+                  Fp64OutputBound(ref[i], b[j], w[j], lane_terms, kappa))
+            << i;
+      }
+    }
   }
 }
 

@@ -243,6 +243,33 @@ std::vector<T> RandomValues(int64_t n, uint32_t seed, double offset = 0.0,
   return out;
 }
 
+// Unit roundoffs: half an ulp of 1.
+inline constexpr double kU32 = 0x1p-24;
+inline constexpr double kU64 = 0x1p-53;
+
+// The largest error a normalized output y of normd may have against the
+// long-double reference, from the error analysis of the row kernels:
+// - fp32: moments over at most 16 fp32 terms per lane before an fp64 flush,
+//   the mean kept as hi + lo so that x - mean is exact near it: the variance
+//   is within 17 u, the scale within 9 u, the mean within 16 u of sigma, and
+//   the affine rounds up to 6 times: 32 u (|y - b| + |w|) + u |y|, which
+//   with |w| <= 2 is at most 64 ulps of max(1, |y|) where the tests use it;
+// - fp64: exact two-pass moments in 8 fp64 lanes of at most `lane_terms`
+//   terms each: the mean is within lane_terms u max|x|, which moves y by
+//   lane_terms u kappa |w| (kappa = max|x| / sigma), and the variance's
+//   squares and sums add (lane_terms + 8) u |y - b|.
+// A dropped eps (eps / 2 sigma^2 relative) or an fp64 value narrowed to
+// fp32 (2^-24 relative) errs far past the fp64 bound.
+inline double Fp32OutputBound(double y, double b, double w) {
+  return 32 * kU32 * (std::abs(y - b) + std::abs(w)) + kU32 * std::abs(y);
+}
+inline double Fp64OutputBound(double y, double b, double w, int64_t lane_terms,
+                              double kappa) {
+  const double n = static_cast<double>(lane_terms);
+  return kU64 * (n * kappa * std::abs(w) + (n + 8) * std::abs(y - b) +
+                 std::abs(y) + 1);
+}
+
 // |a - b| / max(|b|, floor).
 inline double RelErr(double a, double b, double floor = 1e-30) {
   return std::abs(a - b) / std::max(std::abs(b), floor);
