@@ -280,12 +280,16 @@ double HandledNormalizeCalls(int metrics_port) {
   return handled;
 }
 
-TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
+// How a client gives up on a call it made.
+enum class GiveUp { kDeadline, kCancel };
+
+void ExpectAbandonedCallsNotComputed(GiveUp give_up) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(NORMD_BINARY, {"--tbb_threads=1"})) << server.log();
   // 32 MiB requests, sent without a pause until the round ends, keep the
-  // one-thread compute arena busy; 2 MiB calls with a 50 ms deadline queued
-  // behind them expire before they run, and the server finishes them as
+  // one-thread compute arena busy; 2 MiB calls queued behind them that
+  // their clients give up on after 50 ms (a deadline, or TryCancel: the
+  // client has gone) end before they run, and the server finishes them as
   // Canceled without computing them. Their channels connect before the
   // round, so that the deadline is spent in the server's queue rather than
   // in connecting (on a loaded CI machine connecting alone took longer:
@@ -329,11 +333,22 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
     for (int i = 0; i < 20; ++i) {
       threads.emplace_back([&, i] {
         grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::milliseconds(50));
+        std::thread canceller;
+        if (give_up == GiveUp::kDeadline) {
+          context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::milliseconds(50));
+        } else {
+          canceller = std::thread([&context] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            context.TryCancel();
+          });
+        }
         v1::NormalizeResponse response;
-        if (stubs[i]->Normalize(&context, medium, &response).error_code() ==
-            grpc::StatusCode::DEADLINE_EXCEEDED) {
+        const grpc::StatusCode code =
+            stubs[i]->Normalize(&context, medium, &response).error_code();
+        if (canceller.joinable()) canceller.join();
+        if (code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+            code == grpc::StatusCode::CANCELLED) {
           ++expired;
         }
       });
@@ -373,6 +388,14 @@ TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
       << server.log();
   client.reset();
   EXPECT_EQ(server.Stop(), 0) << server.log();
+}
+
+TEST(OverloadTest, CallsPastTheirDeadlineAreNotComputed) {
+  ExpectAbandonedCallsNotComputed(GiveUp::kDeadline);
+}
+
+TEST(OverloadTest, CallsWhoseClientHasGoneAreNotComputed) {
+  ExpectAbandonedCallsNotComputed(GiveUp::kCancel);
 }
 
 }  // namespace

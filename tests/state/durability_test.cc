@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,6 +22,7 @@
 
 #include "client/client.h"
 #include "client/tensor_io.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/testing/reference.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -303,6 +306,34 @@ TEST(DurabilityTest, FullDiskTakesTheServerOutOfServiceAndKeepsItsState) {
             std::string::npos);
   EXPECT_NE(server.log().find("NOT_SERVING"), std::string::npos)
       << server.log();
+  // The Open Inference Protocol says the same: REST ready is 503 (live
+  // stays 200) and gRPC ServerReady false...
+  const std::string ready =
+      testing::HttpGetResponse(server.http_port(), "/v2/health/ready");
+  EXPECT_NE(ready.find(" 503 "), std::string::npos) << ready;
+  const std::string live =
+      testing::HttpGetResponse(server.http_port(), "/v2/health/live");
+  EXPECT_NE(live.find(" 200 "), std::string::npos) << live;
+  auto oip = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext context;
+    inference::ServerReadyResponse response;
+    ASSERT_TRUE(
+        oip->ServerReady(&context, inference::ServerReadyRequest(), &response)
+            .ok());
+    EXPECT_FALSE(response.ready());
+  }
+  // ... while what needs no disk is still served: LayerNorm and reads.
+  v1::NormalizeRequest layer_norm;
+  layer_norm.set_mode(v1::LAYER_NORM);
+  *layer_norm.mutable_input() = MakeTensor({1, 2}, {1.0, 3.0}, v1::FLOAT64);
+  absl::StatusOr<v1::NormalizeResponse> normalized =
+      client->Normalize(layer_norm);
+  ASSERT_TRUE(normalized.ok()) << normalized.status();
+  double y[2];
+  std::memcpy(y, normalized->output().data().data(), sizeof(y));
+  EXPECT_NEAR(y[0], -1 / std::sqrt(1 + 1e-5), 1e-15);  // Hand-worked.
   client.reset();
   EXPECT_EQ(server.Stop(SIGKILL), 128 + SIGKILL);
 
@@ -343,6 +374,64 @@ TEST(DurabilityTest, DamagedStateStopsStartUpNamingTheFile) {
   EXPECT_FALSE(server.Start(NORMD_BINARY, {"--state_dir=" + dir}));
   EXPECT_NE(server.log().find(snapshot), std::string::npos) << server.log();
   EXPECT_NE(server.log().find("corrupt"), std::string::npos) << server.log();
+}
+
+// docs/reliability.md: a restart with a smaller --max_model_bytes keeps
+// every recovered model, logs a warning, and refuses new models until
+// enough are deleted.
+TEST(DurabilityTest, RestartUnderASmallerModelBudgetKeepsEveryModel) {
+  const std::string dir = FreshDir("smaller_budget");
+  constexpr int kHeld = 5;
+  constexpr int64_t kWide = 1000;  // About 56 KB charged per model.
+  auto create = [](NormdClient& client, const std::string& name) {
+    v1::CreateModelRequest request;
+    request.set_name(name);
+    request.set_num_features(kWide);
+    return client.CreateModel(request).status();
+  };
+  {
+    testing::ServerProcess server;
+    ASSERT_TRUE(server.Start(NORMD_BINARY, {"--state_dir=" + dir}));
+    auto client = NormdClient::Connect(server.target());
+    for (int k = 0; k < kHeld; ++k) {
+      ASSERT_TRUE(create(*client, ModelName(k)).ok());
+    }
+    client.reset();
+    EXPECT_EQ(server.Stop(SIGTERM), 0);
+  }
+  // A budget of about two of them.
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(NORMD_BINARY,
+                           {"--state_dir=" + dir, "--max_model_bytes=120000"}))
+      << server.log();
+  EXPECT_NE(server.log().find("more than --max_model_bytes = 120000"),
+            std::string::npos)
+      << server.log();
+  auto client = NormdClient::Connect(server.target());
+  absl::StatusOr<v1::ListModelsResponse> list = client->ListModels();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->models_size(), kHeld);
+  for (int k = 0; k < kHeld; ++k) {
+    absl::StatusOr<v1::ModelState> model = client->GetModel(ModelName(k));
+    EXPECT_TRUE(model.ok() && model->num_features() == kWide) << k;
+  }
+  const absl::Status refused = create(*client, "one-more");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--max_model_bytes"), std::string::npos)
+      << refused;
+  // Fits on held models go on (they were charged when created).
+  v1::FitRequest fit;
+  fit.set_model(ModelName(0));
+  *fit.mutable_input() = MakeTensor(
+      {2, kWide}, testing::RandomValues<double>(2 * kWide, 3), v1::FLOAT64);
+  EXPECT_TRUE(client->Fit(fit).ok());
+  // Below the budget again, a model can be created.
+  for (int k = 1; k < kHeld; ++k) {
+    ASSERT_TRUE(client->DeleteModel(ModelName(k)).ok());
+  }
+  EXPECT_TRUE(create(*client, "one-more").ok());
+  client.reset();
+  EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
 }  // namespace

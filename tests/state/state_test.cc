@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/core/engine.h"
 #include "server/core/model_store.h"
@@ -362,6 +363,135 @@ TEST(DurableStateTest, CorruptSnapshotStopsRecovery) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find(snapshot), std::string::npos) << s;
   EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+}
+
+// The log segment format (durable_state.cc): a 24-byte header (magic,
+// version, first record number, CRC), then records of a 16-byte header
+// (length, CRC, record number) and `length` bytes; zeros end the log.
+constexpr size_t kSegmentHeaderBytes = 24;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+uint32_t U32At(const std::string& bytes, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i)
+    v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
+  return v;
+}
+
+// [begin, end) of each record of a segment's bytes.
+std::vector<std::pair<size_t, size_t>> RecordSpans(const std::string& bytes) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  size_t at = kSegmentHeaderBytes;
+  while (at + 16 <= bytes.size() && U32At(bytes, at) != 0) {
+    const size_t end = at + 16 + U32At(bytes, at);
+    spans.emplace_back(at, end);
+    at = end;
+  }
+  return spans;
+}
+
+// A session's log: records #1..#n in wal-1 (not closed, so no later
+// snapshot covers them), and the models they leave.
+std::vector<BatchNormModel> LogOnlySession(const std::string& dir, int steps,
+                                           uint32_t seed) {
+  Opened o = Open(dir);
+  RandomChanges(*o.store, steps, seed);
+  return o.store->List(true);
+}
+
+TEST(DurableStateTest, DamagedManifestStopsStartUpNamingIt) {
+  const std::string dir = FreshDir("damaged_manifest");
+  LogOnlySession(dir, 30, 7);
+  const std::string manifest = dir + "/MANIFEST";
+  std::string text = ReadAll(manifest);
+  ASSERT_GT(text.size(), 30u);
+  text[25] ^= 0x01;  // Inside "snapshot <number>": the checksum fails.
+  WriteAll(manifest, text);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // Nothing was changed.
+    const absl::Status s = OpenStatus(dir);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(manifest), std::string::npos) << s;
+  }
+}
+
+TEST(DurableStateTest, RecordsOutOfSequenceInASegmentStopRecovery) {
+  const std::string dir = FreshDir("out_of_sequence");
+  LogOnlySession(dir, 30, 8);
+  const std::string segment = FilesIn(dir, "wal-").back();
+  std::string bytes = ReadAll(segment);
+  const auto spans = RecordSpans(bytes);
+  ASSERT_GE(spans.size(), 2u);
+  // Records #1 and #2 swapped: each whole, with a valid checksum.
+  const std::string first =
+      bytes.substr(spans[0].first, spans[0].second - spans[0].first);
+  const std::string second =
+      bytes.substr(spans[1].first, spans[1].second - spans[1].first);
+  bytes.replace(spans[0].first, spans[1].second - spans[0].first,
+                second + first);
+  WriteAll(segment, bytes);
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(segment), std::string::npos) << s;
+  EXPECT_NE(s.message().find("offset 24 is #2, expected #1"), std::string::npos)
+      << s;
+}
+
+TEST(DurableStateTest, IncompleteRecordFollowedByANewerSegmentStopsRecovery) {
+  const std::string dir = FreshDir("incomplete_then_newer");
+  LogOnlySession(dir, 30, 9);
+  const std::string segment = FilesIn(dir, "wal-").back();
+  const std::string bytes = ReadAll(segment);
+  const auto spans = RecordSpans(bytes);
+  ASSERT_GE(spans.size(), 4u);
+  // wal-1 keeps records #1 and #2 and half of #3; the rest, from #3 on, go
+  // to a newer segment with a valid header: #3 is cut short, yet the log
+  // goes on, so it is damage, not a write cut off by a crash.
+  const size_t cut = spans[2].first + (spans[2].second - spans[2].first) / 2;
+  WriteAll(segment, bytes.substr(0, cut));
+  std::string header = bytes.substr(0, 12);  // Magic and version.
+  for (int i = 0; i < 8; ++i) header.push_back(i == 0 ? 3 : 0);  // First #3.
+  const uint32_t crc = state::Crc32(header);
+  for (int i = 0; i < 4; ++i)
+    header.push_back(static_cast<char>(crc >> (8 * i)));
+  WriteAll(dir + "/" + state::SegmentFileName(3),
+           header + bytes.substr(spans[2].first,
+                                 spans.back().second - spans[2].first));
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(segment), std::string::npos) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("record at offset ", spans[2].first,
+                                          " is truncated, and a newer "
+                                          "segment follows")),
+            std::string::npos)
+      << s;
+}
+
+TEST(DurableStateTest, NewestSegmentWithoutAWholeHeaderIsDroppedWithAWarning) {
+  const std::string dir = FreshDir("headerless_segment");
+  const std::vector<BatchNormModel> before = LogOnlySession(dir, 30, 10);
+  const auto spans = RecordSpans(ReadAll(FilesIn(dir, "wal-").back()));
+  // A crash right after the next segment was created, before its header
+  // was synced: 10 bytes of it.
+  const std::string newest =
+      dir + "/" + state::SegmentFileName(spans.size() + 1);
+  WriteAll(newest, std::string("NORMDWAL\x01\x00", 10));
+  Opened o = Open(dir);
+  ASSERT_NE(o.state, nullptr);
+  ASSERT_EQ(o.report.warnings.size(), 1u);
+  EXPECT_NE(o.report.warnings[0].find(newest), std::string::npos);
+  EXPECT_NE(o.report.warnings[0].find("header was never completely written"),
+            std::string::npos)
+      << o.report.warnings[0];
+  ExpectSameModels(before, o.store->List(true));
 }
 
 TEST(DurableStateTest, ADirectoryServesOneServerAtATime) {

@@ -6,7 +6,7 @@
 
 namespace normd::testing {
 
-std::string HttpGet(int port, const std::string& path) {
+std::string HttpGetResponse(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -28,6 +28,11 @@ std::string HttpGet(int port, const std::string& path) {
     }
   }
   close(fd);
+  return response;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const std::string response = HttpGetResponse(port, path);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }

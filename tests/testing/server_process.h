@@ -137,8 +137,11 @@ class ServerProcess {
   int http_port_ = 0;
 };
 
-// GET http://127.0.0.1:port/path over a plain socket; the body, or "" on
-// failure.
+// GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0, as a
+// load balancer's probe); the whole response, or "" on failure.
+std::string HttpGetResponse(int port, const std::string& path);
+
+// The body of HttpGetResponse, or "" on failure.
 std::string HttpGet(int port, const std::string& path);
 
 }  // namespace normd::testing
