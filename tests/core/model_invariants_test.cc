@@ -135,6 +135,42 @@ TEST(ModelStepsTest, CountersThatWouldOverflowAreRefusedUntouched) {
   }
 }
 
+// At a counter's limit a model refuses to train; ResetModel clears the
+// counts (not the generation), and training goes on from them. A
+// generation at its limit is the one counter a reset cannot clear.
+TEST(ModelStepsTest, ResetThenTrainAtACounterLimit) {
+  const std::vector<Moments> batch = {{2, 0.5, 1.0}, {2, 0.0, 2.0}};
+  BatchNormModel model = Fitted();
+  model.num_batches_tracked = kInt64Max;
+  model.sample_count = kInt64Max - 1;
+  for (Moments& p : model.pooled) p.count = model.sample_count;
+  ASSERT_EQ(ApplyTrainingStep(model, batch).code(),
+            absl::StatusCode::kOutOfRange);
+  const uint64_t generation = model.generation;
+  ASSERT_TRUE(ResetStatistics(model).ok());
+  EXPECT_EQ(model.num_batches_tracked, 0);
+  EXPECT_EQ(model.sample_count, 0);
+  EXPECT_EQ(model.generation, generation + 1);
+  ASSERT_TRUE(ApplyTrainingStep(model, batch).ok());
+  EXPECT_EQ(model.num_batches_tracked, 1);
+  EXPECT_EQ(model.sample_count, 2);
+  // Momentum 0.1 from the reset's 0 / 1: 0.1 * 0.5 and 0.9 + 0.1 * (2 * 1 /
+  // (2 - 1)): the biased variance M2 / 2 = 0.5, unbiased 1.
+  EXPECT_DOUBLE_EQ(model.running_mean[0], 0.05);
+  EXPECT_DOUBLE_EQ(model.running_var[0], 0.9 + 0.1 * 1.0);
+  EXPECT_TRUE(ValidateModel(model).ok());
+
+  BatchNormModel last = Fitted();
+  last.generation = kUint64Max - 1;
+  ASSERT_TRUE(ResetStatistics(last).ok());  // The generation's last step.
+  EXPECT_EQ(last.generation, kUint64Max);
+  const BatchNormModel before = last;
+  const absl::Status status = ApplyTrainingStep(last, batch);
+  EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(status.message().substr(0, 10), "generation") << status;
+  EXPECT_TRUE(SameModel(last, before));
+}
+
 TEST(ModelStepsTest, BatchMomentsMustBeWhatAReductionGives) {
   for (const std::vector<Moments>& batch :
        {std::vector<Moments>{{-1, 0, 0}, {-1, 0, 0}},

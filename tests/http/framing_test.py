@@ -117,6 +117,21 @@ def check_ambiguous_framing(c, port):
         c.expect(reply is not None and reply[0] == 505 and
                  b"HTTP/1.1" in reply[2] and conn.closed_by_server(),
                  f"HTTP/1.0 infer: {reply}")
+    # Other versions and no version at all: 400 naming the request line,
+    # and the connection closed.
+    for what, line in (("HTTP/2 prior knowledge",
+                        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+                       ("HTTP/1.2", b"GET /v2/health/live HTTP/1.2\r\n"
+                                    b"Host: n\r\n\r\n"),
+                       ("HTTP/2.0", b"GET /v2/health/live HTTP/2.0\r\n"
+                                    b"Host: n\r\n\r\n"),
+                       ("HTTP/0.9", b"GET /v2/health/live\r\n\r\n")):
+        with Connection(port) as conn:
+            conn.send(line)
+            reply = conn.response()
+            c.expect(reply is not None and reply[0] == 400 and
+                     b"not a well-formed HTTP/1.1 request" in reply[2] and
+                     conn.closed_by_server(), f"{what}: {reply}")
     # A load balancer's HTTP/1.0 health check (HAProxy's httpchk) is served.
     with Connection(port) as conn:
         conn.send(b"GET /v2/health/ready HTTP/1.0\r\n\r\n")

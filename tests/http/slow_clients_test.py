@@ -172,6 +172,66 @@ def check_shutdown_with_a_slow_client(c, token_file):
         header_trickler.close()
 
 
+def check_io_thread_never_computes(c, token_file):
+    """--http_threads=1: one I/O thread moves every connection's bytes and
+    never computes. While four 16 MiB binary LayerNorms (about 0.1-0.5 s of
+    compute each, on a one-thread arena so that they queue there) are in
+    flight on their own connections, health probes on further connections
+    are answered at once, and every infer is answered right."""
+    import threading
+    import numpy as np
+    rows, cols = 1024, 4096
+    x = np.random.default_rng(3).standard_normal((rows, cols)).astype(
+        np.float32) + 7
+    header = json.dumps({"inputs": [{
+        "name": "input", "datatype": "FP32", "shape": [rows, cols],
+        "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": "output",
+                     "parameters": {"binary_data": True}}]}).encode()
+    body = header + x.tobytes()
+    headers = AUTH + [("Inference-Header-Content-Length", str(len(header)))]
+    want = (x - x.mean(1, keepdims=True, dtype=np.float64)) / np.sqrt(
+        x.var(1, keepdims=True, dtype=np.float64) + 1e-5)
+    with normd_process.serving(ARGS.normd, [
+            f"--auth_token_file={token_file}", "--http_threads=1",
+            "--tbb_threads=1", "--max_message_bytes=134217728"]) as proc:
+        port = proc.http_port
+        results = []
+
+        def infer():
+            with Connection(port, timeout=60) as conn:
+                conn.send(request("POST", INFER, body, headers))
+                results.append(conn.response())
+
+        workers = [threading.Thread(target=infer) for _ in range(4)]
+        for w in workers:
+            w.start()
+        probes = []
+        while any(w.is_alive() for w in workers) and len(probes) < 20:
+            start = time.monotonic()
+            with Connection(port, timeout=10) as conn:
+                conn.send(request("GET", "/v2/health/live"))
+                reply = conn.response()
+            probes.append((reply and reply[0], time.monotonic() - start))
+            time.sleep(0.02)
+        for w in workers:
+            w.join(120)
+        c.expect(probes and all(code == 200 and took < 0.5
+                                for code, took in probes),
+                 f"--http_threads=1: probes during four infers {probes}")
+        good = 0
+        for reply in results:
+            if reply is None or reply[0] != 200:
+                continue
+            length = int(reply[1].get("inference-header-content-length",
+                                      "0"))
+            y = np.frombuffer(reply[2][length:], np.float32).reshape(rows,
+                                                                     cols)
+            good += np.abs(y - want).max() < 1e-5
+        c.expect(good == 4, f"--http_threads=1: {good} of 4 infers right "
+                            f"({[r and r[0] for r in results]})")
+
+
 def main():
     c = Checker()
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,6 +244,7 @@ def main():
             check_header_tricklers(c, port)
             probe(c, port, "after every trickler")
         check_shutdown_with_a_slow_client(c, token_file)
+        check_io_thread_never_computes(c, token_file)
     return normd_process.report(c.failures, f"{c.checks} checks")
 
 

@@ -352,6 +352,28 @@ def finding3_idle_streams():
     CHECKS.expect(server.metric("normd_idle_streams_ended_total") == 3,
                   "normd_idle_streams_ended_total")
     server.stop()
+    # --stream_idle_timeout=0 turns it off: a stream idle for 2.5 s (which
+    # the 1 s timeout above ends) goes on.
+    server = harness.Server(ARGS.normd, ["--stream_idle_timeout=0"])
+    require(server.start(), server.log)
+    _, stub = connect(server)
+
+    def slow_client():
+        yield request
+        time.sleep(2.5)
+        yield request
+
+    try:
+        answered = list(stub.NormalizeStream(slow_client(), timeout=30))
+        CHECKS.expect(len(answered) == 2 and
+                      all(not r.HasField("error") for r in answered),
+                      f"--stream_idle_timeout=0: {len(answered)} answers")
+    except grpc.RpcError as error:
+        CHECKS.expect(False, f"--stream_idle_timeout=0 ended a stream idle "
+                             f"2.5 s: {error.code()} {error.details()}")
+    CHECKS.expect(server.metric("normd_idle_streams_ended_total") == 0,
+                  "--stream_idle_timeout=0: normd_idle_streams_ended_total")
+    server.stop()
 
 
 GARBAGE = b"\xff\xff\xff\xff\x0f"  # A field tag whose varint never ends.
