@@ -75,6 +75,41 @@ def main():
         if count > limit:
             failures.append(f"{os.path.relpath(page, source)} has {count} "
                             f"lines (at most {limit})")
+    # Numbers the docs state about the suite are the suite's own, read from
+    # its sources here: (page, phrase with {}, file, regex of the number).
+    claims = [
+        ("testing.md", "`pytorch_crosscheck` ({} random cases",
+         "tests/e2e/pytorch_crosscheck.py", r'"--cases", type=int, default=(\d+)'),
+        ("testing.md", "`concurrency_test` ({} threads",
+         "tests/e2e/concurrency_test.cc", r"kThreads = (\d+);"),
+        ("testing.md", "threads × {} mixed requests",
+         "tests/e2e/concurrency_test.cc", r"kRequestsPerThread = (\d+);"),
+        ("testing.md", "for `FUZZ_SECONDS`, {} s", "Makefile",
+         r"FUZZ_SECONDS \?= (\d+)"),
+        ("reliability.md", "(25 s in `make test`)".replace("25", "{}"),
+         "Makefile", r"FUZZ_SECONDS \?= (\d+)"),
+    ]
+    for page, phrase, source_file, pattern in claims:
+        with open(os.path.join(source, source_file), encoding="utf-8") as f:
+            found = re.search(pattern, f.read())
+        with open(os.path.join(docs, page), encoding="utf-8") as f:
+            text = f.read()
+        if found is None:
+            failures.append(f"{source_file}: no {pattern!r} to check {page}")
+        elif phrase.format(found.group(1)) not in text:
+            failures.append(f"docs/{page} does not say "
+                            f"{phrase.format(found.group(1))!r} "
+                            f"({source_file})")
+    # The x86-only tests of the ARM64 stage: as many as the list holds.
+    with open(os.path.join(source, "tests", "core", "CMakeLists.txt"),
+              encoding="utf-8") as f:
+        skip = re.search(r'ARM64_SKIP_TESTS "([^"]*)"', f.read())
+    words = {10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}
+    count = len(skip.group(1).split(":")) if skip else 0
+    with open(os.path.join(docs, "testing.md"), encoding="utf-8") as f:
+        if f"so {words.get(count, count)} of the slowest" not in f.read():
+            failures.append(f"docs/testing.md does not say {count} tests "
+                            f"are left out under qemu (ARM64_SKIP_TESTS)")
     # Counts the docs state are the suite's own: the bad-input table's rows.
     import json
     with open(os.path.join(source, "tests", "e2e", "bad_inputs.json"),
