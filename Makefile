@@ -19,7 +19,7 @@ DEB_PACKAGES := cmake make g++ pkg-config curl clang-format \
   python3-onnx python3-torchvision python3-tqdm
 
 .PHONY: all deps build test test-main test-asan test-tsan fuzz run clean \
-  format bench test-container test-arm64 check-manifests
+  format bench test-container test-arm64 check-manifests fuzz-corpus
 
 all: build
 
@@ -130,6 +130,19 @@ fuzz: deps
 	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
 	    -artifact_prefix=$(ASAN_BUILD_DIR)/$$t- \
 	    $(ASAN_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
+
+# Keeps what fuzzing found: merges each target's $(ASAN_BUILD_DIR)/corpus
+# (from `make fuzz`, longer with FUZZ_SECONDS=600) into tests/fuzz/corpus
+# with libFuzzer's -merge=1, which copies only the inputs that reach new
+# coverage, so the committed corpus grows minimized. Commit the new files.
+fuzz-corpus:
+	for t in $(FUZZ_TARGETS); do \
+	  [ -d $(ASAN_BUILD_DIR)/corpus/$$t ] || continue; \
+	  before=$$(ls tests/fuzz/corpus/$$t | wc -l); \
+	  $(ASAN_BUILD_DIR)/$${t}_fuzzer -merge=1 tests/fuzz/corpus/$$t \
+	    $(ASAN_BUILD_DIR)/corpus/$$t 2> /dev/null || exit 1; \
+	  echo "$$t: $$before -> $$(ls tests/fuzz/corpus/$$t | wc -l) inputs"; \
 	done
 
 # ARM64: the core, its unit tests and normd cross-built with Debian's

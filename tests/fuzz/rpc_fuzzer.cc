@@ -4,13 +4,22 @@
 // model store. The first byte picks the RPC and how the bytes are split
 // (0xf0 and above: ImportModel, MergeModel, ExportModel; 0xe0-0xef: the
 // Open Inference Protocol's ModelMetadata and ModelInfer through its
-// translation); the rest is the serialized request. Any crash, sanitizer report
-// or inconsistency between the raw and protobuf paths is a bug.
+// translation); the rest is the serialized request. Any crash, sanitizer
+// report or broken invariant aborts:
+// - normd's own wire reader (the raw paths) agrees with protobuf: bytes
+//   protobuf refuses are refused, and bytes it accepts get the same status
+//   and the same response, byte for byte;
+// - a call that fails leaves every model as it was (bit for bit, generation
+//   included);
+// - a call that succeeds leaves what it says: a Fit adds its samples and at
+//   most one batch and the stored model is the one answered, a created model is
+//   stored as answered, a merge adds the counts.
 #include <grpcpp/grpcpp.h>
 #include <prometheus/registry.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -22,6 +31,49 @@
 namespace {
 
 using Fixture = normd::fuzzing::ServiceFixture;
+
+void Check(bool condition, const char* what) {
+  if (!condition) {
+    std::fprintf(stderr, "rpc_fuzzer: %s\n", what);
+    std::abort();
+  }
+}
+
+// Every model's complete state, serialized in name order: equal strings,
+// equal stores.
+std::string StoreFingerprint(normd::NormalizerService& service) {
+  normd::v1::ListModelsResponse list;
+  (void)service.DoListModels(normd::v1::ListModelsRequest(), list);
+  std::string bytes;
+  for (const normd::v1::ModelState& listed : list.models()) {
+    normd::v1::ExportModelRequest get;
+    get.set_name(listed.name());
+    normd::v1::ModelState state;
+    Check(service.DoExportModel(get, state).ok(), "a listed model vanished");
+    bytes += state.SerializeAsString();
+  }
+  return bytes;
+}
+
+// The stored state of `name`, or an empty one if there is none.
+normd::v1::ModelState Stored(normd::NormalizerService& service,
+                             const std::string& name) {
+  normd::v1::ExportModelRequest get;
+  get.set_name(name);
+  normd::v1::ModelState state;
+  if (!service.DoExportModel(get, state).ok()) state.Clear();
+  return state;
+}
+
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string bytes;
+  for (const auto& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
 
 // `bytes` as a ByteBuffer of slices of `piece` bytes (the last shorter).
 grpc::ByteBuffer Split(const std::string& bytes, size_t piece) {
@@ -48,7 +100,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const absl::Status raw = fixture->oip.DoModelInferRaw(
         Split(bytes, 1 + (selector & 0xf) * 7), raw_response);
     inference::ModelInferRequest request;
-    if (!request.ParseFromString(bytes)) return 0;
+    if (!request.ParseFromString(bytes)) {
+      Check(!raw.ok(), "the raw OIP reader took bytes protobuf refuses");
+      return 0;
+    }
     inference::ModelMetadataRequest metadata;
     metadata.set_name(request.model_name());
     metadata.set_version(request.model_version());
@@ -59,38 +114,49 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     inference::ModelInferResponse reference;
     const absl::Status proto = fixture->oip.DoModelInfer(request, reference);
     if (!stateless) return 0;
-    if (raw.code() != proto.code()) std::abort();
+    Check(raw.code() == proto.code(), "OIP raw and protobuf statuses differ");
     if (raw.ok()) {
-      std::vector<grpc::Slice> slices;
-      (void)raw_response.Dump(&slices);
-      std::string raw_bytes;
-      for (const auto& s : slices) {
-        raw_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-      }
       inference::ModelInferResponse parsed;
-      if (!parsed.ParseFromString(raw_bytes) ||
-          parsed.SerializeAsString() != reference.SerializeAsString()) {
-        std::abort();
-      }
+      Check(parsed.ParseFromString(Bytes(raw_response)) &&
+                parsed.SerializeAsString() == reference.SerializeAsString(),
+            "OIP raw and protobuf responses differ");
     }
     return 0;
   }
+  const std::string before = StoreFingerprint(service);
   if (selector >= 0xf0) {  // The model-state RPCs.
     normd::v1::ModelState response;
     switch (selector & 3) {
       case 0: {  // ImportModel, then ExportModel of what it stored.
         normd::v1::ImportModelRequest request;
         if (!request.ParseFromString(bytes)) break;
-        if (!service.DoImportModel(request, response).ok()) break;
+        if (!service.DoImportModel(request, response).ok()) {
+          Check(StoreFingerprint(service) == before,
+                "a failed ImportModel changed the store");
+          break;
+        }
         normd::v1::ExportModelRequest get;
         get.set_name(response.name());
-        if (!service.DoExportModel(get, response).ok()) std::abort();
+        Check(service.DoExportModel(get, response).ok(),
+              "an imported model cannot be exported");
         break;
       }
       case 1: {  // MergeModel into a model that a Fit made.
         normd::v1::MergeModelRequest request;
         if (!request.ParseFromString(bytes)) break;
-        (void)service.DoMergeModel(request, response);
+        const normd::v1::ModelState into = Stored(service, request.name());
+        if (!service.DoMergeModel(request, response).ok()) {
+          Check(StoreFingerprint(service) == before,
+                "a failed MergeModel changed the store");
+          break;
+        }
+        const normd::v1::ModelState& source = request.source();
+        Check(
+            response.num_batches_tracked() ==
+                    into.num_batches_tracked() + source.num_batches_tracked() &&
+                response.sample_count() ==
+                    into.sample_count() + source.sample_count(),
+            "MergeModel did not add the counts");
         break;
       }
       default: {  // ExportModel.
@@ -108,41 +174,67 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const absl::Status raw =
           service.DoNormalizeRaw(Split(bytes, piece), response);
       normd::v1::NormalizeRequest request;
-      if (!request.ParseFromString(bytes)) break;
+      if (!request.ParseFromString(bytes)) {
+        Check(!raw.ok(),
+              "the raw Normalize reader took bytes protobuf "
+              "refuses");
+        break;
+      }
       // Training changes the model: compare on a copy of the request only
       // when it is stateless.
-      if (request.mode() == normd::v1::BATCH_NORM && request.training()) break;
+      if (request.training()) break;
       normd::v1::NormalizeResponse reference;
       const absl::Status proto = service.DoNormalize(request, reference);
-      if (raw.code() != proto.code()) std::abort();
+      Check(raw.code() == proto.code(),
+            "Normalize raw and protobuf statuses differ");
       if (raw.ok()) {
-        std::vector<grpc::Slice> slices;
-        (void)response.Dump(&slices);
-        std::string raw_bytes;
-        for (const auto& s : slices) {
-          raw_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-        }
         normd::v1::NormalizeResponse parsed;
-        if (!parsed.ParseFromString(raw_bytes) ||
-            parsed.output().data() != reference.output().data() ||
-            parsed.output().values_size() != reference.output().values_size()) {
-          std::abort();
-        }
+        Check(parsed.ParseFromString(Bytes(response)) &&
+                  parsed.SerializeAsString() == reference.SerializeAsString(),
+              "Normalize raw and protobuf responses differ");
       }
+      Check(StoreFingerprint(service) == before,
+            "an eval or stateless Normalize changed the store");
       break;
     }
-    case 1: {  // Fit.
+    case 1: {  // Fit: one more batch, stored as answered.
       normd::v1::FitRequest request;
       if (!request.ParseFromString(bytes)) break;
+      const normd::v1::ModelState prior = Stored(service, request.model());
       normd::v1::FitResponse response;
-      (void)service.DoFit(request, response);
+      if (!service.DoFit(request, response).ok()) {
+        Check(StoreFingerprint(service) == before,
+              "a failed Fit changed the store");
+        break;
+      }
+      const normd::v1::ModelState stored = Stored(service, request.model());
+      // One batch more (none when it had one value per channel, which only
+      // the pooled statistics take), more samples, stored as answered.
+      const int64_t batches =
+          stored.num_batches_tracked() - prior.num_batches_tracked();
+      Check((batches == 0 || batches == 1) &&
+                stored.sample_count() > prior.sample_count() &&
+                stored.generation() > prior.generation() &&
+                stored.generation() == response.model().generation() &&
+                stored.num_batches_tracked() ==
+                    response.model().num_batches_tracked(),
+            "a Fit did not leave the stored model it answered");
       break;
     }
     case 2: {  // CreateModel, then Get / Reset / Delete of that name.
       normd::v1::CreateModelRequest request;
       if (!request.ParseFromString(bytes)) break;
       normd::v1::ModelState state;
-      (void)service.DoCreateModel(request, state);
+      if (service.DoCreateModel(request, state).ok()) {
+        Check(Stored(service, request.name()).num_features() ==
+                      state.num_features() &&
+                  Stored(service, request.name()).generation() ==
+                      state.generation(),
+              "a created model is not stored as answered");
+      } else {
+        Check(StoreFingerprint(service) == before,
+              "a failed CreateModel changed the store");
+      }
       normd::v1::GetModelRequest get;
       get.set_name(request.name());
       (void)service.DoGetModel(get, state);
@@ -157,11 +249,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
-    case 3: {  // A training Normalize (changes models).
+    case 3: {  // A training Normalize (changes models only if it succeeds).
       normd::v1::NormalizeRequest request;
       if (!request.ParseFromString(bytes)) break;
       normd::v1::NormalizeResponse response;
-      (void)service.DoNormalize(request, response);
+      if (!service.DoNormalize(request, response).ok()) {
+        Check(StoreFingerprint(service) == before,
+              "a failed Normalize changed the store");
+      }
       break;
     }
   }
