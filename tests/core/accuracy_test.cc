@@ -12,7 +12,8 @@
 namespace normd {
 namespace {
 
-using ::normd::testing::MaxAbsDiff;
+using ::normd::testing::Fp32OutputBound;
+
 using ::normd::testing::NumElementsOf;
 using ::normd::testing::RandomValues;
 using ::normd::testing::ReferenceChannelStats;
@@ -86,16 +87,21 @@ TEST(AccuracyTest, OffsetTenThousandEveryLayout) {
   std::vector<float> y(kPerChannel);
   Engine engine;
   ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
+  // Within the rounding of the fp32 path (Fp32OutputBound) plus what a
+  // variance within the 1e-7 bar moves y by: half of it, relatively.
   const double rstd = 1.0 / std::sqrt(ref.var[0] + 1e-5);
   for (int64_t i = 0; i < kPerChannel; i += 9973) {
-    ASSERT_NEAR(y[i], (x[i] - ref.mean[0]) * rstd, 1e-5);
+    const double want = (x[i] - ref.mean[0]) * rstd;
+    ASSERT_LE(std::abs(y[i] - want),
+              Fp32OutputBound(want, 0.0, 1.0) + 0.5e-7 * std::abs(want))
+        << i;
   }
 }
 
 // docs/api.md: channels-last GroupNorm at a mean offset of 1e4 is where
 // torch 1.13 is wrong by ~1e3; normd keeps the accuracy bar (1e7 values per
-// group). The output error allowed is fp32 rounding of |y| <= ~6 plus 1e-7
-// of relative variance error.
+// group). The output error allowed is the fp32 path's rounding
+// (Fp32OutputBound) plus half the 1e-7 relative variance error, relatively.
 TEST(AccuracyTest, GroupNormChannelsLastOffsetTenThousand) {
   const Shape shape = {1, 1'250'000, 16};
   const auto x = RandomValues<float>(NumElementsOf(shape), 44, 1e4, 1.0);
@@ -110,7 +116,11 @@ TEST(AccuracyTest, GroupNormChannelsLastOffsetTenThousand) {
   std::vector<double> mean, var;
   const auto ref =
       ReferenceGroupNorm(x, shape, 2, 2, 1e-5, {}, {}, &mean, &var);
-  EXPECT_LE(MaxAbsDiff(y, ref), 2e-6);
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_LE(std::abs(y[i] - ref[i]),
+              Fp32OutputBound(ref[i], 0.0, 1.0) + 0.5e-7 * std::abs(ref[i]))
+        << i;
+  }
 }
 
 }  // namespace
