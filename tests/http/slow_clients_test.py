@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "testing"))
@@ -172,6 +173,68 @@ def check_shutdown_with_a_slow_client(c, token_file):
         header_trickler.close()
 
 
+def check_connection_limit(c, token_file):
+    """--http_max_connections=4: with four connections open (idle), a
+    fifth gets 503 naming the flag and is closed, counted in
+    normd_http_connections_refused_total; once one of the four closes, a
+    new connection is served."""
+    with normd_process.serving(ARGS.normd, [
+            f"--auth_token_file={token_file}",
+            "--http_max_connections=4"]) as proc:
+        port = proc.http_port
+        held = [Connection(port, timeout=10) for _ in range(4)]
+        # Each held connection is accepted: one probe on each.
+        for conn in held:
+            conn.send(request("GET", "/v2/health/live"))
+            reply = conn.response()
+            c.expect(reply is not None and reply[0] == 200,
+                     f"held connection: {reply}")
+        with Connection(port, timeout=10) as extra:
+            extra.send(request("GET", "/v2/health/live"))
+            reply = extra.response()
+            c.expect(reply is not None and reply[0] == 503 and
+                     b"--http_max_connections" in reply[2] and
+                     extra.closed_by_server(),
+                     f"fifth connection: {reply}")
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{proc.metrics_port}/metrics",
+            timeout=10).read().decode()
+        c.expect("normd_http_connections_refused_total 1" in metrics,
+                 "normd_http_connections_refused_total after one refusal")
+        held.pop().close()
+        for _ in range(50):  # The server sees the close asynchronously.
+            with Connection(port, timeout=10) as again:
+                again.send(request("GET", "/v2/health/live"))
+                reply = again.response()
+            if reply is not None and reply[0] == 200:
+                break
+            time.sleep(0.1)
+        c.expect(reply is not None and reply[0] == 200,
+                 f"a connection after one closed: {reply}")
+        for conn in held:
+            conn.close()
+
+
+def check_body_deadline(c, token_file):
+    """--http_body_timeout=2s with no minimum rate: a body that keeps
+    coming, slowly, is cut at the whole-body deadline with 408 naming the
+    flag, at 2 s (not after its last byte)."""
+    with normd_process.serving(ARGS.normd, [
+            f"--auth_token_file={token_file}", "--http_body_timeout=2s",
+            "--http_min_body_rate=0"]) as proc:
+        t = Trickler(proc.http_port,
+                     request("POST", INFER,
+                             headers=AUTH + [("Content-Length", "1000")]),
+                     b"x" * 100, 0.1)
+        t.start()
+        t.join(20)
+        c.expect(t.reply is not None and t.reply[0] == 408 and
+                 b"--http_body_timeout" in t.reply[2] and
+                 t.after is not None and 1.9 <= t.after < 5,
+                 f"body past --http_body_timeout: {t.reply and t.reply[0]} "
+                 f"{t.reply and t.reply[2][:120]!r} after {t.after}")
+
+
 def check_io_thread_never_computes(c, token_file):
     """--http_threads=1: one I/O thread moves every connection's bytes and
     never computes. While four 16 MiB binary LayerNorms (about 0.1-0.5 s of
@@ -245,6 +308,8 @@ def main():
             probe(c, port, "after every trickler")
         check_shutdown_with_a_slow_client(c, token_file)
         check_io_thread_never_computes(c, token_file)
+        check_connection_limit(c, token_file)
+        check_body_deadline(c, token_file)
     return normd_process.report(c.failures, f"{c.checks} checks")
 
 
