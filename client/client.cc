@@ -93,12 +93,11 @@ absl::StatusOr<v1::CreateModelsResponse> NormdClient::CreateModels(
       [&](v1::CreateModelsResponse* response) {
         grpc::ClientContext context;
         // The group every name shares, or none (a proxy refuses the call).
-        absl::string_view group;
+        absl::string_view group = request.models().empty()
+                                      ? ""
+                                      : ModelGroupOf(request.models(0).name());
         for (const v1::CreateModelRequest& model : request.models()) {
-          const absl::string_view own = ModelGroupOf(model.name());
-          if (&model == &request.models(0)) {
-            group = own;
-          } else if (own != group) {
+          if (ModelGroupOf(model.name()) != group) {
             group = "";
             break;
           }

@@ -160,10 +160,9 @@ void AppendMessage(const Message& message, bool all_fields, int depth,
     if (i > 0) out += ',';
     AppendIndent(depth + 1, out);
     absl::StrAppend(&out, JsonString(field->name()), ": ");
-    if (tensor != nullptr && field->number() == v1::Tensor::kDataFieldNumber) {
-      AppendTensorData(*tensor, out);
-    } else if (tensor != nullptr &&
-               field->number() == v1::Tensor::kValuesFieldNumber) {
+    if (tensor != nullptr &&
+        (field->number() == v1::Tensor::kDataFieldNumber ||
+         field->number() == v1::Tensor::kValuesFieldNumber)) {
       AppendTensorData(*tensor, out);
     } else if (field->is_repeated()) {
       const int size = r->FieldSize(message, field);

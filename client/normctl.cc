@@ -551,24 +551,11 @@ int RunList(NormdClient& client) {
   return kExitOk;
 }
 
-// --prefix: a model name (or a name's leading part); a usage error if not.
-absl::StatusOr<std::string> PrefixFlag() {
-  const std::string prefix = absl::GetFlag(FLAGS_prefix);
-  if (prefix.empty()) {
-    return absl::InvalidArgumentError(
-        "--prefix: required (models are named PREFIX.<layer>)");
-  }
-  return prefix;
-}
-
+// --prefix and --input (import-checkpoint) or --output (export-checkpoint)
+// are required: ParseNormctlCommandLine refused their absence.
 int RunImportCheckpoint(NormdClient& client) {
-  absl::StatusOr<std::string> prefix = PrefixFlag();
-  if (!prefix.ok()) return FailLocal(prefix.status());
+  const std::string prefix = absl::GetFlag(FLAGS_prefix);
   const std::string path = absl::GetFlag(FLAGS_input);
-  if (path.empty()) {
-    return FailLocal(absl::InvalidArgumentError(
-        "--input: required (a .safetensors or .onnx file)"));
-  }
   LayerOverrides overrides;
   overrides.cumulative_average = absl::GetFlag(FLAGS_cumulative_average);
   auto momentum = OptionalNumber(FLAGS_momentum, "--momentum");
@@ -581,7 +568,7 @@ int RunImportCheckpoint(NormdClient& client) {
       ReadCheckpoint(path, absl::GetFlag(FLAGS_max_header_bytes));
   if (!layers.ok()) return FailLocal(layers.status());
   absl::StatusOr<v1::CreateModelsResponse> created =
-      client.CreateModels(CreateModelsFor(*layers, *prefix, overrides));
+      client.CreateModels(CreateModelsFor(*layers, prefix, overrides));
   if (!created.ok()) return Fail(created.status());
   if (Json()) {
     PrintJson(*created);
@@ -598,8 +585,7 @@ int RunImportCheckpoint(NormdClient& client) {
 }
 
 int RunExportCheckpoint(NormdClient& client) {
-  absl::StatusOr<std::string> prefix = PrefixFlag();
-  if (!prefix.ok()) return FailLocal(prefix.status());
+  const std::string prefix = absl::GetFlag(FLAGS_prefix);
   const std::string path = absl::GetFlag(FLAGS_output);
   if (!absl::EndsWith(path, ".safetensors")) {
     return FailLocal(absl::InvalidArgumentError(
@@ -608,12 +594,12 @@ int RunExportCheckpoint(NormdClient& client) {
   }
   // Routed to the replica that holds the prefix's group.
   absl::StatusOr<v1::ListModelsResponse> list =
-      client.ListModels(ModelGroupOf(*prefix));
+      client.ListModels(ModelGroupOf(prefix));
   if (!list.ok()) return Fail(list.status());
   std::vector<v1::ModelState> models;
   for (const v1::ModelState& listed : list->models()) {
-    if (listed.name() != *prefix &&
-        !absl::StartsWith(listed.name(), *prefix + ".")) {
+    if (listed.name() != prefix &&
+        !absl::StartsWith(listed.name(), prefix + ".")) {
       continue;
     }
     absl::StatusOr<v1::ModelState> model = client.GetModel(listed.name());
@@ -622,11 +608,11 @@ int RunExportCheckpoint(NormdClient& client) {
   }
   if (models.empty()) {
     return Fail(absl::NotFoundError(absl::StrCat("--prefix: no model is named ",
-                                                 *prefix, " or ", *prefix,
+                                                 prefix, " or ", prefix,
                                                  ".<layer> on this server")));
   }
   absl::StatusOr<std::vector<SafetensorsOutput>> tensors =
-      StateDictOf(models, *prefix);
+      StateDictOf(models, prefix);
   if (!tensors.ok()) return Fail(tensors.status());
   absl::StatusOr<std::string> bytes = EncodeSafetensors(*tensors);
   if (!bytes.ok()) return Fail(bytes.status());
@@ -749,13 +735,8 @@ int RunImportOrMerge(NormdClient& client, const ClientOptions& options,
     request.set_create_only(absl::GetFlag(FLAGS_create_only));
     model = client.ImportModel(request);
   } else {
-    const std::string name = absl::GetFlag(FLAGS_model);
-    if (name.empty()) {
-      return FailLocal(
-          absl::InvalidArgumentError("merge: needs --model (the "
-                                     "model to merge into)"));
-    }
-    model = client.MergeModel(name, *state);
+    // --model is required by merge (ParseNormctlCommandLine).
+    model = client.MergeModel(absl::GetFlag(FLAGS_model), *state);
   }
   if (!model.ok()) return Fail(model.status());
   Json() ? PrintJson(*model) : PrintModel(*model);

@@ -114,7 +114,6 @@ function fromTensor(tensor) {
   return { data, shape };
 }
 
-/** A model's configuration and statistics (see the .proto's ModelState). */
 /**
  * A model's group: its name up to the first '.' (the whole name if none).
  * A sharding proxy routes by it, so that a checkpoint's models
@@ -125,6 +124,7 @@ function modelGroup(name) {
   return dot < 0 ? name : name.slice(0, dot);
 }
 
+/** A model's configuration and statistics (see the .proto's ModelState). */
 function modelState(m) {
   return {
     name: m.name,
