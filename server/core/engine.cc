@@ -781,9 +781,9 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   // Stateless with groups of contiguous rows: each is reduced and written
   // while cached. With larger samples and a large enough batch: one sample
   // per task, reduced then written backwards.
-  const bool fused_samples =
-      g.samples >= kFusedSamplesPerThread * ComputeConcurrency();
+  bool fused_samples = false;
   if (!with_model && g.sample_outer != 1) {
+    fused_samples = g.samples >= kFusedSamplesPerThread * ComputeConcurrency();
     CountThreadPath(fused_samples ? ThreadPath::kGroupSamplesFused
                                   : ThreadPath::kGroupSamplesTwoPass);
   }

@@ -25,22 +25,28 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
                       BoundedMessage(status.message()));
 }
 
+// The value of the call's `key` metadata (a view into the call's own
+// metadata, valid while the call is); nullopt when absent.
+inline std::optional<absl::string_view> MetadataView(
+    const grpc::CallbackServerContext& context, absl::string_view key) {
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  if (it == metadata.end()) return std::nullopt;
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
 // The value of the call's "authorization" metadata; nullopt when absent.
 inline std::optional<absl::string_view> AuthorizationOf(
     const grpc::CallbackServerContext& context) {
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find("authorization");
-  if (it == metadata.end()) return std::nullopt;
-  return absl::string_view(it->second.data(), it->second.size());
+  return MetadataView(context, "authorization");
 }
 
 // The value of the call's `key` metadata, copied; nullopt when absent.
 inline std::optional<std::string> MetadataValue(
     const grpc::CallbackServerContext& context, absl::string_view key) {
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
-  if (it == metadata.end()) return std::nullopt;
-  return std::string(it->second.data(), it->second.size());
+  const std::optional<absl::string_view> value = MetadataView(context, key);
+  if (!value.has_value()) return std::nullopt;
+  return std::string(*value);
 }
 
 }  // namespace normd
