@@ -26,6 +26,7 @@ using ::grpc::health::v1::HealthCheckResponse;
 using ::normd::client::MakeTensor;
 using ::normd::client::NormdClient;
 using ::normd::client::TensorValues;
+using ::normd::testing::MetricValue;
 using ::normd::testing::ServerProcess;
 
 constexpr int64_t kMaxMessageBytes = 4 << 20;
@@ -371,24 +372,6 @@ TEST_F(EndToEndTest, RoutingHeaderIsNeverTrustedOverTheBody) {
   EXPECT_EQ(response.model().name(), "e2e-header-body");
   EXPECT_EQ(client_->GetModel("e2e-header-other").status().code(),
             absl::StatusCode::kNotFound);
-}
-
-// Reads one sample's value from Prometheus text: the line that starts with
-// `name{` and contains every `label`.
-double MetricValue(const std::string& text, const std::string& name,
-                   const std::vector<std::string>& labels) {
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) {
-      continue;
-    }
-    bool all = true;
-    for (const auto& label : labels)
-      all &= line.find(label) != std::string::npos;
-    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
 }
 
 // L2_NORM and WEIGHT_NORM over a stream: answers equal the unary calls'

@@ -226,10 +226,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!request.ParseFromString(bytes)) break;
       normd::v1::ModelState state;
       if (service.DoCreateModel(request, state).ok()) {
-        Check(Stored(service, request.name()).num_features() ==
-                      state.num_features() &&
-                  Stored(service, request.name()).generation() ==
-                      state.generation(),
+        const normd::v1::ModelState stored = Stored(service, request.name());
+        Check(stored.num_features() == state.num_features() &&
+                  stored.generation() == state.generation(),
               "a created model is not stored as answered");
       } else {
         Check(StoreFingerprint(service) == before,

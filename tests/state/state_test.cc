@@ -380,21 +380,17 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-uint32_t U32At(const std::string& bytes, size_t at) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i)
-    v = (v << 8) | static_cast<uint8_t>(bytes[at + i]);
-  return v;
-}
-
 // [begin, end) of each record of a segment's bytes.
 std::vector<std::pair<size_t, size_t>> RecordSpans(const std::string& bytes) {
   std::vector<std::pair<size_t, size_t>> spans;
   size_t at = kSegmentHeaderBytes;
-  while (at + 16 <= bytes.size() && U32At(bytes, at) != 0) {
-    const size_t end = at + 16 + U32At(bytes, at);
-    spans.emplace_back(at, end);
-    at = end;
+  uint32_t length = 0;
+  while (
+      at + 16 <= bytes.size() &&
+      state::ByteReader(absl::string_view(bytes).substr(at)).GetU32(&length) &&
+      length != 0) {
+    spans.emplace_back(at, at + 16 + length);
+    at += 16 + length;
   }
   return spans;
 }

@@ -4,7 +4,54 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <sstream>
+#include <string>
+#include <vector>
+
 namespace normd::testing {
+namespace {
+
+// Calls visit(value) for each line of Prometheus `text` that starts with
+// `name{` (or `name `) and contains every one of `labels`, until it returns
+// false.
+template <typename Visit>
+void ForEachSample(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels, Visit visit) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) {
+      continue;
+    }
+    bool all = true;
+    for (const auto& label : labels) {
+      all &= line.find(label) != std::string::npos;
+    }
+    if (all && !visit(std::stod(line.substr(line.rfind(' ') + 1)))) return;
+  }
+}
+
+}  // namespace
+
+double MetricValue(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels) {
+  double value = -1;
+  ForEachSample(text, name, labels, [&](double v) {
+    value = v;
+    return false;
+  });
+  return value;
+}
+
+double MetricSum(const std::string& text, const std::string& name,
+                 const std::vector<std::string>& labels) {
+  double sum = 0;
+  ForEachSample(text, name, labels, [&](double v) {
+    sum += v;
+    return true;
+  });
+  return sum;
+}
 
 std::string HttpGetResponse(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

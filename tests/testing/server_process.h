@@ -144,6 +144,15 @@ std::string HttpGetResponse(int port, const std::string& path);
 // The body of HttpGetResponse, or "" on failure.
 std::string HttpGet(int port, const std::string& path);
 
+// One sample's value from Prometheus text: the first line that starts with
+// `name{` (or `name `) and contains every one of `labels`; -1 if none.
+double MetricValue(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels);
+
+// The sum of the values of every such line (0 if none).
+double MetricSum(const std::string& text, const std::string& name,
+                 const std::vector<std::string>& labels);
+
 }  // namespace normd::testing
 
 #endif  // NORMD_TESTS_TESTING_SERVER_PROCESS_H_
