@@ -99,7 +99,7 @@ TSAN_CMAKE = -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
 FUZZ_SECONDS ?= 25
-FUZZ_TARGETS := rpc rest state npy ops safetensors onnx
+FUZZ_TARGETS := rpc rest http state npy ops safetensors onnx
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD_DIR) $(ASAN_CMAKE)

@@ -1,7 +1,10 @@
-// libFuzzer target over the REST front end as a connection delivers it: the
-// input is the bytes a client sends on one keep-alive connection (request
-// lines, headers, bodies, chunked encoding, pipelined requests), read by
-// Beast's parser with the connection's limits, checked by the framing rules
+// libFuzzer target over the REST front end request by request, as a
+// connection hands each to the RestApi (http_fuzzer drives the connection
+// itself, on a socket, with its timers; this one sees what the wire cannot
+// show: each request's route and service call, and the state after each
+// answer). The input is the bytes a client sends on one keep-alive connection
+// (request lines, headers, bodies, chunked encoding, pipelined requests), read
+// by Beast's parser with the connection's limits, checked by the framing rules
 // (request_framing.h), and answered by the RestApi with a bearer token
 // configured: routing, the token, admission, the JSON parser, the
 // binary-data extension, the Open Inference Protocol's translation, the
@@ -12,8 +15,6 @@
 //   - 401 exactly when a routed, non-probe request lacks the token;
 //   - a request answered with an error changes no model;
 //   - a request answered before its body was read closes the connection.
-#include <simdjson.h>
-
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -27,7 +28,7 @@
 
 #include "server/http/request_framing.h"
 #include "server/http/rest_api.h"
-#include "tests/testing/service_stack.h"
+#include "tests/fuzz/rest_fixture.h"
 
 namespace {
 
@@ -36,64 +37,14 @@ using normd::RestApi;
 using normd::RestEndpoint;
 using normd::RestExchange;
 using normd::RestResponse;
+using normd::fuzzing::kRestMaxBody;
+using normd::fuzzing::kRestToken;
 
-constexpr char kToken[] = "fuzz-token";
-constexpr int64_t kMaxBody = 1 << 20;
-
-struct Fixture {
-  Fixture() {
-    // BatchNorm models for the inputs to find: 4 channels and 1.
-    for (const auto& [name, channels] :
-         {std::pair<const char*, int>{"bn", 4}, {"bn1", 1}}) {
-      normd::ModelSpec spec;
-      spec.name = name;
-      spec.num_features = channels;
-      if (!stack.service.CreateModel(spec).ok()) abort();
-    }
-  }
-  // Every model's generation, summed: changes with any change.
-  uint64_t Fingerprint() const {
-    uint64_t sum = 0;
-    for (const normd::BatchNormModel& m : stack.service.ListModels()) {
-      sum += m.generation * 1000003 + m.name.size();
-    }
-    return sum;
-  }
-  normd::testing::ServiceStack stack{normd::testing::ServiceStackOptions{
-      .auth_token = kToken,
-      .max_message_bytes = kMaxBody,
-      .store = normd::ModelStoreOptions{64, 4096}}};
-  RestApi api{stack.service, stack.inference,
-              normd::RestLimits{.max_body_bytes = kMaxBody}};
-};
-
-[[noreturn]] void Fail(const char* what, const RestResponse& response) {
-  fprintf(stderr, "%s: %d %s\n", what, response.status,
-          response.body.substr(0, 600).c_str());
-  abort();
-}
-
-// Every answer: a status normd answers with, never 500; an error's body is
-// {"error": "..."}, but for a readiness check's "not ready" ({"ready":
-// false}, 400 or 503 as the protocol has it).
 void CheckAnswer(const RestResponse& response) {
-  if (response.status == 500) Fail("a 500 answer", response);
-  if (response.status < 200 || response.status > 505) {
-    Fail("not a status normd answers with", response);
-  }
-  if (response.status >= 400) {
-    simdjson::dom::parser parser;
-    simdjson::dom::element root;
-    if (parser.parse(response.body).get(root) != simdjson::SUCCESS) {
-      Fail("an answer that is not JSON", response);
-    }
-    const bool not_ready = (response.status == 400 || response.status == 503) &&
-                           root["ready"].is_bool() &&
-                           !root["ready"].get_bool().value_unsafe();
-    if (!root["error"].is_string() && !not_ready) {
-      Fail("an error without its JSON body", response);
-    }
-  }
+  normd::fuzzing::CheckRestAnswer(response.status, response.body);
+}
+[[noreturn]] void Fail(const char* what, const RestResponse& response) {
+  normd::fuzzing::FailAnswer(what, response.status, response.body);
 }
 
 // Feeds `buffer` to `parser` until it needs more than there is; false on a
@@ -121,7 +72,7 @@ bool Put(http::request_parser<http::string_body>& parser,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Fixture* fixture = new Fixture;
+  static auto* fixture = new normd::fuzzing::RestFixture;
   if (size == 0) return 0;
   boost::beast::flat_buffer buffer;
   auto space = buffer.prepare(size);
@@ -145,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool has_body = !parser.is_done();
     const bool has_token =
         exchange.head.authorization.has_value() &&
-        *exchange.head.authorization == std::string("Bearer ") + kToken;
+        *exchange.head.authorization == std::string("Bearer ") + kRestToken;
     if (std::optional<RestResponse> early = fixture->api.Admit(exchange)) {
       CheckAnswer(*early);
       const RestEndpoint endpoint = exchange.route.endpoint;
@@ -173,7 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       abort();
     }
     if (has_body) {
-      parser.body_limit(kMaxBody);
+      parser.body_limit(kRestMaxBody);
       if (!Put(parser, buffer, /*header_only=*/false)) return 0;
       if (!exchange.head.content_length.has_value()) {
         if (std::optional<RestResponse> refused = fixture->api.AdmitReceived(
@@ -194,13 +145,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Fail("a failed request changed a model", answer);
     }
   }
-  // Keep the store small so that iterations stay fast.
-  if (fixture->stack.service.store().size() > 32) {
-    for (const auto& m : fixture->stack.service.ListModels()) {
-      if (m.name != "bn" && m.name != "bn1") {
-        (void)fixture->stack.service.DeleteModel(m.name);
-      }
-    }
-  }
+  fixture->Trim();
   return 0;
 }
