@@ -27,6 +27,7 @@ namespace {
 using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::GroupCase;
 using ::normd::testing::HalfValue;
+using ::normd::testing::kU32;
 using ::normd::testing::NumElementsOf;
 using ::normd::testing::Param;
 using ::normd::testing::RandomValues;
@@ -44,10 +45,13 @@ double UnitRoundoff(DType dtype) {
 }
 
 // Checks a 16-bit output against the fp64 reference of the same (already
-// rounded) input: |y - ref| <= u |ref| + fp32 error of the computation.
-// The fp32 part: 2^-20 of the magnitude the result was computed from (the
-// centred value times the scale, plus the shift), and the smallest
-// subnormal half for results that underflow.
+// rounded) input: |y - ref| <= u |ref| (the format's rounding) + the fp32
+// kernels' error before it + half the smallest subnormal half for results
+// that underflow. The fp32 part is reference.h's Fp32OutputBound, 32 u32
+// (|y - b| + |w|) + u32 |y|, at most 32 u32 times `magnitude`, a bound on
+// |y - b| + |w| + |y| / 32 for the inputs at hand. The format's rounding
+// dominates (u is 2^-11 or 2^-8): these checks catch errors of the format's
+// ulp, and the fp32 tests the fp32-sized ones.
 void ExpectWithinRounding(DType dtype, const std::vector<uint16_t>& y,
                           const std::vector<double>& ref, double magnitude) {
   const double u = UnitRoundoff(dtype);
@@ -56,7 +60,7 @@ void ExpectWithinRounding(DType dtype, const std::vector<uint16_t>& y,
   for (size_t i = 0; i < y.size(); ++i) {
     const double got = HalfValue(dtype, y[i]);
     const double bound =
-        u * std::abs(ref[i]) + std::ldexp(magnitude, -20) + tiny / 2;
+        u * std::abs(ref[i]) + 32 * kU32 * magnitude + tiny / 2;
     if (!(std::abs(got - ref[i]) <= bound) && ++bad < 5) {
       ADD_FAILURE() << DTypeName(dtype) << " element " << i << ": " << got
                     << " vs reference " << ref[i] << " (bound " << bound << ")";
@@ -117,7 +121,8 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
       if (m.mode == NormMode::kGroupNorm) spec.num_groups = 3;
       std::vector<uint16_t> y(n);
       ASSERT_TRUE(engine.Normalize(spec, y.data()).ok());
-      ExpectWithinRounding(dtype, y, m.reference, 3.0 * 4 + 4);
+      // |x - mean| / sigma <= 4 here, |w| <= 3, |b| <= 4.
+      ExpectWithinRounding(dtype, y, m.reference, 4 * 3 + 3 + 16.0 / 32);
     }
     // BatchNorm training and eval, and Fit: statistics as of the rounded
     // input, accumulated in fp32/fp64.
@@ -135,7 +140,7 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
         ReferenceChannelNormalize(xv, 4, 6, 90, stats.mean, stats.var, 1e-5,
                                   std::vector<double>(6, 1),
                                   std::vector<double>(6, 0)),
-        4 * 4);
+        4 + 1 + 4.0 / 32);  // |x - mean| / sigma <= 4, w 1, b 0.
     for (int c = 0; c < 6; ++c) {
       EXPECT_NEAR((*model)->PooledMean()[c], stats.mean[c], 1e-12);
       EXPECT_NEAR((*model)->PooledVariance()[c], stats.var[c],
@@ -148,7 +153,7 @@ TEST(HalfTensorTest, EveryModeStaysWithinTheFormatsRounding) {
         ReferenceChannelNormalize(
             xv, 4, 6, 90, (*model)->running_mean, (*model)->running_var, 1e-5,
             std::vector<double>(6, 1), std::vector<double>(6, 0)),
-        4 * 4);
+        4 + 1 + 4.0 / 32);  // |x - mean| / sigma <= 4, w 1, b 0.
     FitSpec fit;
     fit.model = train.model;
     fit.input = train.input;
@@ -189,7 +194,8 @@ TEST(HalfTensorTest, ShortAndLongRowsAlike) {
                              mode == NormMode::kLayerNorm
                                  ? ReferenceLayerNorm(xv, n, 1e-5, {}, {})
                                  : ReferenceRmsNorm(xv, n, 1e-5, {}, {}),
-                             8);
+                             // |y| <= 5.5 for these rows, w 1, b 0.
+                             5.5 + 1 + 5.5 / 32);
       }
     }
   }
@@ -422,11 +428,18 @@ TEST(HalfTensorTest, HalfRowAffineIsItsFormulaOnEveryTarget) {
                 << "n " << n << " j " << j;
             ASSERT_EQ(std::bit_cast<uint32_t>(in_place[j]),
                       std::bit_cast<uint32_t>(want));
-            // And the fp64 value within fp32 rounding.
-            double expected = (x[j] - mean) * scale;
-            if (weight != nullptr) expected *= weight[j];
+            // And the fp64 value within fp32 rounding: x - hi is exact
+            // (Sterbenz), lo * scale and the fma round once each (u |t| +
+            // u |lo scale|), the weight's product once more (u |t w|) and
+            // the bias's sum once (u |y|), or one fma for both: at most
+            // u (2 |t w| + |y| + |w|), |lo scale| being below 1.
+            const double centred = (x[j] - mean) * scale;
+            const double wj = weight != nullptr ? weight[j] : 1.0;
+            double expected = centred * wj;
             if (bias != nullptr) expected += bias[j];
-            EXPECT_NEAR(got[j], expected, 1e-6 * (1.0 + std::abs(expected)));
+            EXPECT_NEAR(got[j], expected,
+                        kU32 * (2 * std::abs(centred * wj) +
+                                std::abs(expected) + std::abs(wj)));
           }
         }
       }

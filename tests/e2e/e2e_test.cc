@@ -120,8 +120,13 @@ TEST_F(EndToEndTest, LayerNormInDataAndValuesForms) {
     EXPECT_FALSE(response->has_model());
     auto y = TensorValues(response->output());
     ASSERT_TRUE(y.ok());
+    // The inputs are exact in both types: fp32 within the kernels' bound
+    // (reference.h), fp64 within the fp64 bar.
     for (size_t i = 0; i < x.size(); ++i) {
-      EXPECT_NEAR((*y)[i], expected[i], 1e-6);
+      EXPECT_NEAR((*y)[i], expected[i],
+                  dtype == v1::FLOAT32
+                      ? testing::Fp32OutputBound(expected[i], 0.0, 1.0)
+                      : 1e-12 * std::max(1.0, std::abs(expected[i])));
     }
   }
   // The values form is answered in the values form.
@@ -134,8 +139,9 @@ TEST_F(EndToEndTest, LayerNormInDataAndValuesForms) {
   ASSERT_TRUE(response.ok()) << response.status();
   ASSERT_EQ(response->output().values_size(), 12);
   EXPECT_TRUE(response->output().data().empty());
-  for (int i = 0; i < 12; ++i) {
-    EXPECT_NEAR(response->output().values(i), expected[i], 1e-6);
+  for (int i = 0; i < 12; ++i) {  // Computed as FLOAT32, the default.
+    EXPECT_NEAR(response->output().values(i), expected[i],
+                testing::Fp32OutputBound(expected[i], 0.0, 1.0));
   }
   // Zero elements: returned unchanged.
   auto empty = LayerNormRequest({0, 4}, {});
@@ -502,7 +508,9 @@ TEST_F(EndToEndTest, EveryModeCountsItsElementsUnderItsOwnLabel) {
     ASSERT_EQ(y->size(), 24u);
     const double want =
         c.mode == v1::RMS_NORM ? 1.5 / std::sqrt(1.5 * 1.5 + 1e-5) : 0.0;
-    for (double v : *y) EXPECT_NEAR(v, want, 1e-7);
+    for (double v : *y) {
+      EXPECT_NEAR(v, want, testing::Fp32OutputBound(want, 0.0, 1.0));
+    }
     EXPECT_EQ(MetricValue(testing::HttpGet(server_->metrics_port(), "/metrics"),
                           "normd_elements_total", {label}),
               before + 24);
