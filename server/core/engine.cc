@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/core/channel_dtype.h"
 #include "server/core/euclidean_norm.h"
+#include "server/core/group_kernels.h"
 #include "server/core/half.h"
 #include "server/core/parallel.h"
 #include "server/core/simd/streaming.h"
@@ -20,64 +22,6 @@ namespace {
 constexpr double kBertDefaultEps = 1e-6;
 // F.normalize's default.
 constexpr double kL2DefaultEps = 1e-12;
-
-// The element types of the channel paths (BatchNorm, GroupNorm,
-// InstanceNorm, Fit): fp32, fp64, and the 16-bit dtypes, stored as their
-// bits (Storage<Half<...>> is uint16_t) and computed as their fp32 widening
-// by ChannelMoments and ChannelAffineKernel, so that a 16-bit tensor
-// gets the bits of a widened copy normalized and narrowed, without the copy.
-template <DType kType>
-struct Half {
-  static constexpr DType kDType = kType;
-};
-template <typename T>
-struct StorageOf {
-  using type = T;
-};
-template <DType kType>
-struct StorageOf<Half<kType>> {
-  using type = uint16_t;
-};
-template <typename T>
-using Storage = typename StorageOf<T>::type;
-template <typename T>
-constexpr bool kIsHalf = !std::is_floating_point_v<T>;
-
-// Calls f with a null pointer of the channel-path element type of `dtype`.
-template <typename F>
-decltype(auto) VisitChannelDType(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kBFloat16:
-      return f(static_cast<Half<DType::kBFloat16>*>(nullptr));
-    case DType::kFloat16:
-      return f(static_cast<Half<DType::kFloat16>*>(nullptr));
-    case DType::kFloat32:
-      return f(static_cast<float*>(nullptr));
-    case DType::kFloat64:
-      break;
-  }
-  return f(static_cast<double*>(nullptr));
-}
-
-// The DType of element type T.
-template <typename T>
-constexpr DType DTypeOf() {
-  if constexpr (kIsHalf<T>) {
-    return T::kDType;
-  } else {
-    return FloatingDType<T>();
-  }
-}
-// ChannelAffineKernel of contiguous elements of type T.
-template <typename T>
-void ChannelAffineOf(const Storage<T>* x, Storage<T>* y,
-                     const ChannelLayout& layout, const double* mean,
-                     const double* scale, const double* shift,
-                     int64_t output_elements = 0,
-                     Traversal traversal = Traversal::kParallel) {
-  ChannelAffineKernel(DTypeOf<T>(), {reinterpret_cast<const char*>(x)}, y,
-                      layout, mean, scale, shift, output_elements, traversal);
-}
 
 // INVALID_ARGUMENT naming `field` unless the parameter has shape `expected`.
 absl::Status CheckAffineShape(const std::optional<AffineParam>& param,
@@ -119,221 +63,6 @@ InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage) {
 // Where a kernel reads `input`: in place or scattered.
 InputSource SourceOf(const InputTensor& input) {
   return InputSource{static_cast<const char*>(input.data), input.scattered};
-}
-
-// GroupNorm / InstanceNorm geometry: `samples` samples (dim 0), each
-// [sample_outer, channels, inner] around the channel axis; statistics per
-// (sample, group of channels_per_group adjacent channels).
-struct GroupGeometry {
-  ChannelLayout layout;  // The whole tensor.
-  int64_t samples = 0;
-  int64_t groups = 0;
-  int64_t sample_outer = 0;
-
-  int64_t ChannelsPerGroup() const { return layout.channels / groups; }
-  // Values per (sample, group).
-  int64_t PerGroup() const {
-    return sample_outer * ChannelsPerGroup() * layout.inner;
-  }
-  int64_t SampleSize() const {
-    return sample_outer * layout.channels * layout.inner;
-  }
-};
-
-// The moments of sample n's groups into group[0..groups), for sample_outer
-// > 1. Channels-last: per-(sample, channel) moments with the channels-last
-// kernels, then each group's channels merged in order (Chan, fp64). Else a
-// sample is [sample_outer, groups, one group's values per outer index].
-// group[0..groups) starts empty.
-template <typename T>
-void SampleGroupMoments(const Storage<T>* x, const GroupGeometry& g, int64_t n,
-                        Moments* group) {
-  const int64_t per_group = g.ChannelsPerGroup();
-  const bool channels_last = g.layout.inner == 1;
-  const ChannelLayout sample =
-      channels_last
-          ? ChannelLayout{g.sample_outer, g.layout.channels, 1}
-          : ChannelLayout{g.sample_outer, g.groups, per_group * g.layout.inner};
-  const std::vector<Moments> m =
-      ChannelMoments(DTypeOf<T>(), x + n * g.SampleSize(), sample);
-  if (!channels_last) {
-    std::copy(m.begin(), m.end(), group);
-    return;
-  }
-  for (int64_t c = 0; c < g.layout.channels; ++c) {
-    MergeMoments(group[c / per_group], m[c]);
-  }
-}
-
-// Moments per (sample, group), sample-major. NCHW-like layouts (nothing
-// between the batch and channel axes): every group is one contiguous run.
-// Else per sample (SampleGroupMoments).
-template <typename T>
-std::vector<Moments> GroupMoments(const Storage<T>* x, const GroupGeometry& g) {
-  if (g.sample_outer == 1) {
-    return ChannelMoments(DTypeOf<T>(), x,
-                          ChannelLayout{1, g.samples * g.groups,
-                                        g.ChannelsPerGroup() * g.layout.inner});
-  }
-  std::vector<Moments> out(g.samples * g.groups);
-  ParallelFor(tbb::blocked_range<int64_t>(0, g.samples, 1),
-              g.layout.NumElements(),
-              [&](const tbb::blocked_range<int64_t>& range) {
-                for (int64_t n = range.begin(); n < range.end(); ++n) {
-                  SampleGroupMoments<T>(x, g, n, out.data() + n * g.groups);
-                }
-              });
-  return out;
-}
-
-// Affine parameters per (sample, channel) for the statistics sets [first,
-// first + count) (a set is one (sample, group), sample-major; moments[0] is
-// set `first`): entries [0, count * channels per group) of mean / scale /
-// shift, in (sample, channel) order.
-void GroupParams(const Moments* moments, int64_t first, int64_t count,
-                 const GroupGeometry& g, const std::vector<double>& weight,
-                 const std::vector<double>& bias, double eps, double* mean,
-                 double* scale, double* shift) {
-  const int64_t per_group = g.ChannelsPerGroup();
-  for (int64_t s = 0; s < count; ++s) {
-    const Moments& m = moments[s];
-    for (int64_t t = 0; t < per_group; ++t) {
-      const int64_t c = ((first + s) % g.groups) * per_group + t;
-      const int64_t i = s * per_group + t;
-      mean[i] = m.mean;
-      scale[i] = weight[c] / std::sqrt(m.BiasedVariance() + eps);
-      shift[i] = bias[c];
-    }
-  }
-}
-
-// Sets (sample, group) reduced and written per chunk of about this many
-// elements, so that the writing pass reads from cache.
-constexpr int64_t kFusedGroupElements = 64 * 1024;
-
-// Sets [first, first + count) of a GroupNorm / InstanceNorm whose groups are
-// contiguous runs (see FusedGroupRows) from xs to ys (both at set `first`):
-// their moments, then their output. `output_elements` and `traversal` as
-// for ChannelAffineKernel; mean / scale / shift are scratch.
-template <typename T>
-void GroupRowsChunk(const Storage<T>* xs, Storage<T>* ys,
-                    const GroupGeometry& g, int64_t first, int64_t count,
-                    const std::vector<double>& weight,
-                    const std::vector<double>& bias, double eps,
-                    int64_t output_elements, Traversal traversal,
-                    std::vector<double>& mean, std::vector<double>& scale,
-                    std::vector<double>& shift) {
-  const int64_t per_group = g.ChannelsPerGroup();
-  const std::vector<Moments> m =
-      ChannelMoments(DTypeOf<T>(), xs, ChannelLayout{1, count, g.PerGroup()});
-  mean.resize(count * per_group);
-  scale.resize(mean.size());
-  shift.resize(mean.size());
-  GroupParams(m.data(), first, count, g, weight, bias, eps, mean.data(),
-              scale.data(), shift.data());
-  ChannelAffineOf<T>(
-      xs, ys, ChannelLayout{1, count * per_group, g.layout.inner}, mean.data(),
-      scale.data(), shift.data(), output_elements, traversal);
-}
-
-// Chunks per thread from which FusedGroupRows runs each chunk's loops
-// serially (SerialLoopsScope): with fewer, the chunks' own parallel loops
-// keep every core busy.
-constexpr int64_t kFusedChunksPerThread = 4;
-
-// Stateless GroupNorm / InstanceNorm when every group is one contiguous run
-// (nothing between the batch and channel axes): chunks of whole groups are
-// reduced and then written while still in cache, one pass over memory. Same
-// per-set moments and per-element formula as the two-pass path.
-template <typename T>
-void FusedGroupRows(const Storage<T>* x, Storage<T>* y, const GroupGeometry& g,
-                    const std::vector<double>& weight,
-                    const std::vector<double>& bias, double eps) {
-  const int64_t row = g.PerGroup();
-  const int64_t per_chunk = std::max<int64_t>(1, kFusedGroupElements / row);
-  const int64_t total = g.layout.NumElements();
-  const int64_t chunks = (g.samples * g.groups + per_chunk - 1) / per_chunk;
-  // With several chunks per thread, each chunk's loops run on its thread.
-  const bool serial_chunks =
-      chunks >= kFusedChunksPerThread * ComputeConcurrency();
-  CountThreadPath(serial_chunks ? ThreadPath::kGroupChunksOnOneThread
-                                : ThreadPath::kGroupChunksSpread);
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, g.samples * g.groups, per_chunk), total,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        const SerialLoopsScope serial(serial_chunks);
-        std::vector<double> mean, scale, shift;
-        for (int64_t s0 = range.begin(); s0 < range.end(); s0 += per_chunk) {
-          GroupRowsChunk<T>(x + s0 * row, y + s0 * row, g, s0,
-                            std::min(per_chunk, range.end() - s0), weight, bias,
-                            eps, total,
-                            serial_chunks ? Traversal::kBackwardsOnThisThread
-                                          : Traversal::kParallel,
-                            mean, scale, shift);
-        }
-      });
-}
-
-// Samples per thread from which stateless GroupNorm / InstanceNorm with
-// samples of several rows (channels-last, say) runs one sample per task.
-constexpr int64_t kFusedSamplesPerThread = 4;
-
-// Stateless GroupNorm / InstanceNorm with sample_outer > 1: each sample's
-// moments, then its output, on one thread, one sample per task. The output
-// is written backwards (see Traversal::kBackwardsOnThisThread), so the part
-// still in this core's cache is read from there rather than from memory.
-// Needs kFusedSamplesPerThread samples per thread. The same moments and
-// per-element formula as the two-pass path: the same bits.
-template <typename T>
-void FusedGroupSamples(const Storage<T>* x, Storage<T>* y,
-                       const GroupGeometry& g,
-                       const std::vector<double>& weight,
-                       const std::vector<double>& bias, double eps) {
-  const int64_t channels = g.layout.channels;
-  const int64_t total = g.layout.NumElements();
-  const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, g.samples, 1), total,
-      [&](const tbb::blocked_range<int64_t>& range) {
-        // Several samples per thread (see the caller): each on its thread.
-        const SerialLoopsScope serial;
-        std::vector<Moments> moments(g.groups);
-        std::vector<double> mean(channels), scale(channels), shift(channels);
-        for (int64_t n = range.begin(); n < range.end(); ++n) {
-          std::fill(moments.begin(), moments.end(), Moments{});
-          SampleGroupMoments<T>(x, g, n, moments.data());
-          GroupParams(moments.data(), n * g.groups, g.groups, g, weight, bias,
-                      eps, mean.data(), scale.data(), shift.data());
-          const int64_t at = n * g.SampleSize();
-          ChannelAffineOf<T>(x + at, y + at, sample, mean.data(), scale.data(),
-                             shift.data(), total,
-                             Traversal::kBackwardsOnThisThread);
-        }
-      });
-}
-
-template <typename T>
-void SampleChannelAffine(const Storage<T>* x, Storage<T>* y,
-                         const GroupGeometry& g, const double* mean,
-                         const double* scale, const double* shift) {
-  const int64_t channels = g.layout.channels;
-  if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
-    ChannelAffineOf<T>(x, y,
-                       ChannelLayout{1, g.samples * channels, g.layout.inner},
-                       mean, scale, shift, 0, Traversal::kParallel);
-    return;
-  }
-  const ChannelLayout sample{g.sample_outer, channels, g.layout.inner};
-  ParallelFor(
-      tbb::blocked_range<int64_t>(0, g.samples, 1), g.layout.NumElements(),
-      [&](const tbb::blocked_range<int64_t>& range) {
-        for (int64_t n = range.begin(); n < range.end(); ++n) {
-          const int64_t at = n * g.SampleSize();
-          ChannelAffineOf<T>(x + at, y + at, sample, mean + n * channels,
-                             scale + n * channels, shift + n * channels,
-                             g.layout.NumElements(), Traversal::kParallel);
-        }
-      });
 }
 
 // INVALID_ARGUMENT naming the field a stateless L2_NORM or WEIGHT_NORM
@@ -793,23 +522,14 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
     const std::vector<double>& bias =
         spec.bias.has_value() ? spec.bias->values : no_bias;
     const double eps = spec.eps.value_or(kDefaultEps);
-    VisitChannelDType(in.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const auto* x = static_cast<const Storage<T>*>(in.data);
-      auto* y = static_cast<Storage<T>*>(output);
-      if (g.sample_outer == 1) {
-        FusedGroupRows<T>(x, y, g, weight, bias, eps);
-      } else {
-        FusedGroupSamples<T>(x, y, g, weight, bias, eps);
-      }
-    });
+    if (g.sample_outer == 1) {
+      FusedGroupRows(in.dtype, in.data, output, g, weight, bias, eps);
+    } else {
+      FusedGroupSamples(in.dtype, in.data, output, g, weight, bias, eps);
+    }
     return std::optional<BatchNormModel>();
   }
-  const std::vector<Moments> moments =
-      VisitChannelDType(in.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        return GroupMoments<T>(static_cast<const Storage<T>*>(in.data), g);
-      });
+  const std::vector<Moments> moments = GroupMoments(in.dtype, in.data, g);
 
   std::optional<BatchNormModel> model;
   if (with_model) {
@@ -837,12 +557,8 @@ absl::StatusOr<std::optional<BatchNormModel>> Engine::NormalizeGroups(
   std::vector<double> shift(mean.size());
   GroupParams(moments.data(), 0, g.samples * groups, g, weight, bias, eps,
               mean.data(), scale.data(), shift.data());
-  VisitChannelDType(in.dtype, [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    SampleChannelAffine<T>(static_cast<const Storage<T>*>(in.data),
-                           static_cast<Storage<T>*>(output), g, mean.data(),
-                           scale.data(), shift.data());
-  });
+  SampleChannelAffine(in.dtype, in.data, output, g, mean.data(), scale.data(),
+                      shift.data());
   return model;
 }
 
