@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/core/channel_dtype.h"
 #include "server/core/euclidean_norm.h"
 #include "server/core/group_kernels.h"
 #include "server/core/half.h"
@@ -135,11 +134,7 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
             : "statistics need at least one value per channel"));
   }
   std::vector<Moments> moments =
-      VisitChannelDType(input.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        return ChannelMoments(
-            DTypeOf<T>(), static_cast<const Storage<T>*>(input.data), layout);
-      });
+      ChannelMoments(input.dtype, input.data, layout);
   for (size_t c = 0; c < moments.size(); ++c) {
     if (!moments[c].IsFinite()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -365,11 +360,7 @@ absl::Status Engine::NormalizeWeight(const NormalizeSpec& spec, void* output) {
   const ChannelLayout layout = LayoutAround(in.shape, *axis);
   if (in.size == 0) return absl::OkStatus();
   const std::vector<Moments> moments =
-      VisitChannelDType(in.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        return ChannelMoments(DTypeOf<T>(),
-                              static_cast<const Storage<T>*>(in.data), layout);
-      });
+      ChannelMoments(in.dtype, in.data, layout);
   std::vector<double> norms(layout.channels);
   ParallelFor(tbb::blocked_range<int64_t>(0, layout.channels, 1),
               layout.channels, [&](const tbb::blocked_range<int64_t>& range) {
