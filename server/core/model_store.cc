@@ -36,62 +36,7 @@ absl::Status CheckChannels(const BatchNormModel& model, int64_t channels) {
                    "' has ", model.num_features, " (num_features)"));
 }
 
-int64_t ModelFootprintBytes(int64_t num_features, size_t name_size) {
-  // Four arrays of doubles and one Moments per channel, the name, and the
-  // model's and its entry's own fields.
-  constexpr int64_t kPerChannel = 4 * sizeof(double) + sizeof(Moments);
-  constexpr int64_t kFixed = 256;
-  return kFixed + static_cast<int64_t>(name_size) + kPerChannel * num_features;
-}
-
 ModelStore::ModelStore(ModelStoreOptions options) : options_(options) {}
-
-absl::Status ModelStore::CheckNumFeatures(int64_t num_features,
-                                          absl::string_view field) const {
-  if (num_features > options_.max_num_features) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(field, ": ", num_features, " exceeds the server limit of ",
-                     options_.max_num_features, " (--max_num_features)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ModelStore::CheckLimits(int64_t num_features, size_t name_size,
-                                     int64_t freed_bytes, bool new_model,
-                                     absl::string_view field) const {
-  if (absl::Status s = CheckNumFeatures(num_features, field); !s.ok()) {
-    return s;
-  }
-  return CheckBudget(ModelFootprintBytes(num_features, name_size),
-                     absl::StrCat("a model of ", num_features, " channels"),
-                     freed_bytes, new_model ? 1 : 0, field);
-}
-
-absl::Status ModelStore::CheckBudget(int64_t needed_bytes,
-                                     absl::string_view what,
-                                     int64_t freed_bytes, int64_t new_models,
-                                     absl::string_view field) const {
-  const int64_t held = model_bytes_ - freed_bytes;
-  if (needed_bytes > options_.max_model_bytes - held) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": ", what, " takes ", needed_bytes,
-        " bytes, and the models held take ", held, " of the ",
-        options_.max_model_bytes, " the server allows (--max_model_bytes)"));
-  }
-  if (options_.max_models == 0 && new_models > 0) {
-    return absl::ResourceExhaustedError(
-        "model: this server keeps no BatchNorm models (--max_models=0, a "
-        "replica for the stateless modes); create and fit them on the "
-        "replicas that keep models");
-  }
-  if (new_models > options_.max_models - static_cast<int64_t>(models_.size())) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("model: the server holds ", models_.size(), " models and ",
-                     new_models, " more would pass its limit of ",
-                     options_.max_models, " (--max_models)"));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status ModelStore::CheckLog() const {
   return log_ == nullptr ? absl::OkStatus() : log_->Healthy();
@@ -118,21 +63,6 @@ void ModelStore::OnDurable(uint64_t sequence,
   }
   log_->OnDurable(sequence, std::move(done));
 }
-
-namespace {
-thread_local DeferDurability* current_defer_durability = nullptr;
-}  // namespace
-
-DeferDurability::DeferDurability() : outer_(current_defer_durability) {
-  current_defer_durability = this;
-}
-
-DeferDurability::~DeferDurability() {
-  current_defer_durability = outer_;
-  if (outer_ != nullptr) outer_->Note(sequence_);
-}
-
-DeferDurability* DeferDurability::Current() { return current_defer_durability; }
 
 absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   // Malformed first (INVALID_ARGUMENT precedes RESOURCE_EXHAUSTED), then the
