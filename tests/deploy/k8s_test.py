@@ -9,9 +9,10 @@ as Pods; their args, ports and scraping annotations against `normd --help`),
 named ports, requests and limits, a locked-down securityContext matching the
 image's user, the StatefulSet's pod the same as the Deployment's, state on
 a PersistentVolumeClaim, and the PrometheusRule equal to
-deploy/prometheus/alerts.yml; the sharded overlay: HAProxy with the same
-routing and gRPC health checks as deploy/haproxy/haproxy.cfg (haproxy -c
-passes), one DNS slot per StatefulSet ordinal, no gRPC port around the proxy.
+deploy/prometheus/alerts.yml; the sharded overlay: HAProxy configured by
+deploy/haproxy/haproxy.cfg itself (haproxy -c passes under the pod's
+environment), one DNS slot per StatefulSet ordinal, no gRPC port around the
+proxy.
 
 Usage: k8s_test.py --normd BUILD/normd (kubectl and node on PATH; `npm ci`
 done in tests/k8s)
@@ -115,10 +116,12 @@ def check_common(name, kinds):
 
 
 def haproxy_sections(text):
-    """Section header line -> its lines (comments and blank lines dropped)."""
+    """Section header line -> its lines (comments, blank lines and the
+    conditional blocks' .if/.else/.endif lines dropped: both branches'
+    lines are kept)."""
     sections, current = {}, None
     for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
+        if not line.strip() or line.lstrip().startswith(("#", ".")):
             continue
         if not line.startswith(" "):
             current = line.strip()
@@ -130,7 +133,7 @@ def haproxy_sections(text):
 
 def check_sharded(kinds, durable_stateful):
     """The sharded overlay: the durable StatefulSet scaled out, HAProxy in
-    front with deploy/haproxy/haproxy.cfg's routing and health checks, the
+    front configured by deploy/haproxy/haproxy.cfg, the
     replicas found by their stable DNS names, and no way around the proxy."""
     validate("sharded", [o for os_ in kinds.values() for o in os_])
     (stateful,) = kinds.get("StatefulSet", [None])
@@ -175,53 +178,64 @@ def check_sharded(kinds, durable_stateful):
     check(volume["configMap"]["name"] == config_map["metadata"]["name"],
           "sharded: the proxy does not mount the generated ConfigMap")
     cfg = config_map["data"]["haproxy.cfg"]
+    # The one configuration: deploy/haproxy/haproxy.cfg itself, with its
+    # replicas found through DNS under the pod's environment.
+    with open(os.path.join(SOURCE, "deploy", "haproxy", "haproxy.cfg")) as f:
+        check(cfg == f.read(), "sharded: the ConfigMap's haproxy.cfg is not "
+                               "deploy/haproxy/haproxy.cfg")
+    pod_env = container_env(container, {"POD_NAMESPACE": "normd"})
+    check(pod_env.get("NORMD_REPLICA_DNS", "").startswith(
+        f"{stateful['spec']['serviceName']}.normd.svc."),
+        f"sharded: NORMD_REPLICA_DNS {pod_env.get('NORMD_REPLICA_DNS')!r} "
+        "must name the StatefulSet's headless Service")
     with tempfile.NamedTemporaryFile("w", suffix=".cfg") as f:
         f.write(cfg)
         f.flush()
-        out = subprocess.run(
-            ["haproxy", "-c", "-f", f.name], capture_output=True, text=True,
-            env=dict(os.environ, POD_NAMESPACE="normd"))
+        out = subprocess.run(["haproxy", "-c", "-f", f.name],
+                             capture_output=True, text=True,
+                             env=dict(os.environ, **pod_env))
         check(out.returncode == 0, f"sharded: haproxy -c: {out.stdout}"
                                    f"{out.stderr}")
-    # The same routing, checks and defaults as deploy/haproxy/haproxy.cfg.
-    with open(os.path.join(SOURCE, "deploy", "haproxy", "haproxy.cfg")) as f:
-        loopback = haproxy_sections(f.read())
-    sharded = haproxy_sections(cfg)
-    check(sharded.get("defaults") == loopback["defaults"],
-          "sharded: haproxy.cfg defaults differ from deploy/haproxy's")
-    # gRPC and REST: the same routing and health checks, and the same slots
-    # (the same hash ring: a model's calls of both reach one replica).
-    service = stateful["spec"]["serviceName"]
+    # One slot per ordinal, in both backends (the same hash ring: a
+    # model's calls of both protocols reach one replica).
+    sections = haproxy_sections(cfg)
     for backend, port in (("backend normd", 50051),
                           ("backend normd_rest", 8000)):
-        routing = [line for line in loopback.get(backend, [])
-                   if not line.startswith(("server ", "default-server"))]
-        check(routing and [
-            line for line in sharded.get(backend, [])
-            if not line.startswith(("server-template", "default-server"))] ==
-            routing, f"sharded: haproxy.cfg {backend} routing/health checks "
-                     "differ from deploy/haproxy/haproxy.cfg's")
-        slots = [line.split() for line in sharded.get(backend, [])
+        slots = [line.split() for line in sections.get(backend, [])
                  if line.startswith("server-template")]
         check(len(slots) >= replicas and all(
             slot[1] == "normd-" and slot[2] == f"{i}-{i}" and
-            slot[3].strip('"').startswith(f"normd-{i}.{service}.") and
-            slot[3].strip('"').endswith(f":{port}")
+            slot[3] == f'"normd-{i}.${{NORMD_REPLICA_DNS}}:{port}"'
             for i, slot in enumerate(slots)),
-            f"sharded: {backend} slots must be normd-<i>.{service}.…:{port} "
-            f"for each ordinal: {slots}")
-    check([line for line in sharded.get("frontend normd_rest", [])
-           if not line.startswith("bind ")] ==
-          [line for line in loopback.get("frontend normd_rest", [])
-           if not line.startswith("bind ")],
-          "sharded: the REST frontend's routing differs from "
-          "deploy/haproxy/haproxy.cfg's")
-    binds = {line.split()[1].rsplit(":", 1)[1]
+            f"sharded: {backend} slots must be normd-<i>.$NORMD_REPLICA_DNS:"
+            f"{port} for each ordinal: {slots}")
+    binds = {expand(line.split()[1], pod_env).rsplit(":", 1)[1]
              for name in ("frontend normd", "frontend normd_rest",
                           "frontend stats")
-             for line in sharded.get(name, []) if line.startswith("bind ")}
+             for line in sections.get(name, []) if line.startswith("bind ")}
     check(binds == {str(p["containerPort"]) for p in container["ports"]},
           f"sharded: proxy binds {binds} vs container ports")
+
+
+def container_env(container, downward):
+    """A container's environment as the kubelet sets it: `downward` for the
+    values from fieldRefs, $(NAME) references to earlier ones expanded."""
+    env = {}
+    for e in container.get("env", []):
+        if "valueFrom" in e:
+            env[e["name"]] = downward[e["name"]]
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)",
+                                    lambda m: env.get(m.group(1), m.group(0)),
+                                    e["value"])
+    return env
+
+
+def expand(word, env):
+    """An HAProxy word with "${NAME-default}" as HAProxy expands it."""
+    return re.sub(r"\$\{(\w+)(?:-([^}]*))?\}",
+                  lambda m: env.get(m.group(1), m.group(2) or ""),
+                  word.strip('"'))
 
 
 def check_http_probes(deployed):
