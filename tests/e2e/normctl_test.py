@@ -297,20 +297,13 @@ def test_help_everywhere(ctl):
         env.pop("NORMD_SIMD_TARGET", None)
         if simd_target is not None:
             env["NORMD_SIMD_TARGET"] = simd_target
-        server = subprocess.Popen(
-            [args.normd, "--bind_address=127.0.0.1", "--port=0",
-             "--metrics_port=-1", "--http_port=-1"], stderr=subprocess.PIPE, text=True, env=env)
-        try:
-            line = server.stderr.readline()
-            # Running after its first line: serving (its code is not ours).
-            try:
-                return line, server.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                return line, None
-        finally:
-            if server.poll() is None:
-                server.terminate()
-                server.wait(timeout=60)
+        server = normd_process.Normd(
+            args.normd, ["--metrics_port=-1", "--http_port=-1"], env=env)
+        serving = server.start()
+        code = server.stop() if serving else server.proc.wait()
+        # Serving: its exit code is not ours to judge.
+        return (server.lines[0] if server.lines else ""), (
+            None if serving else code)
 
     first, _ = start_line(None)
     best = re.search(r"serving gRPC on .*; SIMD target (avx3|avx2|sse4|neon|"

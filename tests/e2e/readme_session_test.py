@@ -12,8 +12,13 @@ the documented sessions stay true.
 import argparse
 import re
 import shlex
+import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "testing"))
+import normd_process  # noqa: E402
 
 
 def main():
@@ -33,13 +38,9 @@ def main():
             command, _, expected = chunk.partition("\n")
             steps.append((command, expected.rstrip("\n")))
 
-    proc = subprocess.Popen(
-        [args.normd, "--bind_address=127.0.0.1", "--port=0", "--metrics_port=-1",
-         "--http_port=0"],
-        stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    port = re.search(r"serving gRPC on [^ ]*:(\d+)", line).group(1)
-    http_port = re.search(r"REST on [^ ]*:(\d+)", line).group(1)
+    proc, port, _ = normd_process.start_normd(args.normd,
+                                              ["--metrics_port=-1"])
+    http_port = proc.http_port
     failures = 0
     try:
         for command, expected in steps:

@@ -11,13 +11,12 @@ import argparse
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "testing"))  # normd_process
+import normd_process  # noqa: E402
 
 
 def parse_args(doc, extra=()):
@@ -63,70 +62,32 @@ class Blocker:
         self.released.wait(120)
 
 
-class Server:
-    """A normd child process; `log` holds everything it wrote."""
+class Server(normd_process.Normd):
+    """normd_process.Normd on a state directory if given, registered while
+    it runs so that kill_all() stops it when a test ends early."""
 
     def __init__(self, binary, flags=(), state_dir=None):
-        self.binary = binary
-        self.flags = list(flags)
+        flags = list(flags)
         if state_dir is not None:
-            self.flags.append(f"--state_dir={state_dir}")
-        self.proc = None
-        self.port = None
-        self.metrics_port = None
-        self.lines = []
+            flags.append(f"--state_dir={state_dir}")
+        super().__init__(binary, flags)
 
     @property
-    def log(self):
-        return "".join(self.lines)
+    def port(self):
+        return self.grpc_port
 
     def start(self, timeout=60):
-        """Starts it; True once it serves, False (log kept) if it exits."""
-        self.lines = []
-        self.proc = subprocess.Popen(
-            [self.binary, "--bind_address=127.0.0.1", "--port=0",
-             "--metrics_port=0", "--http_port=0", *self.flags],
-            stderr=subprocess.PIPE, text=True, errors="replace")
         RUNNING.add(self)
-        ready = threading.Event()
-
-        def drain():
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                match = re.search(
-                    r"serving gRPC on [^ ]*:(\d+), metrics on [^ ]*:(\d+)",
-                    line)
-                if match:
-                    self.port = int(match.group(1))
-                    self.metrics_port = int(match.group(2))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        ready.wait(timeout)
-        if self.port is None or self.proc.poll() is not None:
-            self.stop(signal.SIGKILL)
-            self.port = None
-            return False
-        return True
+        started = super().start(timeout)
+        if not started:
+            RUNNING.discard(self)
+        return started
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
-        """Sends `sig` and waits; the exit code (negative: killed by it)."""
-        if self.proc is None:
-            return None
-        self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        time.sleep(0.05)  # The log thread reads the last lines.
+        code = super().stop(sig, timeout)
         self.proc = None
         RUNNING.discard(self)
         return code
-
-    def target(self):
-        return f"127.0.0.1:{self.port}"
 
     def rss_mib(self):
         with open(f"/proc/{self.proc.pid}/status") as status:
