@@ -1,22 +1,20 @@
-"""What the red-team tests share: a real normd on loopback whose log is kept
-(so that a test can read start-up warnings), restarted on the same state
-directory, raw calls with arbitrary bytes, and checks that collect failures
-instead of stopping at the first.
+"""What the hostile-input tests share (tests/*/..._test.py that replay
+attacks against a real normd): normd on loopback whose log is kept (so that
+a test can read start-up warnings), restarted on the same state directory,
+idle clients, and checks that collect failures instead of stopping at the
+first.
 
 Run by Debian's /usr/bin/python3 (python3-grpcio); the generated stubs come
 from --stubs.
 """
 
 import argparse
-import os
 import re
 import signal
 import sys
 import threading
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "testing"))  # normd_process
-import normd_process  # noqa: E402
+import normd_process
 
 
 def parse_args(doc, extra=()):
@@ -165,3 +163,13 @@ class Checks:
         for failure in self.failures:
             print("FAIL", failure)
         return 1 if self.failures else 0
+
+
+CHECKS = Checks()
+
+
+def main(name, tests):
+    """Runs each test in turn (see Checks.run); the exit code."""
+    for test in tests:
+        CHECKS.run(test)
+    return CHECKS.report(name)

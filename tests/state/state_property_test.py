@@ -17,6 +17,7 @@ minutes.
 """
 
 import collections
+import os
 import random
 import shutil
 import signal
@@ -24,9 +25,11 @@ import sys
 import tempfile
 import time
 
-import harness
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "testing"))
+import hostile  # noqa: E402
 
-ARGS = harness.parse_args(__doc__, [
+ARGS = hostile.parse_args(__doc__, [
     ("--seed", {"type": int, "default": 28}),
     ("--seconds", {"type": float, "default": 110.0}),
 ])
@@ -43,17 +46,17 @@ CLIENT_CODES = {Code.INVALID_ARGUMENT, Code.OUT_OF_RANGE,
 NAMES = [f"p{i}" for i in range(6)]
 SCALES = [1.0] * 4 + [1e3, 1e100, 1e154, 1e200, 1e300]
 # Ordinary values mostly, extremes now and then.
-COUNTERS = [0] * 4 + [1, 7, 100] * 2 + [harness.INT64_MAX - 1,
-                                          harness.INT64_MAX]
-GENERATIONS = [0] * 4 + [1, 5] * 3 + [harness.UINT64_MAX - 1,
-                                      harness.UINT64_MAX]
+COUNTERS = [0] * 4 + [1, 7, 100] * 2 + [hostile.INT64_MAX - 1,
+                                          hostile.INT64_MAX]
+GENERATIONS = [0] * 4 + [1, 5] * 3 + [hostile.UINT64_MAX - 1,
+                                      hostile.UINT64_MAX]
 GARBAGE = b"\xff\xff\xff\xff\x0f"
 
 
 class Run:
     def __init__(self, rng, state_dir):
         self.rng = rng
-        self.server = harness.Server(
+        self.server = hostile.Server(
             ARGS.normd, ["--snapshot_log_bytes=20000"], state_dir=state_dir)
         self.channels = {}  # The channel count each name was first used with.
         self.acked = {}  # name -> ModelState (export) the server acknowledged.
@@ -251,7 +254,7 @@ def main():
                 break
         run.restart()
     finally:
-        harness.kill_all()
+        hostile.kill_all()
         shutil.rmtree(state_dir, ignore_errors=True)
     print(f"seed {ARGS.seed}: {operations} operations, restarts "
           f"{dict(run.restarts)}, {len(run.acked)} models at the end")
