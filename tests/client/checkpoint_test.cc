@@ -140,128 +140,22 @@ struct BadFile {
   std::string mentions;  // Besides the file name.
 };
 
-// Every damaged or unsuitable file is INVALID_ARGUMENT naming the file and
-// what is wrong with it (the tensor or layer where there is one).
-TEST(SafetensorsTest, DamagedFilesAreRefusedNamingWhatIsWrong) {
-  const std::string good_header =
-      "{\"bn.running_mean\":{\"dtype\":\"F32\",\"shape\":[1],"
-      "\"data_offsets\":[0,4]},\"bn.running_var\":{\"dtype\":\"F32\","
-      "\"shape\":[1],\"data_offsets\":[4,8]}}";
-  const std::string data = F32({0.0f, 1.0f});
-  const auto with = [&](std::vector<SafetensorsOutput> tensors) {
-    return [tensors] { return *EncodeSafetensors(tensors); };
-  };
-  const auto header = [&](std::string text, std::string bytes) {
-    return [text, bytes] { return FileOf(text, bytes); };
-  };
-  const auto one = [](std::string key, std::string dtype,
-                      std::vector<int64_t> shape, std::string bytes) {
-    return SafetensorsOutput{key, dtype, shape, bytes};
-  };
-  const std::vector<BadFile> cases = {
-      {"shorter than the length", [] { return std::string("\x05\x00", 2); },
-       "fewer than the 8"},
-      {"header past the end",
-       [&] { return FileOf(good_header, data).substr(0, 60); },
-       "runs past the end"},
-      {"header over the limit", [] { return I64(int64_t{200'000'000}) + "{}"; },
-       "--max_header_bytes"},
-      {"not JSON", header("{\"bn.running_mean\": [", ""), "not valid JSON"},
-      {"not an object", header("[1, 2]", ""), "not a JSON object"},
-      {"truncated data", [&] { return FileOf(good_header, data.substr(0, 6)); },
-       "not inside the file"},
-      {"offsets out of range",
-       header("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
-              "\"data_offsets\":[4,8]}}",
-              F32({1})),
-       "tensor 'a'"},
-      {"offsets overlap",
-       header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-              "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-              F32({1, 2})),
-       "overlaps"},
-      {"a hole in the data",
-       header(
-           "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-           F32({1, 2})),
-       "belong to no tensor"},
-      {"bytes after the data", header(good_header, data + "xy"),
-       "belong to no tensor"},
-      {"shape and byte count disagree",
-       header(
-           "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
-           F32({1, 2})),
-       "takes 12"},
-      {"dtype and byte count disagree",
-       header(
-           "{\"a\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-           F32({1, 2})),
-       "F64"},
-      {"unknown dtype",
-       header(
-           "{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-           F32({1})),
-       "unknown dtype 'F33'"},
-      {"negative dim",
-       header(
-           "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
-           F32({1})),
-       "dimension >= 0"},
-      {"a name twice",
-       header("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-              F32({1, 2})),
-       "named twice"},
-      {"metadata not strings", header("{\"__metadata__\":{\"k\":1}}", ""),
-       "__metadata__"},
-      {"metadata not an object", header("{\"__metadata__\":1}", ""),
-       "__metadata__"},
-      {"metadata twice",
-       header("{\"__metadata__\":{},\"__metadata__\":{}}", ""), "__metadata__"},
-      {"running_mean without running_var",
-       with({one("l.bn.running_mean", "F32", {1}, F32({0}))}),
-       "no 'l.bn.running_var'"},
-      {"running_var without running_mean",
-       with({one("l.bn.running_var", "F32", {1}, F32({1}))}),
-       "no 'l.bn.running_mean'"},
-      {"a counter alone",
-       with({one("bn.num_batches_tracked", "I64", {}, I64(1))}),
-       "neither running_mean nor running_var"},
-      {"tensors disagree on C",
-       with({one("bn.running_mean", "F32", {2}, F32({0, 0})),
-             one("bn.running_var", "F32", {2}, F32({1, 1})),
-             one("bn.weight", "F32", {3}, F32({1, 1, 1}))}),
-       "tensor 'bn.weight' has 3 values"},
-      {"a statistic that is not [C]",
-       with({one("bn.running_mean", "F32", {1, 2}, F32({0, 0})),
-             one("bn.running_var", "F32", {2}, F32({1, 1}))}),
-       "'bn.running_mean' has shape [1, 2]"},
-      {"an integer statistic",
-       with({one("bn.running_mean", "I64", {1}, I64(0)),
-             one("bn.running_var", "F32", {1}, F32({1}))}),
-       "'bn.running_mean' is I64"},
-      {"NaN mean",
-       with({one("bn.running_mean", "F32", {2},
-                 F32({0, std::numeric_limits<float>::quiet_NaN()})),
-             one("bn.running_var", "F32", {2}, F32({1, 1}))}),
-       "'bn.running_mean' has nan at [1]"},
-      {"negative variance",
-       with({one("bn.running_mean", "F32", {1}, F32({0})),
-             one("bn.running_var", "F32", {1}, F32({-0.5f}))}),
-       "'bn.running_var' has -0.5 at [0]"},
-      {"a negative counter",
-       with({one("bn.running_mean", "F32", {1}, F32({0})),
-             one("bn.running_var", "F32", {1}, F32({1})),
-             one("bn.num_batches_tracked", "I64", {}, I64(-3))}),
-       "must be >= 0"},
-      {"a counter that is not a scalar",
-       with({one("bn.running_mean", "F32", {1}, F32({0})),
-             one("bn.running_var", "F32", {1}, F32({1})),
-             one("bn.num_batches_tracked", "F32", {1}, F32({1}))}),
-       "I64 scalar"},
-      {"no BatchNorm layer", with({one("conv.weight", "F32", {1}, F32({1}))}),
-       "no BatchNorm layer found"},
-  };
+// A file as the case builds it: a header and data as given, or the
+// encoding of `tensors`.
+std::function<std::string()> WithHeader(std::string text, std::string bytes) {
+  return [text, bytes] { return FileOf(text, bytes); };
+}
+std::function<std::string()> WithTensors(
+    std::vector<SafetensorsOutput> tensors) {
+  return [tensors] { return *EncodeSafetensors(tensors); };
+}
+SafetensorsOutput Tensor(std::string key, std::string dtype,
+                         std::vector<int64_t> shape, std::string bytes) {
+  return SafetensorsOutput{key, dtype, shape, bytes};
+}
+
+// Each case's file is INVALID_ARGUMENT naming the file and what is wrong.
+void ExpectRefused(const std::vector<BadFile>& cases) {
   for (const BadFile& c : cases) {
     SCOPED_TRACE(c.what);
     const absl::Status status = Layers(c.file()).status();
@@ -269,6 +163,132 @@ TEST(SafetensorsTest, DamagedFilesAreRefusedNamingWhatIsWrong) {
     EXPECT_EQ(status.message().substr(0, 15), "f.safetensors: ") << status;
     EXPECT_NE(status.message().find(c.mentions), std::string::npos) << status;
   }
+}
+
+// Files that break the safetensors format: the length, the header's JSON,
+// offsets, dtypes, shapes, names and metadata.
+TEST(SafetensorsTest, MalformedFilesAreRefusedNamingWhatIsWrong) {
+  const std::string good_header =
+      "{\"bn.running_mean\":{\"dtype\":\"F32\",\"shape\":[1],"
+      "\"data_offsets\":[0,4]},\"bn.running_var\":{\"dtype\":\"F32\","
+      "\"shape\":[1],\"data_offsets\":[4,8]}}";
+  const std::string data = F32({0.0f, 1.0f});
+  ExpectRefused({
+      {"shorter than the length", [] { return std::string("\x05\x00", 2); },
+       "fewer than the 8"},
+      {"header past the end",
+       [&] { return FileOf(good_header, data).substr(0, 60); },
+       "runs past the end"},
+      {"header over the limit", [] { return I64(int64_t{200'000'000}) + "{}"; },
+       "--max_header_bytes"},
+      {"not JSON", WithHeader("{\"bn.running_mean\": [", ""), "not valid JSON"},
+      {"not an object", WithHeader("[1, 2]", ""), "not a JSON object"},
+      {"truncated data", [&] { return FileOf(good_header, data.substr(0, 6)); },
+       "not inside the file"},
+      {"offsets out of range",
+       WithHeader("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                  "\"data_offsets\":[4,8]}}",
+                  F32({1})),
+       "tensor 'a'"},
+      {"offsets overlap",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+           F32({1, 2})),
+       "overlaps"},
+      {"a hole in the data",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+           F32({1, 2})),
+       "belong to no tensor"},
+      {"bytes after the data", WithHeader(good_header, data + "xy"),
+       "belong to no tensor"},
+      {"shape and byte count disagree",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
+           F32({1, 2})),
+       "takes 12"},
+      {"dtype and byte count disagree",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+           F32({1, 2})),
+       "F64"},
+      {"unknown dtype",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+           F32({1})),
+       "unknown dtype 'F33'"},
+      {"negative dim",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
+           F32({1})),
+       "dimension >= 0"},
+      {"a name twice",
+       WithHeader(
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+           "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+           F32({1, 2})),
+       "named twice"},
+      {"metadata not strings", WithHeader("{\"__metadata__\":{\"k\":1}}", ""),
+       "__metadata__"},
+      {"metadata not an object", WithHeader("{\"__metadata__\":1}", ""),
+       "__metadata__"},
+      {"metadata twice",
+       WithHeader("{\"__metadata__\":{},\"__metadata__\":{}}", ""),
+       "__metadata__"},
+  });
+}
+
+// Well-formed files whose tensors are no BatchNorm layer normd can take:
+// a statistic without its twin, sizes that disagree, integer or non-finite
+// statistics, bad counters, no layer at all.
+TEST(SafetensorsTest, UnsuitableLayersAreRefusedNamingTheTensor) {
+  ExpectRefused({
+      {"running_mean without running_var",
+       WithTensors({Tensor("l.bn.running_mean", "F32", {1}, F32({0}))}),
+       "no 'l.bn.running_var'"},
+      {"running_var without running_mean",
+       WithTensors({Tensor("l.bn.running_var", "F32", {1}, F32({1}))}),
+       "no 'l.bn.running_mean'"},
+      {"a counter alone",
+       WithTensors({Tensor("bn.num_batches_tracked", "I64", {}, I64(1))}),
+       "neither running_mean nor running_var"},
+      {"tensors disagree on C",
+       WithTensors({Tensor("bn.running_mean", "F32", {2}, F32({0, 0})),
+                    Tensor("bn.running_var", "F32", {2}, F32({1, 1})),
+                    Tensor("bn.weight", "F32", {3}, F32({1, 1, 1}))}),
+       "tensor 'bn.weight' has 3 values"},
+      {"a statistic that is not [C]",
+       WithTensors({Tensor("bn.running_mean", "F32", {1, 2}, F32({0, 0})),
+                    Tensor("bn.running_var", "F32", {2}, F32({1, 1}))}),
+       "'bn.running_mean' has shape [1, 2]"},
+      {"an integer statistic",
+       WithTensors({Tensor("bn.running_mean", "I64", {1}, I64(0)),
+                    Tensor("bn.running_var", "F32", {1}, F32({1}))}),
+       "'bn.running_mean' is I64"},
+      {"NaN mean",
+       WithTensors({Tensor("bn.running_mean", "F32", {2},
+                           F32({0, std::numeric_limits<float>::quiet_NaN()})),
+                    Tensor("bn.running_var", "F32", {2}, F32({1, 1}))}),
+       "'bn.running_mean' has nan at [1]"},
+      {"negative variance",
+       WithTensors({Tensor("bn.running_mean", "F32", {1}, F32({0})),
+                    Tensor("bn.running_var", "F32", {1}, F32({-0.5f}))}),
+       "'bn.running_var' has -0.5 at [0]"},
+      {"a negative counter",
+       WithTensors({Tensor("bn.running_mean", "F32", {1}, F32({0})),
+                    Tensor("bn.running_var", "F32", {1}, F32({1})),
+                    Tensor("bn.num_batches_tracked", "I64", {}, I64(-3))}),
+       "must be >= 0"},
+      {"a counter that is not a scalar",
+       WithTensors({Tensor("bn.running_mean", "F32", {1}, F32({0})),
+                    Tensor("bn.running_var", "F32", {1}, F32({1})),
+                    Tensor("bn.num_batches_tracked", "F32", {1}, F32({1}))}),
+       "I64 scalar"},
+      {"no BatchNorm layer",
+       WithTensors({Tensor("conv.weight", "F32", {1}, F32({1}))}),
+       "no BatchNorm layer found"},
+  });
 }
 
 TEST(CheckpointTest, RequestsTakeTheLayersAndTheOverrides) {

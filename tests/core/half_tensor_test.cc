@@ -541,6 +541,15 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
   }
 }
 
+// One channel-mode case: the mode, its shape and axis, and whether it has a
+// model (fitted first) and trains it.
+struct ChannelModeCase {
+  NormMode mode;
+  GroupCase shape;
+  bool with_model = false;
+  bool training = false;
+};
+
 // Every channel mode of a 16-bit tensor (GroupNorm, InstanceNorm stateless
 // and with a model, BatchNorm training and eval, Fit) reads the 16-bit values
 // in place (ChannelMoments, ChannelAffineKernel): outputs and models
@@ -550,14 +559,92 @@ TEST(HalfTensorTest, FiniteInputsWithNaNResultsNarrowToTheCanonicalNaN) {
 // per-element fallback), streamed or not, into aligned, unaligned and
 // in-place outputs, on every SIMD target, and weights that give results of
 // every magnitude (AddExtremeWeights).
-TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
-  struct Case {
-    NormMode mode;
-    GroupCase shape;
-    bool with_model = false;
-    bool training = false;
-  };
-  const Case cases[] = {
+void ExpectHalfEqualsWidened(const ChannelModeCase& c) {
+  const Shape& shape = c.shape.shape;
+  const int64_t channels = shape[ResolvedAxis(c.shape)];
+  const int64_t n = NumElementsOf(shape);
+  const auto values = RandomValues<double>(n, 37, 50.0, 4.0);
+  std::vector<double> w(channels), b(channels);
+  for (int64_t ch = 0; ch < channels; ++ch) {
+    w[ch] = 1.5 - 0.03 * static_cast<double>(ch);
+    b[ch] = -0.25 + 0.05 * static_cast<double>(ch);
+  }
+  AddExtremeWeights(w, b);
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    std::vector<uint16_t> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, values[i]);
+    std::vector<float> wide(n);
+    WidenHalf(dtype, x.data(), wide.data(), n);
+    auto spec_for = [&](const InputTensor& input) {
+      NormalizeSpec spec;
+      spec.mode = c.mode;
+      spec.model = c.with_model ? "m" : "";
+      spec.training = c.training;
+      spec.num_groups = c.shape.groups;
+      spec.channel_axis = c.shape.axis;
+      spec.input = input;
+      spec.weight = Param(w);
+      spec.bias = Param(b);
+      return spec;
+    };
+    // A fresh engine with model "m" fitted on `input` (if the case has
+    // one), then one Normalize into `output`: its model.
+    auto run = [&](const InputTensor& input, void* output) {
+      Engine engine;
+      if (c.with_model) {
+        FitSpec fit;
+        fit.model = "m";
+        fit.input = input;
+        fit.channel_axis = c.shape.axis;
+        EXPECT_TRUE(engine.Fit(fit).ok());
+      }
+      auto result = engine.Normalize(spec_for(input), output);
+      EXPECT_TRUE(result.ok()) << result.status();
+      return result.ok() ? *result : std::nullopt;
+    };
+    std::vector<float> y_wide(n);
+    const std::optional<BatchNormModel> model_wide =
+        run(View(wide, shape), y_wide.data());
+    std::vector<uint16_t> expected(n);
+    for (int64_t i = 0; i < n; ++i) {
+      expected[i] = FloatToHalf(dtype, y_wide[i]);
+    }
+    if (dtype == DType::kBFloat16 && channels > 4) {
+      ExpectExtremeBFloat16Results(expected);
+    }
+    OnEverySimdTarget([&] {
+      for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
+        for (int64_t offset : {0, 1, -1}) {  // -1: in place.
+          SetStreamingOutputBytes(threshold);
+          std::vector<uint16_t> buffer = x;
+          buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
+          uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
+          const std::optional<BatchNormModel> model = run(
+              offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
+              y);
+          SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+          const std::string what = absl::StrCat(
+              DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
+              channels, " streamed ", threshold == 0, " offset ", offset);
+          EXPECT_EQ(std::vector<uint16_t>(y, y + n), expected) << what;
+          ASSERT_EQ(model.has_value(), model_wide.has_value()) << what;
+          if (model.has_value()) {
+            EXPECT_EQ(model->running_mean, model_wide->running_mean) << what;
+            EXPECT_EQ(model->running_var, model_wide->running_var) << what;
+            ASSERT_EQ(model->pooled.size(), model_wide->pooled.size());
+            for (size_t k = 0; k < model->pooled.size(); ++k) {
+              EXPECT_EQ(model->pooled[k].mean, model_wide->pooled[k].mean);
+              EXPECT_EQ(model->pooled[k].m2, model_wide->pooled[k].m2);
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(HalfTensorTest, StatelessGroupModesEqualWholeTensorWidenedBitwise) {
+  const ChannelModeCase cases[] = {
       {NormMode::kGroupNorm, {{6, 8, 40, 41}, 1, 4}},  // Contiguous groups.
       {NormMode::kInstanceNorm, {{3, 5, 70, 300}, 1, 0}},
       {NormMode::kGroupNorm, {{9, 30, 31, 16}, -1, 4}},  // Channels-last.
@@ -570,102 +657,27 @@ TEST(HalfTensorTest, ChannelModesEqualWholeTensorWidenedBitwise) {
       {NormMode::kInstanceNorm, {{9, 6, 7, 128}, -1, 0}},
       {NormMode::kInstanceNorm, {{5, 11, 13, 5}, -1, 0}},
       {NormMode::kGroupNorm, {{5, 3, 6, 200}, 2, 3}},  // Axis 2.
+      // Runs of 16-255 values: lines across runs (5x5, 4x4).
+      {NormMode::kInstanceNorm, {{20, 8, 5, 5}, 1, 0}},
+      {NormMode::kGroupNorm, {{16, 8, 4, 4}, 1, 4}},
+  };
+  for (const ChannelModeCase& c : cases) ExpectHalfEqualsWidened(c);
+}
+
+TEST(HalfTensorTest, ModelModesEqualWholeTensorWidenedBitwise) {
+  const ChannelModeCase cases[] = {
       {NormMode::kBatchNorm, {{4, 6, 30, 30}, 1, 0}, true, false},
       {NormMode::kBatchNorm, {{4, 30, 30, 64}, -1, 0}, true, false},
       {NormMode::kBatchNorm, {{3, 7, 300}, 1, 0}, true, true},
       {NormMode::kBatchNorm, {{4, 30, 9, 24}, -1, 0}, true, true},
       {NormMode::kInstanceNorm, {{3, 5, 20, 20}, 1, 0}, true, true},
       {NormMode::kInstanceNorm, {{3, 20, 20, 12}, -1, 0}, true, false},
-      // Runs of 16-255 values: lines across runs (7x7, 5x5, 4x4, 15x17).
+      // Runs of 16-255 values: lines across runs (7x7, 15x17).
       {NormMode::kBatchNorm, {{40, 16, 7, 7}, 1, 0}, true, false},
       {NormMode::kBatchNorm, {{40, 16, 7, 7}, 1, 0}, true, true},
-      {NormMode::kInstanceNorm, {{20, 8, 5, 5}, 1, 0}},
-      {NormMode::kGroupNorm, {{16, 8, 4, 4}, 1, 4}},
       {NormMode::kBatchNorm, {{9, 5, 15, 17}, 1, 0}, true, false},
   };
-  for (const Case& c : cases) {
-    const Shape& shape = c.shape.shape;
-    const int64_t channels = shape[ResolvedAxis(c.shape)];
-    const int64_t n = NumElementsOf(shape);
-    const auto values = RandomValues<double>(n, 37, 50.0, 4.0);
-    std::vector<double> w(channels), b(channels);
-    for (int64_t ch = 0; ch < channels; ++ch) {
-      w[ch] = 1.5 - 0.03 * static_cast<double>(ch);
-      b[ch] = -0.25 + 0.05 * static_cast<double>(ch);
-    }
-    AddExtremeWeights(w, b);
-    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-      std::vector<uint16_t> x(n);
-      for (int64_t i = 0; i < n; ++i) x[i] = DoubleToHalf(dtype, values[i]);
-      std::vector<float> wide(n);
-      WidenHalf(dtype, x.data(), wide.data(), n);
-      auto spec_for = [&](const InputTensor& input) {
-        NormalizeSpec spec;
-        spec.mode = c.mode;
-        spec.model = c.with_model ? "m" : "";
-        spec.training = c.training;
-        spec.num_groups = c.shape.groups;
-        spec.channel_axis = c.shape.axis;
-        spec.input = input;
-        spec.weight = Param(w);
-        spec.bias = Param(b);
-        return spec;
-      };
-      // A fresh engine with model "m" fitted on `input` (if the case has
-      // one), then one Normalize into `output`: its model.
-      auto run = [&](const InputTensor& input, void* output) {
-        Engine engine;
-        if (c.with_model) {
-          FitSpec fit;
-          fit.model = "m";
-          fit.input = input;
-          fit.channel_axis = c.shape.axis;
-          EXPECT_TRUE(engine.Fit(fit).ok());
-        }
-        auto result = engine.Normalize(spec_for(input), output);
-        EXPECT_TRUE(result.ok()) << result.status();
-        return result.ok() ? *result : std::nullopt;
-      };
-      std::vector<float> y_wide(n);
-      const std::optional<BatchNormModel> model_wide =
-          run(View(wide, shape), y_wide.data());
-      std::vector<uint16_t> expected(n);
-      for (int64_t i = 0; i < n; ++i) {
-        expected[i] = FloatToHalf(dtype, y_wide[i]);
-      }
-      if (dtype == DType::kBFloat16 && channels > 4) {
-        ExpectExtremeBFloat16Results(expected);
-      }
-      OnEverySimdTarget([&] {
-        for (int64_t threshold : {int64_t{0}, kDefaultStreamingOutputBytes}) {
-          for (int64_t offset : {0, 1, -1}) {  // -1: in place.
-            SetStreamingOutputBytes(threshold);
-            std::vector<uint16_t> buffer = x;
-            buffer.insert(buffer.begin(), offset > 0 ? offset : 0, 0x5555);
-            uint16_t* y = buffer.data() + std::max<int64_t>(offset, 0);
-            const std::optional<BatchNormModel> model = run(
-                offset < 0 ? View(buffer, shape, dtype) : View(x, shape, dtype),
-                y);
-            SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
-            const std::string what = absl::StrCat(
-                DTypeName(dtype), " mode ", static_cast<int>(c.mode), " C ",
-                channels, " streamed ", threshold == 0, " offset ", offset);
-            EXPECT_EQ(std::vector<uint16_t>(y, y + n), expected) << what;
-            ASSERT_EQ(model.has_value(), model_wide.has_value()) << what;
-            if (model.has_value()) {
-              EXPECT_EQ(model->running_mean, model_wide->running_mean) << what;
-              EXPECT_EQ(model->running_var, model_wide->running_var) << what;
-              ASSERT_EQ(model->pooled.size(), model_wide->pooled.size());
-              for (size_t k = 0; k < model->pooled.size(); ++k) {
-                EXPECT_EQ(model->pooled[k].mean, model_wide->pooled[k].mean);
-                EXPECT_EQ(model->pooled[k].m2, model_wide->pooled[k].m2);
-              }
-            }
-          }
-        }
-      });
-    }
-  }
+  for (const ChannelModeCase& c : cases) ExpectHalfEqualsWidened(c);
 }
 
 TEST(HalfTensorTest, StreamedWidenedModesEqualCachedBitwise) {

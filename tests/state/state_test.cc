@@ -582,12 +582,92 @@ TEST(DurableStateTest, ClosedStateRefusesChanges) {
 // eval Normalize on 4 models, Reset and Delete of others. Nothing acknowledged
 // is lost or doubled, generations are exactly 2..n+1, pooled statistics match
 // fp64 over every value, and reopening recovers the same models.
+constexpr int kMixedModels = 4;
+constexpr int64_t kMixedRows = 4, kMixedChannels = 3;
+using AppliedBatches =
+    std::map<std::string, std::map<uint64_t, std::vector<double>>>;
+
+// A thread's operation i on `model` with `batch`: Fit (4 in 10), training
+// Normalize (2), eval Normalize, and Reset, Delete or Fit of "other". The
+// model after an update of `model`, nullopt after any other operation;
+// `failures` counts what failed that should not have.
+std::optional<absl::StatusOr<BatchNormModel>> MixedEngineOperation(
+    Engine& engine, const std::string& model, int i, std::vector<double>& batch,
+    std::atomic<int>& failures) {
+  InputTensor input{DType::kFloat64,
+                    {kMixedRows, kMixedChannels},
+                    batch.data(),
+                    kMixedRows * kMixedChannels,
+                    nullptr};
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = model;
+  spec.input = input;
+  std::vector<double> out(batch.size());
+  switch (i % 10) {
+    case 6: {  // Eval.
+      auto r = engine.Normalize(spec, out.data());
+      if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+        ++failures;
+      }
+      return std::nullopt;
+    }
+    case 7:
+      (void)engine.store().Reset("other");
+      return std::nullopt;
+    case 8:
+      (void)engine.store().Delete("other");
+      return std::nullopt;
+    case 9:
+      if (!engine.Fit({"other", input, std::nullopt}).ok()) ++failures;
+      return std::nullopt;
+    case 4:
+    case 5: {  // Training.
+      spec.training = true;
+      auto r = engine.Normalize(spec, out.data());
+      if (!r.ok()) return absl::StatusOr<BatchNormModel>(r.status());
+      return absl::StatusOr<BatchNormModel>(**r);
+    }
+    default:
+      return engine.Fit({model, input, std::nullopt});
+  }
+}
+
+// Each model's counter and generations against the batches acknowledged
+// for it, and its pooled statistics against fp64 over them.
+void ExpectModelsMatchTheirBatches(const ModelStore& store,
+                                   AppliedBatches& applied) {
+  for (int k = 0; k < kMixedModels; ++k) {
+    const std::string name = "m" + std::to_string(k);
+    SCOPED_TRACE(name);
+    const auto& by_generation = applied[name];
+    auto model = store.Get(name);
+    ASSERT_TRUE(model.ok());
+    ASSERT_FALSE(by_generation.empty());
+    EXPECT_EQ(model->num_batches_tracked,
+              static_cast<int64_t>(by_generation.size()));
+    EXPECT_EQ(by_generation.begin()->first, 2u);
+    EXPECT_EQ(by_generation.rbegin()->first, by_generation.size() + 1);
+    std::vector<double> all;
+    for (const auto& [g, b] : by_generation) {
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    const auto pooled = testing::ReferenceChannelStats(
+        all, static_cast<int64_t>(all.size()) / kMixedChannels, kMixedChannels,
+        1);
+    for (int c = 0; c < kMixedChannels; ++c) {
+      EXPECT_LE(testing::RelErr(model->PooledMean()[c], pooled.mean[c]), 1e-12);
+      EXPECT_LE(testing::RelErr(model->PooledVariance()[c], pooled.var[c]),
+                1e-12);
+    }
+  }
+}
+
 TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
   const std::string dir = FreshDir("engine");
-  constexpr int kThreads = 16, kOps = 300, kModels = 4;
-  constexpr int64_t kRows = 4, kChannels = 3;
+  constexpr int kThreads = 16, kOps = 300;
   std::mutex mu;
-  std::map<std::string, std::map<uint64_t, std::vector<double>>> applied;
+  AppliedBatches applied;
   std::atomic<int> failures = 0;
   std::vector<BatchNormModel> before;
   {
@@ -599,62 +679,19 @@ TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         for (int i = 0; i < kOps; ++i) {
-          const std::string model = "m" + std::to_string((t + i) % kModels);
+          const std::string model =
+              "m" + std::to_string((t + i) % kMixedModels);
           std::vector<double> batch = testing::RandomValues<double>(
-              kRows * kChannels, 1000 * t + i, 50.0 * t, 1.0 + i % 3);
-          InputTensor input{DType::kFloat64,
-                            {kRows, kChannels},
-                            batch.data(),
-                            kRows * kChannels,
-                            nullptr};
-          absl::StatusOr<BatchNormModel> after;
-          switch (i % 10) {
-            case 6: {  // Eval.
-              NormalizeSpec spec;
-              spec.mode = NormMode::kBatchNorm;
-              spec.model = model;
-              spec.input = input;
-              std::vector<double> out(batch.size());
-              auto r = engine.Normalize(spec, out.data());
-              if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
-                ++failures;
-              }
-              continue;
-            }
-            case 7:
-              (void)engine.store().Reset("other");
-              continue;
-            case 8:
-              (void)engine.store().Delete("other");
-              continue;
-            case 9:
-              if (!engine.Fit({"other", input, std::nullopt}).ok()) ++failures;
-              continue;
-            case 4:
-            case 5: {  // Training.
-              NormalizeSpec spec;
-              spec.mode = NormMode::kBatchNorm;
-              spec.model = model;
-              spec.training = true;
-              spec.input = input;
-              std::vector<double> out(batch.size());
-              auto r = engine.Normalize(spec, out.data());
-              if (r.ok()) {
-                after = **r;
-              } else {
-                after = r.status();
-              }
-              break;
-            }
-            default:
-              after = engine.Fit({model, input, std::nullopt});
-          }
-          if (!after.ok()) {
+              kMixedRows * kMixedChannels, 1000 * t + i, 50.0 * t, 1.0 + i % 3);
+          const auto after =
+              MixedEngineOperation(engine, model, i, batch, failures);
+          if (!after.has_value()) continue;
+          if (!after->ok()) {
             ++failures;
             continue;
           }
           std::lock_guard<std::mutex> lock(mu);
-          if (!applied[model].emplace(after->generation, batch).second) {
+          if (!applied[model].emplace((*after)->generation, batch).second) {
             ++failures;
           }
         }
@@ -662,28 +699,7 @@ TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
     }
     for (auto& t : threads) t.join();
     EXPECT_EQ(failures, 0);
-    for (int k = 0; k < kModels; ++k) {
-      const std::string name = "m" + std::to_string(k);
-      const auto& by_generation = applied[name];
-      auto model = engine.store().Get(name);
-      ASSERT_TRUE(model.ok());
-      EXPECT_EQ(model->num_batches_tracked,
-                static_cast<int64_t>(by_generation.size()));
-      EXPECT_EQ(by_generation.begin()->first, 2u);
-      EXPECT_EQ(by_generation.rbegin()->first, by_generation.size() + 1);
-      std::vector<double> all;
-      for (const auto& [g, b] : by_generation) {
-        all.insert(all.end(), b.begin(), b.end());
-      }
-      const auto pooled = testing::ReferenceChannelStats(
-          all, static_cast<int64_t>(all.size()) / kChannels, kChannels, 1);
-      for (int c = 0; c < kChannels; ++c) {
-        EXPECT_LE(testing::RelErr(model->PooledMean()[c], pooled.mean[c]),
-                  1e-12);
-        EXPECT_LE(testing::RelErr(model->PooledVariance()[c], pooled.var[c]),
-                  1e-12);
-      }
-    }
+    ExpectModelsMatchTheirBatches(engine.store(), applied);
     before = engine.store().List(true);
   }
   Opened o = Open(dir);
