@@ -115,4 +115,5 @@ def unparseable_requests_ranks_names_and_reflection():
 
 
 if __name__ == "__main__":
-    sys.exit(hostile.main("hostile requests", (unparseable_requests_ranks_names_and_reflection,)))
+    sys.exit(hostile.main("hostile requests", (
+        unparseable_requests_ranks_names_and_reflection,)))

@@ -91,4 +91,5 @@ def model_limits_refuse_before_allocating():
 
 
 if __name__ == "__main__":
-    sys.exit(hostile.main("memory budget", (model_limits_refuse_before_allocating,)))
+    sys.exit(hostile.main("memory budget", (
+        model_limits_refuse_before_allocating,)))

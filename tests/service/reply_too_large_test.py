@@ -67,4 +67,5 @@ def a_reply_too_large_changes_nothing():
 
 
 if __name__ == "__main__":
-    sys.exit(hostile.main("reply too large", (a_reply_too_large_changes_nothing,)))
+    sys.exit(hostile.main("reply too large", (
+        a_reply_too_large_changes_nothing,)))
