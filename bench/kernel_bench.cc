@@ -239,8 +239,8 @@ void TimePaired(benchmark::State& state, void (*baseline)(), const Run& run) {
 // path of every large kernel), and the floor of a two-pass kernel over 4 MiB
 // samples (GroupNorm / InstanceNorm NHWC): each sample read once for
 // statistics, then read again forwards and streamed out, one sample per
-// task. (A variant that wrote each sample backwards was slower and noisier;
-// see bench/HISTORY.md.)
+// task. (A variant that wrote each sample backwards was slower and noisier:
+// docs/design/kernels.md, dead ends.)
 // A copy through the kernels' streaming writer: the identity row affine
 // (x - 0 - 0) * 1, streamed and fenced.
 void StreamCopy(float* dst, const float* src, int64_t n) {

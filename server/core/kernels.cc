@@ -123,8 +123,9 @@ RowAffine RowConstants(const Moments& moments, double scale,
 // than a widened copy (saving the copy's traffic): not short rows, which
 // the copy lets go sixteen at a time, nor where y sits less than 512 bytes
 // above x modulo 4 KiB, where loads of x wait on the streaming stores just
-// issued to y (4K aliasing). A specialization kept on measurement (float16
-// on AVX3 and AVX2; bench/HISTORY.md, where it names ReadsHalfRowsDirectly).
+// issued to y (4K aliasing). A specialization kept on measurement: float16
+// on AVX3 and AVX2, kernel_bench's 16-bit LayerNorm [B,T,4096]
+// (docs/design/kernels.md).
 bool ReadsHalfRowsDirectly(const void* x, const void* y, int64_t n) {
   if (n <= kShortRow) return false;
   constexpr uintptr_t kPage = 4096;
@@ -155,8 +156,8 @@ struct RowsJob {
 
   // Rows per batch: short fp32 (or widened) rows sixteen at a time through
   // FloatRowsMoments and one affine call: per-row folds and calls dominate
-  // rows of 16-256 values. A specialization kept on measurement (AVX3 and
-  // AVX2, bench/HISTORY.md, "specializations audited again").
+  // rows of 16-256 values. A specialization kept on measurement: AVX3 and
+  // AVX2, bench case RowNorm*/64 (docs/design/kernels.md).
   int Batch() const {
     return (dtype == DType::kFloat32 || Widened()) && n <= kShortRow ? 16 : 1;
   }

@@ -117,8 +117,8 @@ constexpr int64_t kMinRun = 256;
 
 // The moments of channels that are one run each (fp32 or 16-bit, widened
 // into a per-thread buffer), as rows: sixteen at a time by FloatRowsMoments.
-// A specialization kept on measurement (bfloat16 on AVX3 and AVX2,
-// bench/HISTORY.md, "specializations audited again").
+// A specialization kept on measurement: bfloat16 on AVX3 and AVX2, bench
+// case ChannelMoments of [1, C, inner] (docs/design/kernels.md).
 std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
                                           const ChannelLayout& layout) {
   const int64_t inner = layout.inner;

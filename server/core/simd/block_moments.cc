@@ -107,8 +107,8 @@ float ShiftCenter(const float* HWY_RESTRICT x) {
 // fp64; the last step adds only to the lanes it has values for. Each step
 // is done for every block before the next, so that their chains overlap,
 // and the folds across the blocks (fold::SixteenRowSums). A specialization
-// kept on measurement (AVX3 and AVX2, bench/HISTORY.md, "specializations
-// audited again").
+// kept on measurement: AVX3 and AVX2, bench case RowNorm*/64
+// (docs/design/kernels.md).
 constexpr int64_t kShortBatch = 16;
 void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
                   Moments* HWY_RESTRICT out) {
@@ -177,8 +177,8 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   // fold::Corrected and fold::NeedsExactPath in fp64 vectors across the
   // blocks, operation for operation (max(0.0, v) is 0 < v ? v : 0,
   // isfinite |v| < infinity), in place of two scalar divisions per block: a
-  // specialization kept on measurement (fp32 rows on AVX3 and AVX2,
-  // bench/HISTORY.md, "specializations audited again").
+  // specialization kept on measurement: fp32 rows on AVX3 and AVX2, bench
+  // case RowNorm/f32/*/64 (docs/design/kernels.md).
   const hn::CappedTag<double, kShortBatch> dd;
   const auto zero = hn::Zero(dd);
   const auto infinity = hn::Set(dd, std::numeric_limits<double>::infinity());
@@ -219,8 +219,8 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
 // turn. 16-bit data: `out` gets the widening with kStore, else what the
 // scalar parts read (shift sample, tail, all on the exact path). kPairs
 // (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
-// each lane's sums the same; a specialization kept on measurement
-// (bench/HISTORY.md).
+// each lane's sums the same; a specialization kept on measurement: AVX2,
+// kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
 template <DType kType, bool kStore, bool kPairs = false>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                     float* HWY_RESTRICT out, int64_t n) {

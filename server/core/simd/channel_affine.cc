@@ -19,8 +19,8 @@ namespace {
 
 // Runs of [kMinCursorRun, kMaxCursorRun) values are written line by line
 // across channels (no partial stores at every run's ends), others run by
-// run. The cursor is a specialization kept on measurement (AVX3 and AVX2,
-// bench/HISTORY.md, "Specializations measured").
+// run. The cursor is a specialization kept on measurement: AVX3 and AVX2,
+// bench case ChannelAffine*/nchw49 (docs/design/kernels.md).
 constexpr int64_t kMinCursorRun = 16;
 constexpr int64_t kMaxCursorRun = 256;
 

@@ -72,8 +72,8 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // the kTile lanes). A narrow tile that is whole rows (width == stride) is
 // read in place, a strided one copied together first. Panels of 4 vectors
 // are summed over each interval of kTileFlush steps, then added into fp64.
-// Narrow tiles are a specialization kept on measurement (AVX3 and AVX2,
-// bench/HISTORY.md, "specializations audited again"). Whole tiles prefetch
+// Narrow tiles are a specialization kept on measurement: AVX3 and AVX2,
+// bench case ChannelMoments*/nc8 (docs/design/kernels.md). Whole tiles prefetch
 // rows before `prefetch_end`, `prefetch_bytes` wide.
 template <DType kType, typename Stored>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
@@ -90,8 +90,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const int64_t step_values = step_rows * width;
   const int64_t step_lanes = narrow ? kTile : width;
   // Whole bfloat16 tiles read in pair order (see EvenBFloat16), their
-  // shifts and sums kept in it: a specialization kept on measurement
-  // (bench/HISTORY.md).
+  // shifts and sums kept in it: a specialization kept on measurement: AVX2,
+  // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
   constexpr bool kPairOrder =
       kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
   const bool pairs = kPairOrder && !narrow;
@@ -216,8 +216,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // accuracy: 1e-8 against the tests' 1e-12), folded pairwise into the
 // channel's sums; the shift the mean of its first kRunLanes values. A run's
 // tail is read in place, masked, unless that would pass `end`. A
-// specialization kept on measurement (AVX3 and AVX2, bench/HISTORY.md,
-// "specializations audited again").
+// specialization kept on measurement: AVX3 and AVX2, bench case
+// ChannelMoments*/nchw49 (docs/design/kernels.md).
 template <DType kType, typename Stored>
 void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
              int64_t stride, int64_t c0, int64_t width, int64_t r0, int64_t r1,

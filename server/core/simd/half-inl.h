@@ -156,8 +156,8 @@ HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
 // even elements (low halves) and the odd ones with a shift or a mask, and
 // narrow back with no lane permutes, which cost AVX2 most. For constants
 // that are one channel's or put in pair order once. A specialization kept
-// on measurement: bf16 BatchNorm within the AVX2 bound (bench/HISTORY.md,
-// "The core on Highway").
+// on measurement: kernel_bench's bf16 BatchNorm within the AVX2 bound
+// (docs/design/kernels.md).
 template <class DF>
 HWY_INLINE hn::Vec<DF> EvenBFloat16(DF df,
                                     hn::Vec<hn::RebindToUnsigned<DF>> pairs) {
