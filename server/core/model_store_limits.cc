@@ -2,9 +2,8 @@
 // (--max_num_features), bytes of all models (--max_model_bytes) and the
 // number of models (--max_models), each refusal RESOURCE_EXHAUSTED naming
 // the field and the flag. Called with the store's mutex held.
-#include "server/core/model_store.h"
-
 #include "absl/strings/str_cat.h"
+#include "server/core/model_store.h"
 
 namespace normd {
 
