@@ -407,6 +407,212 @@ def test_checkpoints(proxy, replicas, tmp):
               "two groups straight to a replica")
 
 
+def fits_land_on_one_replica(proxy, replicas):
+    """Fits from several clients: each model on exactly one replica, with
+    every acknowledged Fit. Its owner by model, and the Fits
+    acknowledged."""
+    load = FitLoad(proxy.target, rounds=4).start()
+    load.join()
+    acked_a = dict(load.acked)
+    check(sum(acked_a.values()) == CLIENTS * 4 * len(MODELS),
+          f"every Fit acknowledged: {sum(acked_a.values())}")
+    where, batches = placement(replicas)
+    owner = {}
+    for m in MODELS:
+        if check(len(where[m]) == 1,
+                 f"{m} is on {where[m]}, not exactly one replica"):
+            owner[m] = where[m][0]
+            check(batches[(owner[m], m)] == acked_a[m],
+                  f"{m}: num_batches_tracked {batches[(owner[m], m)]} "
+                  f"!= {acked_a[m]} acknowledged Fits")
+    counts = collections.Counter(owner.values())
+    print("models per replica:", dict(sorted(counts.items())))
+    return owner, acked_a, counts
+
+
+def calls_route_by_model(proxy, replicas, owner):
+    """Answers name the replica that answered; a model's REST calls reach
+    the replica its gRPC calls reach; LayerNorm spreads over every
+    replica, in gRPC and in REST."""
+    channel = grpc.insecure_channel(proxy.target)
+    stub = pb_grpc.NormalizerStub(channel)
+    for m in MODELS[:5]:
+        _, call = stub.GetModel.with_call(
+            pb.GetModelRequest(name=m), timeout=10,
+            metadata=[("x-normd-model", m)])
+        header = dict(call.initial_metadata()).get("x-normd-replica")
+        check(header == owner.get(m),
+              f"{m}: x-normd-replica {header}, lives on {owner.get(m)}")
+    # REST calls of a model (name in the path) reach the replica its gRPC
+    # calls reach; the built-in models' REST calls spread.
+    for m in MODELS:
+        path = f"/v2/models/{urllib.parse.quote(m, safe='')}"
+        check(proxy.rest("GET", path + "/ready") == (200, owner.get(m)),
+              f"{m}: REST ready through the proxy "
+              f"{proxy.rest('GET', path + '/ready')}, lives on "
+              f"{owner.get(m)}")
+    document = (b'{"inputs": [{"name": "input", "datatype": "FP32", '
+                b'"shape": [2, 2], "data": [1, 2, 3, 4]}]}')
+    answered = collections.Counter(
+        proxy.rest("POST", "/v2/models/layer_norm/infer", document)
+        for _ in range(30))
+    print("REST LayerNorm answers (of 30):", dict(answered))
+    check(len(answered) == 3 and all(code == 200 for code, _ in answered),
+          f"REST LayerNorm spread: {answered}")
+    # LayerNorm spreads over every replica.
+    before = {r.name: r.handled("Normalize") for r in replicas}
+    with normd.Client(proxy.target) as c:
+        for _ in range(60):
+            c.layer_norm(np.ones((2, 8), np.float32))
+    spread = {r.name: r.handled("Normalize") - before[r.name]
+              for r in replicas}
+    print("LayerNorm calls per replica (of 60):", spread)
+    check(sum(spread.values()) == 60 and min(spread.values()) >= 10,
+          f"LayerNorm spread: {spread}")
+    channel.close()
+
+
+def killing_a_replica_moves_only_its_models(proxy, replicas, owner, acked_a,
+                                            victim):
+    """The replica killed while clients fit: only its models fail, with
+    UNAVAILABLE, until the proxy marks it down; then they succeed on the
+    next replica of the ring, and no other model moves. The Fits
+    acknowledged meanwhile, the UNAVAILABLE answers by model, where each
+    of its models went, and the survivors' batches."""
+    victims_models = {m for m in MODELS if owner.get(m) == victim.name}
+    load = FitLoad(proxy.target).start()
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    victim.kill()
+    wait_for(lambda: proxy.server_status().get(("normd", victim.name)) not in
+             (None, "UP"), 10, "HAProxy to mark the killed replica down")
+    # Keep fitting until every one of its models has succeeded after its
+    # last failure: a fixed pause is too short when a slow (sanitizer)
+    # build's clients have not come round to a model again yet.
+    wait_for(lambda: load.recovered(victims_models, killed_at), 60,
+             "every model of the killed replica to succeed again")
+    load.stop()
+    unavailable = collections.Counter()
+    recovery = {}
+    for m in MODELS:
+        after = [(t, code) for t, code in load.outcomes[m]
+                 if t >= killed_at - 0.2]
+        codes = {code for _, code in load.outcomes[m]}
+        check(codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE},
+              f"{m}: codes other than OK/UNAVAILABLE: {codes}")
+        unavailable[m] = sum(code == grpc.StatusCode.UNAVAILABLE
+                             for _, code in load.outcomes[m])
+        if m not in victims_models:
+            check(unavailable[m] == 0,
+                  f"{m} (not on the killed replica) failed "
+                  f"{unavailable[m]} times")
+            continue
+        check(after and after[-1][1] == grpc.StatusCode.OK,
+              f"{m}: no success after the kill")
+        last_error = max([t for t, code in after
+                          if code != grpc.StatusCode.OK], default=None)
+        ok_after = [t for t, code in after if code == grpc.StatusCode.OK
+                    and t > killed_at]
+        if ok_after:
+            recovery[m] = ok_after[0] - killed_at
+        check(last_error is None or any(t > last_error for t in ok_after),
+              f"{m}: UNAVAILABLE not followed by success")
+    survivors = [r for r in replicas if r is not victim]
+    where_b, batches_b = placement(survivors)
+    moved = {m for m in MODELS if where_b.get(m) != [owner.get(m)]}
+    fallback = {}
+    for m in MODELS:
+        if m in victims_models:
+            if check(len(where_b[m]) == 1,
+                     f"{m} (moved) is on {where_b[m]}"):
+                fallback[m] = where_b[m][0]
+        else:
+            check(where_b[m] == [owner.get(m)],
+                  f"{m} moved from {owner.get(m)} to {where_b[m]}")
+            check(batches_b[(owner.get(m), m)] ==
+                  acked_a[m] + load.acked[m],
+                  f"{m}: batches {batches_b.get((owner.get(m), m))} != "
+                  f"acknowledged {acked_a[m] + load.acked[m]}")
+    print(f"killed {victim.name}: {len(moved)}/{len(MODELS)} models moved "
+          f"({len(moved) / len(MODELS):.0%}); "
+          f"{sum(unavailable.values())} UNAVAILABLE answers over "
+          f"{sum(len(v) for v in load.outcomes.values())} Fits; first "
+          f"success after the kill within "
+          f"{max(recovery.values(), default=0):.2f} s")
+    check(moved == victims_models,
+          f"moved {sorted(moved)} != the killed replica's "
+          f"{sorted(victims_models)}")
+    return dict(load.acked), unavailable, fallback, batches_b
+
+
+def restarted_replica_takes_its_models_back(proxy, replicas, owner, victim,
+                                            acked, unavailable, fallback,
+                                            batches_b):
+    """The killed replica restarted on its state directory: it holds what
+    was acknowledged there, and its models route back to it while their
+    stray copies stay as they were. The Fits acknowledged after it."""
+    victims_models = {m for m in MODELS if owner.get(m) == victim.name}
+    acked_a, acked_b = acked
+    victim.start()
+    wait_for(lambda: proxy.server_status().get(("normd", victim.name)) == "UP", 30,
+             "HAProxy to see the restarted replica UP")
+    restored = victim.models()
+    check(set(restored) == victims_models,
+          f"restarted replica holds {sorted(restored)}")
+    for m in victims_models:
+        # Acknowledged before the kill: durable. In flight at the kill
+        # (answered UNAVAILABLE): may or may not have been applied.
+        fallback_batches = batches_b.get((fallback.get(m), m), 0)
+        on_owner_acked = acked_a[m] + acked_b.get(m, 0) - fallback_batches
+        check(on_owner_acked <= restored.get(m, -1) <=
+              on_owner_acked + unavailable[m],
+              f"{m}: restarted with {restored.get(m)} batches, "
+              f"acknowledged there {on_owner_acked} "
+              f"(+{unavailable[m]} unanswered)")
+    load = FitLoad(proxy.target, rounds=1).start()
+    load.join()
+    check(sum(load.acked.values()) == CLIENTS * len(MODELS),
+          "every Fit after the restart acknowledged")
+    where_c, batches_c = placement(replicas)
+    for m in victims_models:
+        check(batches_c.get((victim.name, m)) ==
+              restored.get(m, 0) + CLIENTS,
+              f"{m} did not route back to {victim.name}")
+        check(batches_c.get((fallback.get(m), m)) ==
+              batches_b.get((fallback.get(m), m)),
+              f"{m}: its stray copy on {fallback.get(m)} changed")
+    return dict(load.acked)
+
+
+def stray_copies_merge_back(proxy, replicas, owner, fallback, acked,
+                            unavailable):
+    """normctl merge through the proxy folds each stray copy into its
+    model, and delete removes it: every model on one replica with every
+    acknowledged Fit."""
+    by_name = {r.name: r for r in replicas}
+    for m, f in sorted(fallback.items()):
+        done = subprocess.run(
+            [args.normctl, f"--server={proxy.target}", "merge",
+             f"--model={m}", f"--from={by_name[f].target}"],
+            capture_output=True, text=True, timeout=60)
+        check(done.returncode == 0, f"merge {m} from {f}: {done.stderr}")
+        done = subprocess.run(
+            [args.normctl, f"--server={by_name[f].target}", "delete",
+             f"--model={m}"], capture_output=True, text=True, timeout=60)
+        check(done.returncode == 0, f"delete {m} on {f}: {done.stderr}")
+    where_d, batches_d = placement(replicas)
+    for m in MODELS:
+        total = sum(a.get(m, 0) for a in acked)
+        if check(where_d[m] == [owner.get(m)],
+                 f"after the merge-back {m} is on {where_d[m]}"):
+            got = batches_d[(owner[m], m)]
+            check(total <= got <= total + unavailable[m],
+                  f"{m}: {got} batches after the merge-back, "
+                  f"{total} acknowledged (+{unavailable[m]} unanswered)")
+    print("merge-back: every model on one replica with every "
+          "acknowledged Fit")
+
+
 def main():
     root = tempfile.mkdtemp(prefix="normd_sharding_")
     replicas = [Replica(i, root) for i in range(3)]
@@ -420,183 +626,18 @@ def main():
                         and len(proxy.server_status()) == 6, 30,
                         "HAProxy to see three replicas UP (gRPC and REST)"):
             return 1
-
-        # 1. Fits from several clients; one replica per model.
-        load = FitLoad(proxy.target, rounds=4).start()
-        load.join()
-        acked_a = dict(load.acked)
-        check(sum(acked_a.values()) == CLIENTS * 4 * len(MODELS),
-              f"every Fit acknowledged: {sum(acked_a.values())}")
-        where, batches = placement(replicas)
-        owner = {}
-        for m in MODELS:
-            if check(len(where[m]) == 1,
-                     f"{m} is on {where[m]}, not exactly one replica"):
-                owner[m] = where[m][0]
-                check(batches[(owner[m], m)] == acked_a[m],
-                      f"{m}: num_batches_tracked {batches[(owner[m], m)]} "
-                      f"!= {acked_a[m]} acknowledged Fits")
-        counts = collections.Counter(owner.values())
-        print("models per replica:", dict(sorted(counts.items())))
-        # Responses name the replica that answered.
-        channel = grpc.insecure_channel(proxy.target)
-        stub = pb_grpc.NormalizerStub(channel)
-        for m in MODELS[:5]:
-            _, call = stub.GetModel.with_call(
-                pb.GetModelRequest(name=m), timeout=10,
-                metadata=[("x-normd-model", m)])
-            header = dict(call.initial_metadata()).get("x-normd-replica")
-            check(header == owner.get(m),
-                  f"{m}: x-normd-replica {header}, lives on {owner.get(m)}")
-        # REST calls of a model (name in the path) reach the replica its gRPC
-        # calls reach; the built-in models' REST calls spread.
-        for m in MODELS:
-            path = f"/v2/models/{urllib.parse.quote(m, safe='')}"
-            check(proxy.rest("GET", path + "/ready") == (200, owner.get(m)),
-                  f"{m}: REST ready through the proxy "
-                  f"{proxy.rest('GET', path + '/ready')}, lives on "
-                  f"{owner.get(m)}")
-        document = (b'{"inputs": [{"name": "input", "datatype": "FP32", '
-                    b'"shape": [2, 2], "data": [1, 2, 3, 4]}]}')
-        answered = collections.Counter(
-            proxy.rest("POST", "/v2/models/layer_norm/infer", document)
-            for _ in range(30))
-        print("REST LayerNorm answers (of 30):", dict(answered))
-        check(len(answered) == 3 and all(code == 200 for code, _ in answered),
-              f"REST LayerNorm spread: {answered}")
-        # LayerNorm spreads over every replica.
-        before = {r.name: r.handled("Normalize") for r in replicas}
-        with normd.Client(proxy.target) as c:
-            for _ in range(60):
-                c.layer_norm(np.ones((2, 8), np.float32))
-        spread = {r.name: r.handled("Normalize") - before[r.name]
-                  for r in replicas}
-        print("LayerNorm calls per replica (of 60):", spread)
-        check(sum(spread.values()) == 60 and min(spread.values()) >= 10,
-              f"LayerNorm spread: {spread}")
-
-        # 2. Kill the replica with the most models while clients fit.
+        owner, acked_a, counts = fits_land_on_one_replica(proxy, replicas)
+        calls_route_by_model(proxy, replicas, owner)
+        # The replica with the most models is killed, then restarted.
         victim = by_name[counts.most_common(1)[0][0]]
-        victims_models = {m for m in MODELS if owner.get(m) == victim.name}
-        load = FitLoad(proxy.target).start()
-        time.sleep(0.5)
-        killed_at = time.monotonic()
-        victim.kill()
-        wait_for(lambda: proxy.server_status().get(("normd", victim.name)) not in
-                 (None, "UP"), 10, "HAProxy to mark the killed replica down")
-        # Keep fitting until every one of its models has succeeded after its
-        # last failure: a fixed pause is too short when a slow (sanitizer)
-        # build's clients have not come round to a model again yet.
-        wait_for(lambda: load.recovered(victims_models, killed_at), 60,
-                 "every model of the killed replica to succeed again")
-        load.stop()
-        unavailable = collections.Counter()
-        recovery = {}
-        for m in MODELS:
-            after = [(t, code) for t, code in load.outcomes[m]
-                     if t >= killed_at - 0.2]
-            codes = {code for _, code in load.outcomes[m]}
-            check(codes <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE},
-                  f"{m}: codes other than OK/UNAVAILABLE: {codes}")
-            unavailable[m] = sum(code == grpc.StatusCode.UNAVAILABLE
-                                 for _, code in load.outcomes[m])
-            if m not in victims_models:
-                check(unavailable[m] == 0,
-                      f"{m} (not on the killed replica) failed "
-                      f"{unavailable[m]} times")
-                continue
-            check(after and after[-1][1] == grpc.StatusCode.OK,
-                  f"{m}: no success after the kill")
-            last_error = max([t for t, code in after
-                              if code != grpc.StatusCode.OK], default=None)
-            ok_after = [t for t, code in after if code == grpc.StatusCode.OK
-                        and t > killed_at]
-            if ok_after:
-                recovery[m] = ok_after[0] - killed_at
-            check(last_error is None or any(t > last_error for t in ok_after),
-                  f"{m}: UNAVAILABLE not followed by success")
-        survivors = [r for r in replicas if r is not victim]
-        where_b, batches_b = placement(survivors)
-        moved = {m for m in MODELS if where_b.get(m) != [owner.get(m)]}
-        fallback = {}
-        for m in MODELS:
-            if m in victims_models:
-                if check(len(where_b[m]) == 1,
-                         f"{m} (moved) is on {where_b[m]}"):
-                    fallback[m] = where_b[m][0]
-            else:
-                check(where_b[m] == [owner.get(m)],
-                      f"{m} moved from {owner.get(m)} to {where_b[m]}")
-                check(batches_b[(owner.get(m), m)] ==
-                      acked_a[m] + load.acked[m],
-                      f"{m}: batches {batches_b.get((owner.get(m), m))} != "
-                      f"acknowledged {acked_a[m] + load.acked[m]}")
-        print(f"killed {victim.name}: {len(moved)}/{len(MODELS)} models moved "
-              f"({len(moved) / len(MODELS):.0%}); "
-              f"{sum(unavailable.values())} UNAVAILABLE answers over "
-              f"{sum(len(v) for v in load.outcomes.values())} Fits; first "
-              f"success after the kill within "
-              f"{max(recovery.values(), default=0):.2f} s")
-        check(moved == victims_models,
-              f"moved {sorted(moved)} != the killed replica's "
-              f"{sorted(victims_models)}")
-
-        # 3. Restart it on its state directory.
-        acked_b = dict(load.acked)
-        victim.start()
-        wait_for(lambda: proxy.server_status().get(("normd", victim.name)) == "UP", 30,
-                 "HAProxy to see the restarted replica UP")
-        restored = victim.models()
-        check(set(restored) == victims_models,
-              f"restarted replica holds {sorted(restored)}")
-        for m in victims_models:
-            # Acknowledged before the kill: durable. In flight at the kill
-            # (answered UNAVAILABLE): may or may not have been applied.
-            fallback_batches = batches_b.get((fallback.get(m), m), 0)
-            on_owner_acked = acked_a[m] + acked_b.get(m, 0) - fallback_batches
-            check(on_owner_acked <= restored.get(m, -1) <=
-                  on_owner_acked + unavailable[m],
-                  f"{m}: restarted with {restored.get(m)} batches, "
-                  f"acknowledged there {on_owner_acked} "
-                  f"(+{unavailable[m]} unanswered)")
-        load = FitLoad(proxy.target, rounds=1).start()
-        load.join()
-        check(sum(load.acked.values()) == CLIENTS * len(MODELS),
-              "every Fit after the restart acknowledged")
-        where_c, batches_c = placement(replicas)
-        for m in victims_models:
-            check(batches_c.get((victim.name, m)) ==
-                  restored.get(m, 0) + CLIENTS,
-                  f"{m} did not route back to {victim.name}")
-            check(batches_c.get((fallback.get(m), m)) ==
-                  batches_b.get((fallback.get(m), m)),
-                  f"{m}: its stray copy on {fallback.get(m)} changed")
-
-        # 4. Fold the stray copies back through the proxy, then delete them.
-        for m, f in sorted(fallback.items()):
-            done = subprocess.run(
-                [args.normctl, f"--server={proxy.target}", "merge",
-                 f"--model={m}", f"--from={by_name[f].target}"],
-                capture_output=True, text=True, timeout=60)
-            check(done.returncode == 0, f"merge {m} from {f}: {done.stderr}")
-            done = subprocess.run(
-                [args.normctl, f"--server={by_name[f].target}", "delete",
-                 f"--model={m}"], capture_output=True, text=True, timeout=60)
-            check(done.returncode == 0, f"delete {m} on {f}: {done.stderr}")
-        where_d, batches_d = placement(replicas)
-        for m in MODELS:
-            total = acked_a[m] + acked_b.get(m, 0) + load.acked[m]
-            if check(where_d[m] == [owner.get(m)],
-                     f"after the merge-back {m} is on {where_d[m]}"):
-                got = batches_d[(owner[m], m)]
-                check(total <= got <= total + unavailable[m],
-                      f"{m}: {got} batches after the merge-back, "
-                      f"{total} acknowledged (+{unavailable[m]} unanswered)")
-        print("merge-back: every model on one replica with every "
-              "acknowledged Fit")
-        channel.close()
-
-        # 5. Checkpoints stay together.
+        acked_b, unavailable, fallback, batches_b = (
+            killing_a_replica_moves_only_its_models(proxy, replicas, owner,
+                                                    acked_a, victim))
+        acked_c = restarted_replica_takes_its_models_back(
+            proxy, replicas, owner, victim, (acked_a, acked_b), unavailable,
+            fallback, batches_b)
+        stray_copies_merge_back(proxy, replicas, owner, fallback,
+                                (acked_a, acked_b, acked_c), unavailable)
         test_checkpoints(proxy, replicas, root)
     finally:
         if proxy:
