@@ -132,6 +132,118 @@ def traffic(stub, stop, counter):
         i += 1
 
 
+def start_prometheus(tmp, metrics_port):
+    """deploy/prometheus/prometheus.yml, pointed at this normd with
+    second-long intervals, run by a real Prometheus (promtool checks the
+    configuration first): the process and its API once it answers."""
+    with open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")) as f:
+        config = yaml.safe_load(f)
+    config["global"]["scrape_interval"] = "1s"
+    config["global"]["evaluation_interval"] = "1s"
+    config["rule_files"] = [os.path.join(DEPLOY, "prometheus",
+                                         "alerts.yml")]
+    (job,) = config["scrape_configs"]
+    job["static_configs"] = [
+        {"targets": [f"127.0.0.1:{metrics_port}"]}]
+    config_file = os.path.join(tmp, "prometheus.yml")
+    with open(config_file, "w") as f:
+        yaml.safe_dump(config, f)
+    promtool("check", "config", config_file)
+    prom_port = free_port()
+    prom = subprocess.Popen(
+        ["prometheus", f"--config.file={config_file}",
+         f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = Prometheus(prom_port)
+    for _ in range(100):
+        try:
+            if api.get("status/buildinfo").get("status") == "success":
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return prom, api
+
+
+def series_match_the_traffic(api, client_rate):
+    """Prometheus's rate of handled calls within 2x of the clients', a
+    plausible p99, every front end counted under its protocol, up, normd's
+    own series stored and prometheus-cpp's exposer_* dropped. The rate and
+    the p99."""
+    ok, rate = api.query(
+        'sum(rate(grpc_server_handled_total{job="normd",'
+        'grpc_service="normd.v1.Normalizer"}[5s]))')
+    check(ok and rate and 0.5 * client_rate < rate[0] < 2 * client_rate,
+          f"handled rate {rate} vs the client's {client_rate:.0f}/s")
+    ok, p99 = api.query(
+        'histogram_quantile(0.99, sum by (le) (rate('
+        'grpc_server_handling_seconds_bucket{job="normd"}[10s])))')
+    check(ok and p99 and 1e-6 < p99[0] < 5,
+          f"p99 latency {p99} s is not plausible")
+    # Every front end is counted under its protocol, which the
+    # alerts and the dashboard split by.
+    reply = api.get("query", query=(
+        'sum by (protocol) (rate(normd_requests_total'
+        '{job="normd"}[5s]))'))
+    by_protocol = {r["metric"].get("protocol"): float(r["value"][1])
+                   for r in reply.get("data", {}).get("result", [])}
+    check(set(by_protocol) == {"grpc", "oip_grpc", "rest"} and
+          all(v > 0 for v in by_protocol.values()),
+          f"calls by protocol: {by_protocol}")
+    ok, up = api.query('up{job="normd"}')
+    check(ok and up == [1.0], f"up = {up}")
+    # normd's own metrics are stored; prometheus-cpp's exposer_*
+    # are dropped at scrape time (docs/flags-and-metrics.md).
+    ok, ours = api.query('count({job="normd",__name__=~"normd_.*"})')
+    check(ok and ours and ours[0] > 5, f"normd_* series: {ours}")
+    ok, exposer = api.query('count({__name__=~"exposer_.*"})')
+    check(ok and exposer == [], f"exposer_* series kept: {exposer}")
+    return rate, p99
+
+
+def every_alert_rule_evaluates(api):
+    """Every rule of alerts.yml loaded healthy and its expression evaluates.
+    The rules."""
+    # Every alert rule loaded and evaluated without error.
+    rules = api.get("rules")["data"]["groups"]
+    loaded = {r["name"]: r for g in rules for r in g["rules"]}
+    with open(os.path.join(DEPLOY, "prometheus", "alerts.yml")) as f:
+        wanted = [r for g in yaml.safe_load(f)["groups"]
+                  for r in g["rules"]]
+    for rule in wanted:
+        got = loaded.get(rule["alert"])
+        check(got is not None and got.get("health") == "ok",
+              f"rule {rule['alert']}: {got}")
+        ok, _ = api.query(rule["expr"])
+        check(ok, f"rule {rule['alert']} does not evaluate: {_}")
+    return wanted
+
+
+def every_dashboard_expression_has_data(api):
+    """Every panel's expression of the Grafana dashboard, with its
+    variables filled in, evaluates with data. How many there are, and with
+    data."""
+    # Every dashboard expression, with Grafana's variables filled in.
+    with open(os.path.join(DEPLOY, "grafana",
+                           "normd-dashboard.json")) as f:
+        dashboard = json.load(f)
+    with_data = 0
+    exprs = [t["expr"] for p in dashboard["panels"]
+             for t in p["targets"]]
+    for expr in exprs:
+        concrete = (expr.replace("$__rate_interval", "10s")
+                    .replace("$job", "normd")
+                    .replace("$instance", ".*"))
+        ok, values = api.query(concrete)
+        check(ok, f"dashboard expression fails: {expr}: {values}")
+        with_data += bool(ok and values)
+    check(with_data == len(exprs),
+          f"only {with_data} of {len(exprs)} dashboard expressions "
+          f"have data")
+    return len(exprs), with_data
+
+
 def main():
     promtool("check", "rules", os.path.join(DEPLOY, "prometheus", "alerts.yml"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,37 +254,7 @@ def main():
             metrics = urllib.request.urlopen(
                 f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
             promtool("check", "metrics", stdin=metrics)
-
-            # deploy/prometheus/prometheus.yml, pointed at this normd, with
-            # second-long intervals.
-            with open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")) as f:
-                config = yaml.safe_load(f)
-            config["global"]["scrape_interval"] = "1s"
-            config["global"]["evaluation_interval"] = "1s"
-            config["rule_files"] = [os.path.join(DEPLOY, "prometheus",
-                                                 "alerts.yml")]
-            (job,) = config["scrape_configs"]
-            job["static_configs"] = [
-                {"targets": [f"127.0.0.1:{metrics_port}"]}]
-            config_file = os.path.join(tmp, "prometheus.yml")
-            with open(config_file, "w") as f:
-                yaml.safe_dump(config, f)
-            promtool("check", "config", config_file)
-            prom_port = free_port()
-            prom = subprocess.Popen(
-                ["prometheus", f"--config.file={config_file}",
-                 f"--storage.tsdb.path={os.path.join(tmp, 'tsdb')}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            api = Prometheus(prom_port)
-            for _ in range(100):
-                try:
-                    if api.get("status/buildinfo").get("status") == "success":
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.1)
-
+            prom, api = start_prometheus(tmp, metrics_port)
             channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             stub = pb_grpc.NormalizerStub(channel)
             stop, counter = threading.Event(), [0]
@@ -189,71 +271,15 @@ def main():
             time.sleep(5)
             client_rate = (counter[0] - start_count) / (
                 time.monotonic() - start)
-            ok, rate = api.query(
-                'sum(rate(grpc_server_handled_total{job="normd",'
-                'grpc_service="normd.v1.Normalizer"}[5s]))')
-            check(ok and rate and 0.5 * client_rate < rate[0] < 2 * client_rate,
-                  f"handled rate {rate} vs the client's {client_rate:.0f}/s")
-            ok, p99 = api.query(
-                'histogram_quantile(0.99, sum by (le) (rate('
-                'grpc_server_handling_seconds_bucket{job="normd"}[10s])))')
-            check(ok and p99 and 1e-6 < p99[0] < 5,
-                  f"p99 latency {p99} s is not plausible")
-            # Every front end is counted under its protocol, which the
-            # alerts and the dashboard split by.
-            reply = api.get("query", query=(
-                'sum by (protocol) (rate(normd_requests_total'
-                '{job="normd"}[5s]))'))
-            by_protocol = {r["metric"].get("protocol"): float(r["value"][1])
-                           for r in reply.get("data", {}).get("result", [])}
-            check(set(by_protocol) == {"grpc", "oip_grpc", "rest"} and
-                  all(v > 0 for v in by_protocol.values()),
-                  f"calls by protocol: {by_protocol}")
-            ok, up = api.query('up{job="normd"}')
-            check(ok and up == [1.0], f"up = {up}")
-            # normd's own metrics are stored; prometheus-cpp's exposer_*
-            # are dropped at scrape time (docs/flags-and-metrics.md).
-            ok, ours = api.query('count({job="normd",__name__=~"normd_.*"})')
-            check(ok and ours and ours[0] > 5, f"normd_* series: {ours}")
-            ok, exposer = api.query('count({__name__=~"exposer_.*"})')
-            check(ok and exposer == [], f"exposer_* series kept: {exposer}")
-
-            # Every alert rule loaded and evaluated without error.
-            rules = api.get("rules")["data"]["groups"]
-            loaded = {r["name"]: r for g in rules for r in g["rules"]}
-            with open(os.path.join(DEPLOY, "prometheus", "alerts.yml")) as f:
-                wanted = [r for g in yaml.safe_load(f)["groups"]
-                          for r in g["rules"]]
-            for rule in wanted:
-                got = loaded.get(rule["alert"])
-                check(got is not None and got.get("health") == "ok",
-                      f"rule {rule['alert']}: {got}")
-                ok, _ = api.query(rule["expr"])
-                check(ok, f"rule {rule['alert']} does not evaluate: {_}")
-
-            # Every dashboard expression, with Grafana's variables filled in.
-            with open(os.path.join(DEPLOY, "grafana",
-                                   "normd-dashboard.json")) as f:
-                dashboard = json.load(f)
-            with_data = 0
-            exprs = [t["expr"] for p in dashboard["panels"]
-                     for t in p["targets"]]
-            for expr in exprs:
-                concrete = (expr.replace("$__rate_interval", "10s")
-                            .replace("$job", "normd")
-                            .replace("$instance", ".*"))
-                ok, values = api.query(concrete)
-                check(ok, f"dashboard expression fails: {expr}: {values}")
-                with_data += bool(ok and values)
-            check(with_data == len(exprs),
-                  f"only {with_data} of {len(exprs)} dashboard expressions "
-                  f"have data")
+            rate, p99 = series_match_the_traffic(api, client_rate)
+            wanted = every_alert_rule_evaluates(api)
+            exprs, with_data = every_dashboard_expression_has_data(api)
             stop.set()
             for t in threads:
                 t.join()
             channel.close()
             print(f"client {client_rate:.0f} calls/s, Prometheus rate "
-                  f"{rate}, p99 {p99}, {len(wanted)} rules, {len(exprs)} "
+                  f"{rate}, p99 {p99}, {len(wanted)} rules, {exprs} "
                   f"dashboard expressions ({with_data} with data)")
         finally:
             if prom is not None:
