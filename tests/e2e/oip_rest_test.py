@@ -490,6 +490,119 @@ def check_connections(c, rest, port, native):
              "serving after garbage")
 
 
+def check_body_limits(c, proc, rest):
+    """Bodies past --max_message_bytes get 413, chunked or not; an unread
+    body is answered once and its connection closed."""
+    big = one_input(shape=(30000,), data=[1.5] * 30000)
+    c.status(rest.infer("layer_norm", big), 413, "--max_message_bytes",
+             "oversize body")
+    r = rest.post("/v2/models/layer_norm/infer",
+                  data=(json.dumps(big).encode()[i:i + 4096]
+                        for i in range(0, 300000, 4096)))
+    c.status(r, 413, "--max_message_bytes", "oversize chunked body")
+    # A method the path does not take is answered before its body is
+    # read (405), and the connection closed: the rest of the body is not
+    # a next request.
+    for method in ("PUT", "PATCH"):
+        r = rest.session.request(
+            method, rest.base + "/v2/models/layer_norm", timeout=30,
+            data=(b"x" * 4096 for _ in range(60)))
+        c.status(r, 405, "method", f"chunked {method} body")
+        c.expect(r.headers.get("Connection") == "close",
+                 f"unread {method} body closes the connection: "
+                 f"{r.headers.get('Connection')!r}")
+    # An oversize chunked body gets one answer, then the connection is
+    # closed: the rest of it is not read as a next request.
+    with socket.create_connection(("127.0.0.1", proc.http_port),
+                                  timeout=10) as s:
+        chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
+        s.sendall(b"POST /v2/models/layer_norm/infer HTTP/1.1\r\n"
+                  b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                  chunk * 40)
+        reply = b""
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                reply += data
+        except (ConnectionResetError, socket.timeout):
+            pass
+        c.expect(reply.startswith(b"HTTP/1.1 413") and
+                 reply.count(b"HTTP/1.1 ") == 1,
+                 f"one answer to an oversize chunked body: {reply[:300]!r}")
+    c.expect(rest.get("/v2/health/live").status_code == 200,
+             "serving after oversize bodies")
+
+
+def check_connection_limits(c, proc, rest):
+    """Idle keep-alive connections are closed after --http_idle_timeout,
+    headers past --http_max_header_bytes get 431, headers trickled past
+    --http_header_timeout get 408, and the server serves after each."""
+    # An idle keep-alive connection is closed after the idle timeout.
+    with socket.create_connection(("127.0.0.1", proc.http_port),
+                                  timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'{"live":true}'):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            first += chunk
+        start = time.monotonic()
+        rest_of_it = s.recv(65536)
+        idle = time.monotonic() - start
+    c.expect(first.startswith(b"HTTP/1.1 200") and rest_of_it == b"" and
+             idle < 8, f"idle connection: {rest_of_it!r} after {idle} s")
+    # Headers past --http_max_header_bytes: 431, connection closed, and
+    # nothing held; headers trickled past --http_header_timeout: 408.
+    with socket.create_connection(("127.0.0.1", proc.http_port),
+                                  timeout=10) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
+        try:
+            for _ in range(1000):
+                s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+        except OSError:
+            pass  # The server closed the connection: expected.
+        reply = s.recv(65536)
+    c.expect(reply.startswith(b"HTTP/1.1 431") and
+             b"--http_max_header_bytes" in reply,
+             f"header flood: {reply[:120]!r}")
+    with socket.create_connection(("127.0.0.1", proc.http_port),
+                                  timeout=10) as s:
+        start = time.monotonic()
+        try:
+            for byte in b"GET /v2/health/live HTTP/1.1\r\nHost: slow\r\n":
+                s.sendall(bytes([byte]))
+                time.sleep(0.2)
+        except OSError:
+            pass
+        reply = s.recv(65536)
+        waited = time.monotonic() - start
+    c.expect(reply.startswith(b"HTTP/1.1 408") and waited < 5,
+             f"trickled headers: {reply[:120]!r} after {waited:.1f} s")
+    c.expect(rest.get("/v2/health/live").status_code == 200,
+             "serving after the header flood and the trickle")
+
+
+def check_inflight_limit(c, proc):
+    """One in flight at a time: of many concurrent requests, some get 429
+    naming --max_inflight_requests, the rest 200."""
+    document = one_input(shape=(2000,), data=list(range(2000)))
+    codes = set()
+    for _ in range(30):
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(
+                lambda _: Rest(proc.http_port).infer("layer_norm",
+                                                     document), range(8)))
+        codes |= {r.status_code for r in replies}
+        refused = [r for r in replies if r.status_code == 429]
+        if refused and 200 in codes:
+            c.status(refused[0], 429, "--max_inflight_requests", "429")
+            break
+    c.expect(codes == {200, 429}, f"in-flight limit: codes {codes}")
+
+
 def check_limits(c):
     """Body limit (413), in-flight limit (429), idle connections closed."""
     proc, port, _ = normd_process.start_normd(ARGS.normd, [
@@ -497,105 +610,9 @@ def check_limits(c):
         "--http_idle_timeout=1s", "--http_header_timeout=1s"])
     try:
         rest = Rest(proc.http_port)
-        big = one_input(shape=(30000,), data=[1.5] * 30000)
-        c.status(rest.infer("layer_norm", big), 413, "--max_message_bytes",
-                 "oversize body")
-        r = rest.post("/v2/models/layer_norm/infer",
-                      data=(json.dumps(big).encode()[i:i + 4096]
-                            for i in range(0, 300000, 4096)))
-        c.status(r, 413, "--max_message_bytes", "oversize chunked body")
-        # A method the path does not take is answered before its body is
-        # read (405), and the connection closed: the rest of the body is not
-        # a next request.
-        for method in ("PUT", "PATCH"):
-            r = rest.session.request(
-                method, rest.base + "/v2/models/layer_norm", timeout=30,
-                data=(b"x" * 4096 for _ in range(60)))
-            c.status(r, 405, "method", f"chunked {method} body")
-            c.expect(r.headers.get("Connection") == "close",
-                     f"unread {method} body closes the connection: "
-                     f"{r.headers.get('Connection')!r}")
-        # An oversize chunked body gets one answer, then the connection is
-        # closed: the rest of it is not read as a next request.
-        with socket.create_connection(("127.0.0.1", proc.http_port),
-                                      timeout=10) as s:
-            chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
-            s.sendall(b"POST /v2/models/layer_norm/infer HTTP/1.1\r\n"
-                      b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
-                      chunk * 40)
-            reply = b""
-            try:
-                while True:
-                    data = s.recv(65536)
-                    if not data:
-                        break
-                    reply += data
-            except (ConnectionResetError, socket.timeout):
-                pass
-            c.expect(reply.startswith(b"HTTP/1.1 413") and
-                     reply.count(b"HTTP/1.1 ") == 1,
-                     f"one answer to an oversize chunked body: {reply[:300]!r}")
-        c.expect(rest.get("/v2/health/live").status_code == 200,
-                 "serving after oversize bodies")
-        # An idle keep-alive connection is closed after the idle timeout.
-        with socket.create_connection(("127.0.0.1", proc.http_port),
-                                      timeout=10) as s:
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            first = b""
-            while not first.endswith(b'{"live":true}'):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                first += chunk
-            start = time.monotonic()
-            rest_of_it = s.recv(65536)
-            idle = time.monotonic() - start
-        c.expect(first.startswith(b"HTTP/1.1 200") and rest_of_it == b"" and
-                 idle < 8, f"idle connection: {rest_of_it!r} after {idle} s")
-        # Headers past --http_max_header_bytes: 431, connection closed, and
-        # nothing held; headers trickled past --http_header_timeout: 408.
-        with socket.create_connection(("127.0.0.1", proc.http_port),
-                                      timeout=10) as s:
-            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")
-            try:
-                for _ in range(1000):
-                    s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
-            except OSError:
-                pass  # The server closed the connection: expected.
-            reply = s.recv(65536)
-        c.expect(reply.startswith(b"HTTP/1.1 431") and
-                 b"--http_max_header_bytes" in reply,
-                 f"header flood: {reply[:120]!r}")
-        with socket.create_connection(("127.0.0.1", proc.http_port),
-                                      timeout=10) as s:
-            start = time.monotonic()
-            try:
-                for byte in b"GET /v2/health/live HTTP/1.1\r\nHost: slow\r\n":
-                    s.sendall(bytes([byte]))
-                    time.sleep(0.2)
-            except OSError:
-                pass
-            reply = s.recv(65536)
-            waited = time.monotonic() - start
-        c.expect(reply.startswith(b"HTTP/1.1 408") and waited < 5,
-                 f"trickled headers: {reply[:120]!r} after {waited:.1f} s")
-        c.expect(rest.get("/v2/health/live").status_code == 200,
-                 "serving after the header flood and the trickle")
-        # One in flight at a time: of many concurrent requests, some get 429
-        # naming the flag, the rest 200 (retried until both happen).
-        document = one_input(shape=(2000,), data=list(range(2000)))
-        codes = set()
-        for _ in range(30):
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                replies = list(pool.map(
-                    lambda _: Rest(proc.http_port).infer("layer_norm",
-                                                         document), range(8)))
-            codes |= {r.status_code for r in replies}
-            refused = [r for r in replies if r.status_code == 429]
-            if refused and 200 in codes:
-                c.status(refused[0], 429, "--max_inflight_requests", "429")
-                break
-        c.expect(codes == {200, 429}, f"in-flight limit: codes {codes}")
+        check_body_limits(c, proc, rest)
+        check_connection_limits(c, proc, rest)
+        check_inflight_limit(c, proc)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
