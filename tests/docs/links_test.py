@@ -10,6 +10,7 @@ Usage: links_test.py --source DIR
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -31,16 +32,9 @@ def anchors(path):
     return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", required=True)
-    source = os.path.abspath(parser.parse_args().source)
-    docs = os.path.join(source, "docs")
-    pages = [os.path.join(source, "README.md")] + sorted(
-        os.path.join(directory, name)
-        for directory in (docs, os.path.join(docs, "design"))
-        for name in os.listdir(directory) if name.endswith(".md"))
-    failures = []
+def check_links(source, pages, failures):
+    """Every relative link of `pages` resolves inside the repository, a
+    #fragment to a heading of its page. The number of links."""
     links = 0
     for page in pages:
         with open(page, encoding="utf-8") as f:
@@ -65,6 +59,11 @@ def main():
                     fragment not in anchors(resolved):
                 failures.append(f"{name}: {target}: no heading "
                                 f"#{fragment} in {os.path.relpath(resolved, source)}")
+    return links
+
+
+def check_readme_and_sizes(source, docs, pages, failures):
+    """README.md links every page, and the pages kept short are."""
     with open(pages[0], encoding="utf-8") as f:
         readme = f.read()
     for page in pages[1:]:
@@ -79,8 +78,13 @@ def main():
         if count > limit:
             failures.append(f"{os.path.relpath(page, source)} has {count} "
                             f"lines (at most {limit})")
-    # Numbers the docs state about the suite are the suite's own, read from
-    # its sources here: (page, phrase with {}, file, regex of the number).
+
+
+def check_numbers(source, docs, failures):
+    """Numbers the docs state about the suite are the suite's own, read from
+    its sources: counts, thread and request numbers, fuzz seconds, the
+    tests left out under qemu, the bad-input table's rows."""
+    # (page, phrase with {}, file, regex of the number).
     claims = [
         ("testing.md", "`pytorch_crosscheck` ({} random cases",
          "tests/e2e/pytorch_crosscheck.py", r'"--cases", type=int, default=(\d+)'),
@@ -114,8 +118,7 @@ def main():
         if f"so {words.get(count, count)} of the slowest" not in f.read():
             failures.append(f"docs/testing.md does not say {count} tests "
                             f"are left out under qemu (ARM64_SKIP_TESTS)")
-    # Counts the docs state are the suite's own: the bad-input table's rows.
-    import json
+    # The bad-input table's rows.
     with open(os.path.join(source, "tests", "e2e", "bad_inputs.json"),
               encoding="utf-8") as f:
         rows = len(json.load(f)["rows"])
@@ -124,7 +127,10 @@ def main():
     if f"bad_inputs.json` lists {rows} such requests" not in reliability:
         failures.append(f"docs/reliability.md does not say that "
                         f"bad_inputs.json lists {rows} requests")
-    # Every alert rule is in docs/deploy.md's alert table.
+
+
+def check_alerts(source, docs, failures):
+    """Every alert rule is in docs/deploy.md's alert table."""
     with open(os.path.join(source, "deploy", "prometheus", "alerts.yml"),
               encoding="utf-8") as f:
         alerts = re.findall(r"^\s*- alert: (\w+)", f.read(), re.M)
@@ -135,6 +141,22 @@ def main():
             failures.append(f"docs/deploy.md's alert table lacks {alert}")
     if not alerts:
         failures.append("no alert found in deploy/prometheus/alerts.yml")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", required=True)
+    source = os.path.abspath(parser.parse_args().source)
+    docs = os.path.join(source, "docs")
+    pages = [os.path.join(source, "README.md")] + sorted(
+        os.path.join(directory, name)
+        for directory in (docs, os.path.join(docs, "design"))
+        for name in os.listdir(directory) if name.endswith(".md"))
+    failures = []
+    links = check_links(source, pages, failures)
+    check_readme_and_sizes(source, docs, pages, failures)
+    check_numbers(source, docs, failures)
+    check_alerts(source, docs, failures)
     for failure in failures:
         print("FAIL", failure)
     print(f"{len(pages)} pages, {links} relative links, "
