@@ -313,8 +313,8 @@ def f32(*values):
     return np.array(values, "<f4").tobytes()
 
 
-def bad_files(tmp, net_file):
-    """(name, file, extra flags, exit code, text the error must contain)."""
+def bad_safetensors_files(tmp, net_file):
+    """Damaged or unsuitable safetensors files, as bad_files' cases."""
     p = lambda name: os.path.join(tmp, name)  # noqa: E731
     good = open(net_file, "rb").read()
     cases = []
@@ -391,8 +391,14 @@ def bad_files(tmp, net_file):
                                  "b d.running_var": var}), [], 1,
          "model 'bad.b d'"),
     ]
+    return cases
+
+
+def bad_other_files(tmp):
+    """A pickle, and ONNX models normd cannot take, as bad_files' cases."""
+    p = lambda name: os.path.join(tmp, name)  # noqa: E731
     torch.save(torch.nn.BatchNorm2d(2).state_dict(), p("model.pt"))
-    cases.append(("a .pt file", p("model.pt"), [], 2, "import_module"))
+    cases = [("a .pt file", p("model.pt"), [], 2, "import_module")]
     # ONNX: external data, and statistics computed by the graph.
     from onnx import TensorProto, helper, numpy_helper
     inits = [numpy_helper.from_array(np.ones(2, np.float32), n)
@@ -417,6 +423,11 @@ def bad_files(tmp, net_file):
     cases.append(("ONNX statistics not initializers", p("computed.onnx"), [],
                   2, "input_mean 'm' is not an initializer"))
     return cases
+
+
+def bad_files(tmp, net_file):
+    """(name, file, extra flags, exit code, text the error must contain)."""
+    return bad_safetensors_files(tmp, net_file) + bad_other_files(tmp)
 
 
 def test_bad_files(client, port, tmp):
