@@ -564,6 +564,64 @@ def check_nan_aware(what, got, want, tol):
                       f"vs torch {want[~nan][i]!r}")
 
 
+def run_norm_case(stub, req, dtype, what, want, magnitude=1.0):
+    """One L2_NORM or WEIGHT_NORM request against its float64 reference,
+    within check_l2_and_weight_norm's bounds."""
+    got = from_tensor_proto(stub.Normalize(req).output)
+    if dtype in HALF_ROUNDOFF:
+        check_half(what, got, want, dtype, magnitude)
+        return
+    # Values per norm: the normalized trailing dims (L2) or everything
+    # but the weight's dim (weight norm): want.size / the slices.
+    dims = list(req.input.shape)
+    if req.mode == pb.L2_NORM:
+        n = int(np.prod(dims[len(dims) - (req.normalized_ndim or 1):]))
+    else:
+        n = int(np.prod(dims)) // dims[req.channel_axis]
+    check_nan_aware(what, got, want,
+                    16 * U32 if dtype == pb.FLOAT32
+                    else 2 * U64 * (-(-n // 8) + 8))
+
+
+def check_extreme_norm_scales(stub, gen):
+    """L2_NORM and WEIGHT_NORM where a naive sum of squares overflows or
+    underflows (see check_l2_and_weight_norm). The number of cases."""
+    checked = 0
+    # Extreme scales: float32 1e30 / 1e-30, float64 2^664 / 2^-664.
+    for dtype, scales in ((pb.FLOAT32, (1e30, 1e-30)),
+                          (pb.FLOAT64, (2.0 ** 664, 2.0 ** -664))):
+        for scale in scales:
+            base = rounded(gen.standard_normal((4, 3000)), dtype)
+            x = rounded(base * scale, dtype)
+            unscaled = torch.from_numpy(x / scale if dtype == pb.FLOAT64
+                                        else x.astype(np.float64))
+            eps = 1e-45 if dtype == pb.FLOAT32 else 1e-320
+            want = torch.nn.functional.normalize(unscaled, dim=-1,
+                                                 eps=eps / scale
+                                                 if dtype == pb.FLOAT64
+                                                 else eps).numpy()
+            req = pb.NormalizeRequest(mode=pb.L2_NORM, eps=eps,
+                                      input=to_tensor_proto(x, dtype))
+            run_norm_case(stub, req, dtype, f"l2 {pb.DataType.Name(dtype)} scale {scale:g}",
+                want)
+            want = torch._weight_norm(unscaled, torch.ones(4, 1,
+                                      dtype=torch.float64), 0).numpy()
+            req = pb.NormalizeRequest(mode=pb.WEIGHT_NORM,
+                                      input=to_tensor_proto(x, dtype),
+                                      weight=to_tensor_proto(np.ones(4),
+                                                             pb.FLOAT64))
+            run_norm_case(stub, req, dtype,
+                f"weight_norm {pb.DataType.Name(dtype)} scale {scale:g}", want)
+            checked += 2
+    # torch's own float32 at 1e30: its squares overflow, so every value
+    # comes out 0 (shown, not checked: normd is held to the float64 answer).
+    x = torch.randn(2, 3000) * 1e30
+    print("F.normalize float32 at 1e30: torch gives max |y| "
+          f"{float(torch.nn.functional.normalize(x, dim=-1).abs().max()):.3g}, "
+          f"the answer {float(torch.nn.functional.normalize(x.double(), dim=-1).abs().max()):.3g}")
+    return checked
+
+
 def check_l2_and_weight_norm(stub):
     """L2_NORM vs torch.nn.functional.normalize over 1-3 trailing dims and
     WEIGHT_NORM vs torch.nn.utils.weight_norm on Linear and Conv2d weights
@@ -581,23 +639,6 @@ def check_l2_and_weight_norm(stub):
     checked."""
     gen = np.random.default_rng(7)
     checked = 0
-
-    def run(req, dtype, what, want, magnitude=1.0):
-        got = from_tensor_proto(stub.Normalize(req).output)
-        if dtype in HALF_ROUNDOFF:
-            check_half(what, got, want, dtype, magnitude)
-            return
-        # Values per norm: the normalized trailing dims (L2) or everything
-        # but the weight's dim (weight norm): want.size / the slices.
-        dims = list(req.input.shape)
-        if req.mode == pb.L2_NORM:
-            n = int(np.prod(dims[len(dims) - (req.normalized_ndim or 1):]))
-        else:
-            n = int(np.prod(dims)) // dims[req.channel_axis]
-        check_nan_aware(what, got, want,
-                        16 * U32 if dtype == pb.FLOAT32
-                        else 2 * U64 * (-(-n // 8) + 8))
-
     for dtype in (pb.FLOAT32, pb.FLOAT64, pb.BFLOAT16, pb.FLOAT16):
         for k, shape in ((1, [5, 300]), (2, [3, 4, 17]), (3, [2, 3, 5, 7]),
                          (1, [2, 40000])):
@@ -611,7 +652,7 @@ def check_l2_and_weight_norm(stub):
                                                  dim=dims).numpy()
             req = pb.NormalizeRequest(mode=pb.L2_NORM, normalized_ndim=k,
                                       input=to_tensor_proto(x, dtype))
-            run(req, dtype, f"l2 {pb.DataType.Name(dtype)} {shape} k={k}", want)
+            run_norm_case(stub, req, dtype, f"l2 {pb.DataType.Name(dtype)} {shape} k={k}", want)
             checked += 1
         for make, probe in ((lambda: torch.nn.Linear(33, 64), (1, 33)),
                             (lambda: torch.nn.Conv2d(3, 8, 3), (1, 3, 3, 3))):
@@ -631,41 +672,9 @@ def check_l2_and_weight_norm(stub):
                 req = pb.NormalizeRequest(mode=pb.WEIGHT_NORM, channel_axis=dim,
                                           input=to_tensor_proto(v, dtype),
                                           weight=to_tensor_proto(g, pb.FLOAT64))
-                run(req, dtype, what, want, magnitude=float(np.abs(want).max()))
+                run_norm_case(stub, req, dtype, what, want, magnitude=float(np.abs(want).max()))
                 checked += 1
-    # Extreme scales: float32 1e30 / 1e-30, float64 2^664 / 2^-664.
-    for dtype, scales in ((pb.FLOAT32, (1e30, 1e-30)),
-                          (pb.FLOAT64, (2.0 ** 664, 2.0 ** -664))):
-        for scale in scales:
-            base = rounded(gen.standard_normal((4, 3000)), dtype)
-            x = rounded(base * scale, dtype)
-            unscaled = torch.from_numpy(x / scale if dtype == pb.FLOAT64
-                                        else x.astype(np.float64))
-            eps = 1e-45 if dtype == pb.FLOAT32 else 1e-320
-            want = torch.nn.functional.normalize(unscaled, dim=-1,
-                                                 eps=eps / scale
-                                                 if dtype == pb.FLOAT64
-                                                 else eps).numpy()
-            req = pb.NormalizeRequest(mode=pb.L2_NORM, eps=eps,
-                                      input=to_tensor_proto(x, dtype))
-            run(req, dtype, f"l2 {pb.DataType.Name(dtype)} scale {scale:g}",
-                want)
-            want = torch._weight_norm(unscaled, torch.ones(4, 1,
-                                      dtype=torch.float64), 0).numpy()
-            req = pb.NormalizeRequest(mode=pb.WEIGHT_NORM,
-                                      input=to_tensor_proto(x, dtype),
-                                      weight=to_tensor_proto(np.ones(4),
-                                                             pb.FLOAT64))
-            run(req, dtype,
-                f"weight_norm {pb.DataType.Name(dtype)} scale {scale:g}", want)
-            checked += 2
-    # torch's own float32 at 1e30: its squares overflow, so every value
-    # comes out 0 (shown, not checked: normd is held to the float64 answer).
-    x = torch.randn(2, 3000) * 1e30
-    print("F.normalize float32 at 1e30: torch gives max |y| "
-          f"{float(torch.nn.functional.normalize(x, dim=-1).abs().max()):.3g}, "
-          f"the answer {float(torch.nn.functional.normalize(x.double(), dim=-1).abs().max()):.3g}")
-    return checked
+    return checked + check_extreme_norm_scales(stub, gen)
 
 
 def check_health_and_reflection(channel):
