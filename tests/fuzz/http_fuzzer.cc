@@ -167,7 +167,8 @@ struct Received {
 
 // Sends `bytes` as `first` says (see the top of the file) and reads until
 // the server closes the connection.
-Received Exchange(int port, uint8_t first, absl::string_view bytes) {
+Received Exchange(int port, uint8_t first, absl::string_view bytes,
+                  double (*open_connections)()) {
   const bool half_close = (first & 3) != 0;
   const size_t piece = size_t{1} << (2 * ((first >> 2) & 7));
   const bool pause = (first & 0x20) != 0;
@@ -193,7 +194,16 @@ Received Exchange(int port, uint8_t first, absl::string_view bytes) {
   char chunk[16 << 10];
   for (;;) {
     const Clock::time_point now = Clock::now();
-    if (now > give_up) Fail("the server held a connection past its deadlines");
+    if (now > give_up) {
+      // What tells a held connection from one never accepted or a stalled
+      // computation.
+      fprintf(stderr,
+              "sent %zu of %zu bytes (client side %s), received %zu, "
+              "connections open %.0f\n",
+              sent, bytes.size(), write_open ? "open" : "closed",
+              received.bytes.size(), open_connections());
+      Fail("the server held a connection past its deadlines");
+    }
     if (write_open && sent == bytes.size() && half_close) {
       shutdown(fd, SHUT_WR);
       write_open = false;
@@ -299,15 +309,22 @@ bool CheckAnswers(const Received& received, const SentRequests& sent) {
   return succeeded;
 }
 
+Server& Instance() {
+  static Server* server = new Server;
+  return *server;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Server* server = new Server;
+  Server* const server = &Instance();
   if (size < 2) return 0;
   const absl::string_view bytes(reinterpret_cast<const char*>(data) + 1,
                                 size - 1);
   const uint64_t before = server->fixture.Fingerprint();
-  const Received received = Exchange(server->server->port(), data[0], bytes);
+  const Received received =
+      Exchange(server->server->port(), data[0], bytes,
+               [] { return Instance().OpenConnections(); });
   const bool succeeded = CheckAnswers(received, RequestsIn(bytes));
   if (!succeeded && !received.reset &&
       server->fixture.Fingerprint() != before) {
