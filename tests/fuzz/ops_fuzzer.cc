@@ -1,5 +1,5 @@
 // libFuzzer target over sequences of model-store operations, the in-process
-// twin of tests/e2e/adversarial/state_property_test.py: the bytes choose
+// twin of tests/state/state_property_test.py: the bytes choose
 // operations (create, create several at once, import, training and InstanceNorm
 // steps with any moments, merges of a model into itself or another, resets,
 // deletes) on a few names, with counters and statistics from a table of
