@@ -135,11 +135,7 @@ std::optional<RestResponse> RestApi::Admit(RestExchange& exchange) {
   }
   exchange.call =
       std::make_unique<Call>(service_, Protocol::kRest, MethodOf(r.endpoint));
-  // Probes need no token and are never refused for load.
-  if (r.endpoint == RestEndpoint::kHealthLive ||
-      r.endpoint == RestEndpoint::kHealthReady) {
-    return std::nullopt;
-  }
+  if (IsHealthProbe(r.endpoint)) return std::nullopt;
   if (absl::Status s =
           exchange.call->Authenticate(head.authorization, kHttpTokenCarrier);
       !s.ok()) {

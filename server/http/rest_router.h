@@ -33,6 +33,13 @@ inline constexpr int kNumRestEndpoints = 10;
 // "server_metadata", "health_live", ..., "unknown".
 const char* RestEndpointName(RestEndpoint endpoint);
 
+// The health probes (live, ready): they need no token and are never
+// refused for load.
+constexpr bool IsHealthProbe(RestEndpoint endpoint) {
+  return endpoint == RestEndpoint::kHealthLive ||
+         endpoint == RestEndpoint::kHealthReady;
+}
+
 // The service method an endpoint calls.
 Method MethodOf(RestEndpoint endpoint);
 

@@ -36,7 +36,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -96,15 +95,6 @@ struct Server {
   std::unique_ptr<normd::HttpServer> server;
 };
 
-boost::beast::flat_buffer BufferOf(absl::string_view bytes) {
-  boost::beast::flat_buffer buffer;
-  if (bytes.empty()) return buffer;
-  auto space = buffer.prepare(bytes.size());
-  std::memcpy(space.data(), bytes.data(), bytes.size());
-  buffer.commit(bytes.size());
-  return buffer;
-}
-
 // What the server must make of one request the input holds, as Beast
 // reads it with the server's limits.
 struct SentRequest {
@@ -124,7 +114,7 @@ struct SentRequests {
 
 SentRequests RequestsIn(absl::string_view bytes) {
   SentRequests sent;
-  boost::beast::flat_buffer buffer = BufferOf(bytes);
+  boost::beast::flat_buffer buffer = normd::fuzzing::BufferOf(bytes);
   while (buffer.size() > 0) {
     http::request_parser<http::string_body> parser;
     parser.header_limit(kMaxHeaderBytes);
@@ -146,13 +136,9 @@ SentRequests RequestsIn(absl::string_view bytes) {
       sent.refused_head_only = request.head_only;
       break;
     }
-    request.with_token = head.authorization.has_value() &&
-                         *head.authorization == std::string("Bearer ") +
-                                                    normd::fuzzing::kRestToken;
+    request.with_token = normd::fuzzing::CarriesToken(head);
     const auto route = normd::RouteRestRequest(head.method, head.target);
-    request.probe =
-        route.ok() && (route->endpoint == normd::RestEndpoint::kHealthLive ||
-                       route->endpoint == normd::RestEndpoint::kHealthReady);
+    request.probe = route.ok() && normd::IsHealthProbe(route->endpoint);
     sent.whole.push_back(request);
     if (!parser.keep_alive()) break;
   }
@@ -257,7 +243,7 @@ Received Exchange(int port, uint8_t first, absl::string_view bytes,
 // request it answers. Returns whether one succeeded.
 bool CheckAnswers(const Received& received, const SentRequests& sent) {
   const std::vector<SentRequest>& requests = sent.whole;
-  boost::beast::flat_buffer buffer = BufferOf(received.bytes);
+  boost::beast::flat_buffer buffer = normd::fuzzing::BufferOf(received.bytes);
   bool succeeded = false;
   size_t answered = 0;
   while (buffer.size() > 0) {

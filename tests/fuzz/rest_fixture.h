@@ -7,13 +7,16 @@
 
 #include <simdjson.h>
 
+#include <boost/beast/core/flat_buffer.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
 #include "absl/strings/string_view.h"
+#include "server/http/request_framing.h"
 #include "server/http/rest_api.h"
 #include "tests/testing/service_stack.h"
 
@@ -58,6 +61,23 @@ struct RestFixture {
   RestApi api{stack.service, stack.inference,
               RestLimits{.max_body_bytes = kRestMaxBody}};
 };
+
+// `bytes` as a connection's read buffer holds them.
+inline boost::beast::flat_buffer BufferOf(absl::string_view bytes) {
+  boost::beast::flat_buffer buffer;
+  if (bytes.empty()) return buffer;
+  auto space = buffer.prepare(bytes.size());
+  std::memcpy(space.data(), bytes.data(), bytes.size());
+  buffer.commit(bytes.size());
+  return buffer;
+}
+
+// Whether a request carries the fixture's token, exactly as RFC 6750 spells
+// it (the fuzzers' own check, independent of the server's).
+inline bool CarriesToken(const RestRequestHead& head) {
+  return head.authorization.has_value() &&
+         *head.authorization == std::string("Bearer ") + kRestToken;
+}
 
 [[noreturn]] inline void FailAnswer(const char* what, int status,
                                     absl::string_view body) {

@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -34,11 +33,9 @@ namespace {
 
 namespace http = boost::beast::http;
 using normd::RestApi;
-using normd::RestEndpoint;
 using normd::RestExchange;
 using normd::RestResponse;
 using normd::fuzzing::kRestMaxBody;
-using normd::fuzzing::kRestToken;
 
 void CheckAnswer(const RestResponse& response) {
   normd::fuzzing::CheckRestAnswer(response.status, response.body);
@@ -74,10 +71,8 @@ bool Put(http::request_parser<http::string_body>& parser,
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto* fixture = new normd::fuzzing::RestFixture;
   if (size == 0) return 0;
-  boost::beast::flat_buffer buffer;
-  auto space = buffer.prepare(size);
-  std::memcpy(space.data(), data, size);
-  buffer.commit(size);
+  boost::beast::flat_buffer buffer = normd::fuzzing::BufferOf(
+      absl::string_view(reinterpret_cast<const char*>(data), size));
   // Pipelined requests on one connection, as keep-alive delivers them.
   for (int request = 0; request < 8 && buffer.size() > 0; ++request) {
     http::request_parser<http::string_body> parser;
@@ -94,14 +89,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     exchange.head = normd::HeadOf(parser);
     const uint64_t before = fixture->Fingerprint();
     const bool has_body = !parser.is_done();
-    const bool has_token =
-        exchange.head.authorization.has_value() &&
-        *exchange.head.authorization == std::string("Bearer ") + kRestToken;
+    const bool has_token = normd::fuzzing::CarriesToken(exchange.head);
     if (std::optional<RestResponse> early = fixture->api.Admit(exchange)) {
       CheckAnswer(*early);
-      const RestEndpoint endpoint = exchange.route.endpoint;
-      const bool probe = endpoint == RestEndpoint::kHealthLive ||
-                         endpoint == RestEndpoint::kHealthReady;
+      const bool probe = normd::IsHealthProbe(exchange.route.endpoint);
       if ((early->status == 401) !=
           (exchange.call != nullptr && !probe && !has_token)) {
         Fail("401 for a request with the token, or none without", *early);
@@ -117,8 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     if (exchange.call != nullptr && !has_token &&
-        exchange.route.endpoint != RestEndpoint::kHealthLive &&
-        exchange.route.endpoint != RestEndpoint::kHealthReady) {
+        !normd::IsHealthProbe(exchange.route.endpoint)) {
       fprintf(stderr, "admitted without the token: %s\n",
               exchange.head.target.c_str());
       abort();
