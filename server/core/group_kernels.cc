@@ -187,7 +187,7 @@ void SampleChannelAffine(DType dtype, const void* x, void* y,
                          const double* scale, const double* shift) {
   const int64_t channels = g.layout.channels;
   if (g.sample_outer == 1) {  // Samples side by side: one channel axis.
-    Affine(dtype, At(dtype, x, 0), y,
+    Affine(dtype, static_cast<const char*>(x), y,
            ChannelLayout{1, g.samples * channels, g.layout.inner}, mean, scale,
            shift, 0, Traversal::kParallel);
     return;

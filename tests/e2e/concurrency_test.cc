@@ -95,7 +95,6 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
                       Failures& failures) {
   const std::string model = Tracked((t + i) % kModels);
   const std::vector<double> batch = Batch(t, i);
-  auto fail = [&](const std::string& what) { failures.Add(what); };
   switch (i % 10) {
     case 0:
     case 1:
@@ -106,7 +105,7 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
       *fit.mutable_input() = MakeTensor({kRows, kChannels}, batch, v1::FLOAT64);
       auto response = client.Fit(fit);
       if (!response.ok()) {
-        fail("Fit: " + response.status().ToString());
+        failures.Add("Fit: " + response.status().ToString());
       } else {
         applied.Record(response->model(), batch);
       }
@@ -122,7 +121,7 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
           MakeTensor({kRows, kChannels}, batch, v1::FLOAT64);
       auto response = client.Normalize(train);
       if (!response.ok()) {
-        fail("training: " + response.status().ToString());
+        failures.Add("training: " + response.status().ToString());
       } else {
         applied.Record(response->model(), batch);
       }
@@ -137,7 +136,7 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
       auto response = client.Normalize(eval);
       if (!response.ok() ||
           response->output().data().size() != batch.size() * 8) {
-        fail("eval: " + response.status().ToString());
+        failures.Add("eval: " + response.status().ToString());
       }
       break;
     }
@@ -146,7 +145,7 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
       if (!state.ok() ||
           state->generation() !=
               1 + static_cast<uint64_t>(state->num_batches_tracked())) {
-        fail("Get: " + state.status().ToString());
+        failures.Add("Get: " + state.status().ToString());
       }
       break;
     }
@@ -155,7 +154,8 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
       fit.set_model(Other(t % 4));
       *fit.mutable_input() = MakeTensor({kRows, kChannels}, batch, v1::FLOAT64);
       auto response = client.Fit(fit);
-      if (!response.ok()) fail("Fit other: " + response.status().ToString());
+      if (!response.ok())
+        failures.Add("Fit other: " + response.status().ToString());
       break;
     }
     case 9: {  // Reset or Delete another model (it may be gone).
@@ -163,7 +163,7 @@ void SendMixedRequest(NormdClient& client, int t, int i, Applied& applied,
                                  ? client.ResetModel(Other(t % 4)).status()
                                  : client.DeleteModel(Other(t % 4));
       if (!s.ok() && s.code() != absl::StatusCode::kNotFound) {
-        fail("Reset/Delete other: " + s.ToString());
+        failures.Add("Reset/Delete other: " + s.ToString());
       }
       break;
     }

@@ -55,6 +55,7 @@ from normd.v1 import normalizer_pb2_grpc as pb_grpc  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "testing"))  # normd_process
 import normd_process  # noqa: E402
+from tolerances import U32, U64  # noqa: E402  Unit roundoffs.
 
 DTYPES = {pb.FLOAT32: np.float32, pb.FLOAT64: np.float64, pb.FLOAT16: np.float16}
 # Relative error of rounding once to the 16-bit formats (unit roundoff).
@@ -115,11 +116,6 @@ def check_half(what, got, want, dtype, magnitude):
         i = int(np.argmax(bad.ravel()))
         raise Failure(f"{what}: {got.ravel()[i]!r} vs torch {want.ravel()[i]!r} "
                       f"(bound {bound.ravel()[i]:.3g})")
-
-
-# Unit roundoffs.
-U32 = 2.0 ** -24
-U64 = 2.0 ** -53
 
 
 def spread(groups):
