@@ -16,6 +16,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "server/core/simd/half-inl.h"
+#include "server/core/simd/moments_accumulator-inl.h"
 #include "server/core/simd/ops-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -36,53 +37,26 @@ constexpr int64_t kHalfPrefetchBytes = 8192;
 
 // Exact two-pass moments of x[0..n), n >= 1, in fp64: the mean, then d =
 // x - mean0 and d^2 (not fused), the sum of d correcting for mean0's
-// rounding. Value i in lane i % 8; the values past the last whole 8 go to
-// lanes 0, 1, ...
+// rounding. Value i in lane i % 8.
 template <typename T>
 Moments ExactMoments(const T* HWY_RESTRICT x, int64_t n) {
   const hn::CappedTag<double, kExactLanes> dd;
-  const hn::Rebind<T, decltype(dd)> dt;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
-  // Vectors per panel of lanes: up to 4 accumulators live at once.
-  const int64_t vectors = std::min<int64_t>(4, kExactLanes / lanes);
-  auto load = [&](int64_t i) {
+  auto load = [&](const T* p, int64_t count) NORMD_LAMBDA_INLINE {
+    const auto part = static_cast<size_t>(count);
     if constexpr (std::is_same_v<T, double>) {
-      return hn::LoadU(dd, x + i);
+      return LoadPart(dd, p, part);
     } else {
-      return hn::PromoteTo(dd, hn::LoadU(dt, x + i));
+      return hn::PromoteTo(dd,
+                           LoadPart(hn::Rebind<T, decltype(dd)>(), p, part));
     }
   };
-  const int64_t whole = n / kExactLanes * kExactLanes;
   double sum[kExactLanes];
-  double unused[kExactLanes];
-  for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
-    PanelSums(
-        dd, vectors, p, whole, kExactLanes,
-        [&](int64_t i, int k, auto& s, auto&)
-            NORMD_LAMBDA_INLINE { s = hn::Add(s, load(i + k * lanes)); },
-        sum + p, unused + p);
-  }
-  for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
-    sum[j] += static_cast<double>(x[i]);
-  }
-  const double mean0 = fold::SumLanes(sum) / static_cast<double>(n);
-  const auto center = hn::Set(dd, mean0);
   double dev[kExactLanes];
   double sq[kExactLanes];
-  for (int64_t p = 0; p < kExactLanes; p += vectors * lanes) {
-    PanelSums(
-        dd, vectors, p, whole, kExactLanes,
-        [&](int64_t i, int k, auto& dev_k, auto& sq_k) NORMD_LAMBDA_INLINE {
-          AddDeviation<false>(dd, hn::Sub(load(i + k * lanes), center), dev_k,
-                              sq_k);
-        },
-        dev + p, sq + p);
-  }
-  for (int64_t i = whole, j = 0; i < n; ++i, ++j) {
-    const double d = static_cast<double>(x[i]) - mean0;
-    dev[j] += d;
-    sq[j] += d * d;
-  }
+  AccumulateValues<LaneSums::kSums, kExactLanes>(dd, x, n, 0.0, load, sum, sq);
+  const double mean0 = fold::SumLanes(sum) / static_cast<double>(n);
+  AccumulateValues<LaneSums::kDeviations, kExactLanes>(dd, x, n, mean0, load,
+                                                       dev, sq);
   return fold::Corrected(n, mean0, fold::SumLanes(dev), fold::SumLanes(sq));
 }
 
@@ -113,32 +87,17 @@ constexpr int64_t kShortBatch = 16;
 void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
                   Moments* HWY_RESTRICT out) {
   const hn::CappedTag<float, kShortLanes> d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t whole = n / kShortLanes * kShortLanes;
-  const int64_t rest = n - whole;
-  HWY_ALIGN float padded[kShortBatch][kShortLanes];
+  auto load = [&](const float* p, int64_t values) NORMD_LAMBDA_INLINE {
+    return LoadPart(d, p, static_cast<size_t>(values));
+  };
   HWY_ALIGN float sum[kShortBatch][kShortLanes];
-  HWY_ALIGN float center[kShortBatch];
-  for (int64_t k = 0; k < count; ++k) {
-    const float* row = x + k * n;
-    if (rest > 0) {
-      std::fill(std::copy(row + whole, row + n, padded[k]),
-                padded[k] + kShortLanes, 0.0f);
-    }
-    for (int64_t v = 0; v < kShortLanes; v += lanes) {
-      auto acc = hn::Zero(d);
-      for (int64_t i = v; i < whole; i += kShortLanes) {
-        acc = hn::Add(acc, hn::LoadU(d, row + i));
-      }
-      if (rest > v) {
-        acc = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(rest - v)),
-                             hn::Add(acc, hn::Load(d, padded[k] + v)), acc);
-      }
-      hn::Store(acc, d, sum[k] + v);
-    }
-  }
   HWY_ALIGN float dev[kShortBatch][kShortLanes];
   HWY_ALIGN float sq[kShortBatch][kShortLanes];
+  HWY_ALIGN float center[kShortBatch];
+  for (int64_t k = 0; k < count; ++k) {
+    AccumulateValues<LaneSums::kSums, kShortLanes>(d, x + k * n, n, 0.0f, load,
+                                                   sum[k], sq[k]);
+  }
   // The rows past the batch: zeros, folded with the others and unused.
   for (int64_t k = count; k < kShortBatch; ++k) {
     std::fill_n(sum[k], kShortLanes, 0.0f);
@@ -148,25 +107,8 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   SixteenRowSums(&sum[0][0], center);
   for (int64_t k = 0; k < count; ++k) center[k] /= static_cast<float>(n);
   for (int64_t k = 0; k < count; ++k) {
-    const float* row = x + k * n;
-    const auto shift = hn::Set(d, center[k]);
-    for (int64_t v = 0; v < kShortLanes; v += lanes) {
-      auto dev_acc = hn::Zero(d);
-      auto sq_acc = dev_acc;
-      for (int64_t i = v; i < whole; i += kShortLanes) {
-        const auto e = hn::Sub(hn::LoadU(d, row + i), shift);
-        dev_acc = hn::Add(dev_acc, e);
-        sq_acc = ExactMulAdd(d, e, e, sq_acc);
-      }
-      if (rest > v) {
-        const auto in = hn::FirstN(d, static_cast<size_t>(rest - v));
-        const auto e = hn::Sub(hn::Load(d, padded[k] + v), shift);
-        dev_acc = hn::IfThenElse(in, hn::Add(dev_acc, e), dev_acc);
-        sq_acc = hn::IfThenElse(in, ExactMulAdd(d, e, e, sq_acc), sq_acc);
-      }
-      hn::Store(dev_acc, d, dev[k] + v);
-      hn::Store(sq_acc, d, sq[k] + v);
-    }
+    AccumulateValues<LaneSums::kFusedDeviations, kShortLanes>(
+        d, x + k * n, n, center[k], load, dev[k], sq[k]);
   }
   HWY_ALIGN double shifts[kShortBatch] = {};
   HWY_ALIGN double residuals[kShortBatch];
@@ -238,48 +180,56 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
     }
   }
   const float center = ShiftCenter(values);
-  const auto shift = hn::Set(d, center);
   HWY_ALIGN float dev[kFloatLanes];
   HWY_ALIGN float sq[kFloatLanes];
   double wide_dev[kWideLanes];
   double wide_sq[kWideLanes];
-  int64_t i = 0;
-  while (i + kFloatLanes <= n) {
-    const int64_t len =
-        std::min(kFloatFlush, (n - i) / kFloatLanes * kFloatLanes);
-    for (int64_t p = 0; p < kFloatLanes; p += 4 * lanes) {
-      PanelSums(
-          d, 4, i + p, i + p + len, kFloatLanes,
-          [&](int64_t k, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-            const int64_t at = k + v * lanes;
-            if constexpr (!kFloat) {
-              if (p == 0 && v == 0) {
-                const char* ahead =
-                    reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
-                hwy::Prefetch(ahead);
-                hwy::Prefetch(ahead + 64);
-              }
-            }
-            const auto f = [&]() NORMD_LAMBDA_INLINE {
+  const int64_t i = n / kFloatLanes * kFloatLanes;  // Values in the lanes.
+  AccumulateMoments<LaneSums::kFusedDeviations, kFloatLanes,
+                    kFloatFlush / kFloatLanes>(
+      d, kFloatLanes, n / kFloatLanes, SameShift{center},
+      [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
+        const int64_t k = s * kFloatLanes + at;
+        if constexpr (!kFloat) {
+          if (at == 0) {
+            const char* ahead =
+                reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
+            hwy::Prefetch(ahead);
+            hwy::Prefetch(ahead + 64);
+          }
+        }
+        const auto f = [&]() NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-              if constexpr (kPairs) return PairVector(d, x + at, v);
+          if constexpr (kPairs) return PairVector(d, x + k, v);
 #endif
-              return E::Load(d, x + at);
-            }();
-            if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + at);
-            AddDeviation<true>(d, hn::Sub(f, shift), dev_v, sq_v);
-          },
-          dev + p, sq + p);
-    }
-    // The flush: lane j + 32 onto lane j in fp32, then into fp64.
-    for (int j = 0; j < kWideLanes; ++j) {
-      const double dev_pair = dev[j] + dev[j + kWideLanes];
-      const double sq_pair = sq[j] + sq[j + kWideLanes];
-      wide_dev[j] = i == 0 ? dev_pair : wide_dev[j] + dev_pair;
-      wide_sq[j] = i == 0 ? sq_pair : wide_sq[j] + sq_pair;
-    }
-    i += len;
-  }
+          return E::Load(d, x + k);
+        }();
+        if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + k);
+        return f;
+      },
+      dev, sq,
+      // The flush, once every panel is summed: lane j + 32 onto lane j in
+      // fp32, then into fp64; in vectors, stored as SumLanes reads them (a
+      // narrower store read back wider stalls on store forwarding).
+      [&](int64_t first, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
+        if (p + panel < kFloatLanes) return;
+        const hn::CappedTag<double, 8> dd;
+        const hn::Rebind<float, decltype(dd)> df;
+        auto flush = [&](const float* acc, double* wide) NORMD_LAMBDA_INLINE {
+          for (int j = 0; j < kWideLanes; j += hn::Lanes(dd)) {
+            const auto pair =
+                hn::PromoteTo(dd, hn::Add(hn::LoadU(df, acc + j),
+                                          hn::LoadU(df, acc + j + kWideLanes)));
+            if (first == 0) {
+              hn::StoreU(pair, dd, wide + j);
+            } else {
+              hn::StoreU(hn::Add(hn::LoadU(dd, wide + j), pair), dd, wide + j);
+            }
+          }
+        };
+        flush(dev, wide_dev);
+        flush(sq, wide_sq);
+      });
   const int64_t pair_lanes = kPairs ? lanes : 0;
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev, pair_lanes) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq, pair_lanes) : 0.0;

@@ -14,6 +14,7 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
 #include "server/core/simd/half-inl.h"
+#include "server/core/simd/moments_accumulator-inl.h"
 #include "server/core/simd/ops-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -26,6 +27,7 @@ constexpr int64_t kTile = 64;
 constexpr int64_t kTileFlush = 16;
 constexpr int64_t kShiftSample = 32;
 constexpr int kRunLanes = 16;
+constexpr int kExactChannels = 8;
 // How far ahead a block of two tiles or more prefetches rows into L2 (the
 // hardware prefetcher falls behind at 1 KiB rows).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
@@ -100,38 +102,30 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
   if (pairs) PairOrder(center, width, lanes, /*back=*/false);
   HWY_ALIGN float staged[kTileFlush * kTile];
-  HWY_ALIGN float acc[2 * kTile];
+  HWY_ALIGN float acc_dev[kMaxChannelsLastBlock];
+  HWY_ALIGN float acc_sq[kMaxChannelsLastBlock];
   double narrow_dev[kTile], narrow_sq[kTile];
   double* dev = narrow ? narrow_dev : dev_out;
   double* sq = narrow ? narrow_sq : sq_out;
   std::fill(dev, dev + step_lanes, 0.0);
   std::fill(sq, sq + step_lanes, 0.0);
-  // Adds steps [0, steps) of values(s, at), the lanes [at, at + lanes) of
-  // step s, the first `valid` values only when kMasked (kFull: steps of
-  // kTile values, else of step_values).
+  // Adds one flush interval: steps [0, steps) of values(s, at, v), the
+  // lanes [at, at + lanes) of step s, the first `valid` values only when
+  // kMasked (kFull: steps of kTile values, else of step_values).
   auto add = [&]<bool kMasked, bool kFull = true>(
       int64_t steps, int64_t valid, const auto& values) NORMD_LAMBDA_INLINE {
-    for (int64_t p = 0; p < step_lanes; p += 4 * lanes) {
-      // The panel's shifts, loaded once (GCC reloads them every step).
-      const auto c0 = hn::Load(d, center + p);
-      const auto c1 = hn::Load(d, center + p + lanes);
-      const auto c2 = hn::Load(d, center + p + 2 * lanes);
-      const auto c3 = hn::Load(d, center + p + 3 * lanes);
-      PanelSums(
-          d, 4, 0, steps, 1,
-          [&](int64_t s, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-            const int64_t at = p + v * lanes;
-            const auto shift = v == 0 ? c0 : v == 1 ? c1 : v == 2 ? c2 : c3;
-            AddDeviation<true>(
-                d, hn::Sub(values(s, at, v), shift), dev_v, sq_v,
-                !kMasked ? INT64_MAX
-                : kFull  ? valid - (s * kTile + at)
-                         : std::min(step_values, valid - s * step_values) - at);
-          },
-          acc, acc + kTile);
-      AddWidened(acc, dev + p, 4 * lanes);
-      AddWidened(acc + kTile, sq + p, 4 * lanes);
-    }
+    AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
+        d, step_lanes, steps, LaneShifts<float>{center}, values, acc_dev,
+        acc_sq,
+        [&](int64_t, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
+          AddWidened(acc_dev + p, dev + p, panel);
+          AddWidened(acc_sq + p, sq + p, panel);
+        },
+        [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE -> int64_t {
+          if constexpr (!kMasked) return INT64_MAX;
+          if constexpr (kFull) return valid - (s * kTile + at);
+          return std::min(step_values, valid - s * step_values) - at;
+        });
   };
   const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
   const int64_t ahead = std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
@@ -227,13 +221,15 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
   const hn::CappedTag<double, kRunLanes> dd;
   const hn::Rebind<float, decltype(dd)> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
-  const int64_t vectors = std::min<int64_t>(4, kRunLanes / lanes);
-  const int64_t whole = inner / kRunLanes * kRunLanes;
-  const int64_t rest = inner - whole;
-  auto load = [&](const Stored* p) {
+  // A whole vector read in place, unless a tail's would pass `end`.
+  auto load = [&](const Stored* p, int64_t count) NORMD_LAMBDA_INLINE {
+    if (count < lanes && p + lanes > end) {
+      Stored padded[kRunLanes] = {};
+      std::copy(p, p + count, padded);
+      return hn::PromoteTo(dd, E::Load(df, padded));
+    }
     return hn::PromoteTo(dd, E::Load(df, p));
   };
-  Stored padded[kRunLanes] = {};
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c = 0; c < width; ++c) {
       const Stored* run = x + r * stride + (c0 + c) * inner;
@@ -243,32 +239,97 @@ void RunSums(const Stored* HWY_RESTRICT x, const Stored* end, int64_t inner,
         center_out[c] = fold::SumLanes(first) / kRunLanes;
         dev_out[c] = sq_out[c] = 0.0;
       }
-      const auto center = hn::Set(dd, center_out[c]);
-      const Stored* tail = run + whole;
-      if (rest > 0 && tail + kRunLanes > end) {
-        std::copy(tail, tail + rest, padded);
-        tail = padded;
-      }
       double dev[kRunLanes];
       double sq[kRunLanes];
-      for (int64_t p = 0; p < kRunLanes; p += vectors * lanes) {
-        PanelSums(
-            dd, vectors, p, whole, kRunLanes,
-            [&](int64_t i, int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-              AddDeviation<false>(
-                  dd, hn::Sub(load(run + i + v * lanes), center), dev_v, sq_v);
-            },
-            dev + p, sq + p,
-            // The tail: value whole + j in lane j < rest.
-            [&](int v, auto& dev_v, auto& sq_v) NORMD_LAMBDA_INLINE {
-              const int64_t at = p + v * lanes;
-              if (at >= rest) return;
-              AddDeviation<false>(dd, hn::Sub(load(tail + at), center), dev_v,
-                                  sq_v, rest - at);
-            });
-      }
+      AccumulateValues<LaneSums::kDeviations, kRunLanes>(
+          dd, run, inner, center_out[c], load, dev, sq);
       dev_out[c] += FoldArray<kRunLanes>(dev);
       sq_out[c] += FoldArray<kRunLanes>(sq);
+    }
+  }
+}
+
+// Stored values [p, p + count) in fp64 lanes.
+template <DType kType, class DD, typename Stored>
+HWY_INLINE hn::Vec<DD> LoadAsDouble(DD dd, const Stored* p, size_t count) {
+  if constexpr (kType == DType::kFloat64) {
+    return LoadPart(dd, p, count);
+  } else {
+    const hn::Rebind<float, DD> df;
+    if constexpr (kType == DType::kFloat32) {
+      return hn::PromoteTo(dd, LoadPart(df, p, count));
+    } else {
+      return hn::PromoteTo(
+          dd, WidenHalfBits<kType>(
+                  df, LoadPart(HalfBitsTag<decltype(df)>(), p, count)));
+    }
+  }
+}
+
+// The exact loops for channels [from, width) of the block: each channel's
+// mean, then d = x - mean and d^2 (not fused), in fp64, its values in
+// order. Channels-last: a lane per channel, a step per row; otherwise one
+// lane per channel, continued run by run.
+template <DType kType, typename Stored>
+void ExactChannelSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
+                      const ChannelRowBlock& block, int64_t from,
+                      double* HWY_RESTRICT sum, double* HWY_RESTRICT dev,
+                      double* HWY_RESTRICT sq) {
+  using E = Elements<kType>;
+  const int64_t width = block.width();
+  const int64_t inner = layout.inner;
+  const int64_t stride = layout.channels * inner;
+  const int64_t rows = block.r1 - block.r0;
+  const auto count = static_cast<double>(rows * inner);
+  if (inner == 1) {
+    const hn::CappedTag<double, kExactChannels> dd;
+    const int64_t channels = width - from;
+    const int64_t vector = static_cast<int64_t>(hn::Lanes(dd));
+    auto load = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+      return LoadAsDouble<kType>(
+          dd, x + (block.r0 + s) * stride + block.c0 + from + at,
+          static_cast<size_t>(std::clamp<int64_t>(channels - at, 0, vector)));
+    };
+    auto valid = [&](int64_t, int64_t at)
+                     NORMD_LAMBDA_INLINE { return channels - at; };
+    const int64_t lanes = hwy::RoundUpTo(channels, kExactChannels);
+    HWY_ALIGN double mean[kMaxChannelsLastBlock + kExactChannels] = {};
+    HWY_ALIGN double lane_dev[kMaxChannelsLastBlock + kExactChannels];
+    HWY_ALIGN double lane_sq[kMaxChannelsLastBlock + kExactChannels];
+    AccumulateMoments<LaneSums::kSums, kExactChannels>(
+        dd, lanes, rows, SameShift{0.0}, load, mean, lane_sq, NoFlush(), valid);
+    for (int64_t c = 0; c < channels; ++c) mean[c] /= count;
+    AccumulateMoments<LaneSums::kDeviations, kExactChannels>(
+        dd, lanes, rows, LaneShifts<double>{mean}, load, lane_dev, lane_sq,
+        NoFlush(), valid);
+    std::copy(mean, mean + channels, sum + from);
+    std::copy(lane_dev, lane_dev + channels, dev + from);
+    std::copy(lane_sq, lane_sq + channels, sq + from);
+    return;
+  }
+  std::fill(sum + from, sum + width, 0.0);
+  std::fill(dev + from, dev + width, 0.0);
+  std::fill(sq + from, sq + width, 0.0);
+  const hn::CappedTag<double, 1> d1;
+  for (LaneSums pass : {LaneSums::kSums, LaneSums::kDeviations}) {
+    for (int64_t r = block.r0; r < block.r1; ++r) {
+      const Stored* HWY_RESTRICT row = x + r * stride + block.c0 * inner;
+      for (int64_t c = from; c < width; ++c) {
+        const auto run = [&](int64_t s, int64_t, int) NORMD_LAMBDA_INLINE {
+          return hn::Set(d1,
+                         static_cast<double>(E::Scalar(row[c * inner + s])));
+        };
+        if (pass == LaneSums::kSums) {  // sq[c] stays as it is.
+          AccumulateMoments<LaneSums::kSums, 1, 0, StartFrom::kSums>(
+              d1, 1, inner, SameShift{0.0}, run, sum + c, sq + c, NoFlush());
+        } else {
+          AccumulateMoments<LaneSums::kDeviations, 1, 0, StartFrom::kSums>(
+              d1, 1, inner, SameShift{sum[c]}, run, dev + c, sq + c, NoFlush());
+        }
+      }
+    }
+    if (pass == LaneSums::kSums) {
+      for (int64_t c = from; c < width; ++c) sum[c] /= count;
     }
   }
 }
@@ -281,7 +342,6 @@ template <DType kType, typename Stored = typename Elements<kType>::Stored>
 bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                const ChannelRowBlock& block, bool fast,
                double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out) {
-  using E = Elements<kType>;
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t stride = layout.channels * inner;
@@ -316,30 +376,8 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                    block.r0, block.r1, sum, dev, sq);
     done = width;
   }
-  std::fill(sum + done, sum + width, 0.0);
-  std::fill(dev + done, dev + width, 0.0);
-  std::fill(sq + done, sq + width, 0.0);
-  for (int64_t r = block.r0; r < block.r1; ++r) {
-    const Stored* HWY_RESTRICT row = x + r * stride + block.c0 * inner;
-    for (int64_t c = done; c < width; ++c) {
-      for (int64_t i = 0; i < inner; ++i) {
-        sum[c] += static_cast<double>(E::Scalar(row[c * inner + i]));
-      }
-    }
-  }
+  ExactChannelSums<kType>(x, layout, block, done, sum, dev, sq);
   const int64_t count = (block.r1 - block.r0) * inner;
-  for (int64_t c = done; c < width; ++c) sum[c] /= static_cast<double>(count);
-  for (int64_t r = block.r0; r < block.r1; ++r) {
-    const Stored* HWY_RESTRICT row = x + r * stride + block.c0 * inner;
-    for (int64_t c = done; c < width; ++c) {
-      for (int64_t i = 0; i < inner; ++i) {
-        const double d =
-            static_cast<double>(E::Scalar(row[c * inner + i])) - sum[c];
-        dev[c] += d;
-        sq[c] += d * d;
-      }
-    }
-  }
   bool accurate = true;
   for (int64_t c = 0; c < width; ++c) {
     out[c] = fold::Corrected(count, sum[c], dev[c], sq[c]);

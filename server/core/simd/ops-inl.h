@@ -1,9 +1,8 @@
 // Operations the kernels build from Highway 1.0.3's, with the same bits on
 // every target: fp64 to fp32 as a cast rounds, a multiply-add that rounds
-// once, loads and stores of a vector's first lanes, fold::FoldHalves and
-// fold::SixteenRowSums in registers, and the lane sums of a panel of
-// vectors. Include in files compiled per target (foreach_target.h), after
-// hwy/highway.h. Pure functions.
+// once, loads and stores of a vector's first lanes, and fold::FoldHalves and
+// fold::SixteenRowSums in registers. Include in files compiled per target
+// (foreach_target.h), after hwy/highway.h. Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -241,73 +240,6 @@ HWY_INLINE void SixteenRowSums(const float* HWY_RESTRICT rows,
 #else
   fold::SixteenRowSums(rows, out);
 #endif
-}
-
-// dev += e and sq += e^2 (fused, rounded once, when kFused) in the first
-// `count` lanes, all of them when count is at least the lane count.
-template <bool kFused, class D, class V = hn::Vec<D>>
-HWY_INLINE void AddDeviation(D d, V e, V& dev, V& sq,
-                             int64_t count = INT64_MAX) {
-  V square;
-  if constexpr (kFused) {
-    square = ExactMulAdd(d, e, e, sq);
-  } else {
-    square = hn::Add(sq, hn::Mul(e, e));
-  }
-  if (count >= static_cast<int64_t>(hn::Lanes(d))) {
-    dev = hn::Add(dev, e);
-    sq = square;
-  } else if (count > 0) {
-    const auto in = hn::FirstN(d, static_cast<size_t>(count));
-    dev = hn::IfThenElse(in, hn::Add(dev, e), dev);
-    sq = hn::IfThenElse(in, square, sq);
-  }
-}
-
-// Does nothing: PanelSums without a tail.
-struct NoPanelTail {
-  template <class V>
-  HWY_INLINE void operator()(int, V&, V&) const {}
-};
-
-// The lane sums of a panel of `vectors` (1, 2 or 4) vectors in registers:
-// add(i, k, dev_k, sq_k) for i in [begin, end) by `step` and each vector
-// k, then tail(k, dev_k, sq_k), then the sums stored in order at dev, sq.
-template <class D, class Add, class Tail = NoPanelTail>
-HWY_INLINE void PanelSums(D d, int64_t vectors, int64_t begin, int64_t end,
-                          int64_t step, const Add& add,
-                          hn::TFromD<D>* HWY_RESTRICT dev,
-                          hn::TFromD<D>* HWY_RESTRICT sq,
-                          const Tail& tail = {}) {
-  const size_t lanes = hn::Lanes(d);
-  auto dev0 = hn::Zero(d), dev1 = dev0, dev2 = dev0, dev3 = dev0;
-  auto sq0 = dev0, sq1 = dev0, sq2 = dev0, sq3 = dev0;
-  for (int64_t i = begin; i < end; i += step) {
-    add(i, 0, dev0, sq0);
-    if (vectors > 1) add(i, 1, dev1, sq1);
-    if (vectors > 2) {
-      add(i, 2, dev2, sq2);
-      add(i, 3, dev3, sq3);
-    }
-  }
-  tail(0, dev0, sq0);
-  if (vectors > 1) tail(1, dev1, sq1);
-  if (vectors > 2) {
-    tail(2, dev2, sq2);
-    tail(3, dev3, sq3);
-  }
-  hn::StoreU(dev0, d, dev);
-  hn::StoreU(sq0, d, sq);
-  if (vectors > 1) {
-    hn::StoreU(dev1, d, dev + lanes);
-    hn::StoreU(sq1, d, sq + lanes);
-  }
-  if (vectors > 2) {
-    hn::StoreU(dev2, d, dev + 2 * lanes);
-    hn::StoreU(sq2, d, sq + 2 * lanes);
-    hn::StoreU(dev3, d, dev + 3 * lanes);
-    hn::StoreU(sq3, d, sq + 3 * lanes);
-  }
 }
 
 }  // namespace HWY_NAMESPACE
