@@ -30,6 +30,14 @@ namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The bit pattern of v. Not testing::Bits (tests/testing/reference.h):
+// declaring normd::testing breaks HWY_BEFORE_TEST's unqualified testing::.
+template <typename T>
+uint64_t Bits(T v) {
+  return sizeof(T) == 4 ? std::bit_cast<uint32_t>(static_cast<float>(v))
+                        : std::bit_cast<uint64_t>(static_cast<double>(v));
+}
+
 // One accumulation's inputs: `whole` steps of `lanes` values, a partial
 // step of `partial` values (0: none), the lanes' shifts, and how many
 // lanes of each step hold values.
@@ -156,15 +164,6 @@ std::vector<T> Accumulated(const Case<T>& c) {
     run.template operator()<0>();
   }
   return flushes;
-}
-
-template <typename T>
-auto Bits(T v) {
-  if constexpr (sizeof(T) == 4) {
-    return std::bit_cast<uint32_t>(v);
-  } else {
-    return std::bit_cast<uint64_t>(v);
-  }
 }
 
 template <LaneSums kAdd, StartFrom kStart, int kLanes, typename T>

@@ -11,23 +11,16 @@
 #include <vector>
 
 #include "tests/testing/core_cases.h"
+#include "tests/testing/reference.h"
 #include "tests/testing/row_affine_calls.h"
 #include "tests/testing/simd_targets.h"
 
 namespace normd {
 namespace {
 
+using ::normd::testing::Bits;
 using ::normd::testing::ForEachSimdTarget;
 using ::normd::testing::RandomValues;
-
-template <typename T>
-uint64_t Bits(T v) {
-  if constexpr (sizeof(T) == 4) {
-    return std::bit_cast<uint32_t>(v);
-  } else {
-    return std::bit_cast<uint64_t>(v);
-  }
-}
 
 TEST(RowAffineTest, FloatAndDoubleRowsAreTheirFormulasOnEveryTarget) {
   const auto wide = RandomValues<double>(3 * 67, 43, 1e4, 3.0);

@@ -5,12 +5,24 @@
 #define NORMD_TESTS_TESTING_REFERENCE_H_
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 namespace normd::testing {
+
+// The bit pattern of a float or double, for comparisons that NaN payloads
+// and signed zeros must not pass.
+template <typename T>
+uint64_t Bits(T v) {
+  if constexpr (sizeof(T) == 4) {
+    return std::bit_cast<uint32_t>(v);
+  } else {
+    return std::bit_cast<uint64_t>(v);
+  }
+}
 
 // Per-channel mean and biased variance, two passes in long double.
 struct RefStats {

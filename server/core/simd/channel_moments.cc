@@ -102,8 +102,12 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
   if (pairs) PairOrder(center, width, lanes, /*back=*/false);
   HWY_ALIGN float staged[kTileFlush * kTile];
-  HWY_ALIGN float acc_dev[kMaxChannelsLastBlock];
-  HWY_ALIGN float acc_sq[kMaxChannelsLastBlock];
+  // The interval's fp32 sums: S1 at acc, S2 a tile further than the widest
+  // block, so that the two are not 4 KiB apart (a load from one after a
+  // store to the other would wait on it: 4K aliasing).
+  HWY_ALIGN float acc[2 * kMaxChannelsLastBlock + kTile];
+  float* acc_dev = acc;
+  float* acc_sq = acc + kMaxChannelsLastBlock + kTile;
   double narrow_dev[kTile], narrow_sq[kTile];
   double* dev = narrow ? narrow_dev : dev_out;
   double* sq = narrow ? narrow_sq : sq_out;
