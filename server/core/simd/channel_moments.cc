@@ -114,22 +114,36 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   std::fill(dev, dev + step_lanes, 0.0);
   std::fill(sq, sq + step_lanes, 0.0);
   // Adds one flush interval: steps [0, steps) of values(s, at, v), the
-  // lanes [at, at + lanes) of step s, the first `valid` values only when
-  // kMasked (kFull: steps of kTile values, else of step_values).
+  // lanes [at, at + lanes) of step s. kMasked: the first `valid` values
+  // only; kFull: steps of kTile values, the whole ones read by whole(s, at,
+  // v) and the last, partial, by values; else steps of step_values, each
+  // masked.
   auto add = [&]<bool kMasked, bool kFull = true>(
-      int64_t steps, int64_t valid, const auto& values) NORMD_LAMBDA_INLINE {
-    AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
-        d, step_lanes, steps, LaneShifts<float>{center}, values, acc_dev,
-        acc_sq,
-        [&](int64_t, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
-          AddWidened(acc_dev + p, dev + p, panel);
-          AddWidened(acc_sq + p, sq + p, panel);
-        },
-        [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE -> int64_t {
-          if constexpr (!kMasked) return INT64_MAX;
-          if constexpr (kFull) return valid - (s * kTile + at);
-          return std::min(step_values, valid - s * step_values) - at;
-        });
+      int64_t steps, int64_t valid, const auto& values, const auto& whole)
+      NORMD_LAMBDA_INLINE {
+    const LaneShifts<float> shift{center};
+    auto flush = [&](int64_t, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
+      AddWidened(acc_dev + p, dev + p, panel);
+      AddWidened(acc_sq + p, sq + p, panel);
+    };
+    if constexpr (!kMasked) {
+      AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
+          d, step_lanes, steps, shift, values, acc_dev, acc_sq, flush);
+    } else if constexpr (kFull) {
+      const int64_t full = valid / kTile;
+      AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
+          d, step_lanes, full, shift, whole, acc_dev, acc_sq, flush,
+          EveryLane(),
+          PartialStep{valid - full * kTile,
+                      [&](int64_t at)
+                          NORMD_LAMBDA_INLINE { return values(full, at, 0); }});
+    } else {
+      AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
+          d, step_lanes, steps, shift, values, acc_dev, acc_sq, flush,
+          [&](int64_t s, int64_t at) NORMD_LAMBDA_INLINE {
+            return std::min(step_values, valid - s * step_values) - at;
+          });
+    }
   };
   const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
   const int64_t ahead = std::max<int64_t>(1, kRowsPrefetchBytes / row_bytes);
@@ -144,16 +158,18 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         const Stored* interval = x + f * stride;
         auto read = [&]<bool kFull>() NORMD_LAMBDA_INLINE {
           const int64_t step = kFull ? kTile : step_values;
-          add.template operator()<true, kFull>(
-              steps, values,
-              [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-                // Lanes past the step read the next step's values (add
-                // masks them off); only the interval's end is not read past.
-                const int64_t q = s * step + at;
-                return E::Load(interval, q,
-                               static_cast<size_t>(
-                                   std::clamp<int64_t>(values - q, 0, lanes)));
-              });
+          // Lanes past the step read the next step's values (add masks them
+          // off); only the interval's end is not read past.
+          auto part = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+            const int64_t q = s * step + at;
+            return E::Load(
+                interval, q,
+                static_cast<size_t>(std::clamp<int64_t>(values - q, 0, lanes)));
+          };
+          auto whole = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+            return E::Load(d, interval + s * kTile + at);
+          };
+          add.template operator()<true, kFull>(steps, values, part, whole);
         };
         if (step_values == kTile) {
           read.template operator()<true>();
@@ -171,10 +187,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         }
         for (; j < width; ++j) to[j] = E::Scalar(from[j]);
       }
-      add.template operator()<true>(
-          steps, values, [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-            return hn::Load(d, staged + s * kTile + at);
-          });
+      auto from_staged = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+        return hn::Load(d, staged + s * kTile + at);
+      };
+      add.template operator()<true>(steps, values, from_staged, from_staged);
       continue;
     }
     for (int64_t r = f; r < f_end && r + ahead < prefetch_end; ++r) {
@@ -184,14 +200,14 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
         __builtin_prefetch(row + line, 0, 2);
       }
     }
-    add.template operator()<false>(
-        f_end - f, 0, [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
-          const Stored* row = x + (f + s) * stride + c;
+    auto tile_rows = [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
+      const Stored* row = x + (f + s) * stride + c;
 #if HWY_TARGET != HWY_SCALAR
-          if constexpr (kPairOrder) return PairVector(d, row + at, v);
+      if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
-          return E::Load(d, row + at);
-        });
+      return E::Load(d, row + at);
+    };
+    add.template operator()<false>(f_end - f, 0, tile_rows, tile_rows);
   }
   if (pairs) {
     PairOrder(center, width, lanes, /*back=*/true);
