@@ -57,6 +57,8 @@ struct SameShift {
   }
 };
 template <typename T>
+SameShift(T) -> SameShift<T>;  // For clang before 17 (no aggregate CTAD).
+template <typename T>
 struct LaneShifts {
   static constexpr bool kSame = false;
   const T* shift;
