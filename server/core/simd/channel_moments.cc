@@ -301,6 +301,7 @@ void ExactChannelSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
   const int64_t stride = layout.channels * inner;
   const int64_t rows = block.r1 - block.r0;
   const auto count = static_cast<double>(rows * inner);
+  if (from == width) return;  // The fast paths summed every channel.
   if (inner == 1) {
     const hn::CappedTag<double, kExactChannels> dd;
     const int64_t channels = width - from;

@@ -13,9 +13,10 @@
 //   the sums start (StartFrom).
 // The kernels: ExactMoments (8 fp64 lanes), ShortMoments (16 fp32 lanes),
 // LongMoments (64 fp32 lanes flushed every 16 steps; block_moments.cc),
-// ChannelsLastSums (a lane per channel, flushed every 16 rows), RunSums (16
-// fp64 lanes per run) and the exact channel loops (one fp64 lane per
-// channel, continued run by run; channel_moments.cc). Include in files
+// ChannelsLastSums (a lane per channel, one call per 16-row interval),
+// RunSums (16 fp64 lanes per run) and ExactChannelSums (channels-last: an
+// fp64 lane per channel; else one lane continued run by run;
+// channel_moments.cc). Include in files
 // compiled per target, after hwy/highway.h. Pure functions.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
@@ -125,7 +126,8 @@ HWY_INLINE void AddLanes(D d, V x, V shift, V& dev, V& sq,
 // the panel), its first count(s, at) lanes only; after the last step, the
 // partial step (one interval only); then dev[p..p + n) and sq[p..p + n)
 // hold the panel's sums for the interval and flush(first_step, p, n) is
-// called (from the registers, in the kernels that add them on at once).
+// called, while they are still in L1 (kernels that need every panel act
+// on the last).
 template <LaneSums kAdd, int kPanelLanes, int64_t kFlushSteps = 0,
           StartFrom kStart = StartFrom::kZero, class D, class Shift, class Load,
           class Flush, class Count = EveryLane, class Partial = NoPartialStep>
