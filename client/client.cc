@@ -149,6 +149,26 @@ absl::StatusOr<v1::ModelState> NormdClient::ResetModel(absl::string_view name) {
   });
 }
 
+absl::StatusOr<v1::ModelState> NormdClient::SetReference(
+    const v1::SetReferenceRequest& request) {
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, request.model());
+    return stub_->SetReference(&context, request, response);
+  });
+}
+
+absl::StatusOr<v1::ModelState> NormdClient::ClearReference(
+    absl::string_view name) {
+  v1::ClearReferenceRequest request;
+  request.set_model(std::string(name));
+  return Unary<v1::ModelState>([&](v1::ModelState* response) {
+    grpc::ClientContext context;
+    Prepare(context, name);
+    return stub_->ClearReference(&context, request, response);
+  });
+}
+
 absl::StatusOr<v1::ModelState> NormdClient::ExportModel(
     absl::string_view name) {
   v1::ExportModelRequest request;

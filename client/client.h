@@ -80,6 +80,11 @@ class NormdClient {
   absl::StatusOr<v1::ModelState> MergeModel(absl::string_view name,
                                             const v1::ModelState& source);
 
+  // Sets model request.model()'s drift reference; removes model `name`'s.
+  absl::StatusOr<v1::ModelState> SetReference(
+      const v1::SetReferenceRequest& request);
+  absl::StatusOr<v1::ModelState> ClearReference(absl::string_view name);
+
   // Sends every request on one NormalizeStream and returns the responses in
   // order (per-request failures are in each response's `error`).
   absl::StatusOr<std::vector<v1::NormalizeResponse>> NormalizeStream(

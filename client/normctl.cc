@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/checkpoint/checkpoint.h"
 #include "client/checkpoint/safetensors.h"
@@ -134,6 +135,12 @@ void PrintJson(const google::protobuf::Message& message) {
   std::cout << MessageToJson(message);
 }
 
+// "running", "pooled", "explicit" or "checkpoint".
+std::string SourceName(v1::ReferenceSource source) {
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(v1::ReferenceSource_Name(source), "REFERENCE_"));
+}
+
 void PrintModel(const v1::ModelState& m) {
   std::cout << absl::StrFormat(
       "model %s\n  num_features: %d  eps: %g  %s  use_pooled_statistics: %s\n"
@@ -152,6 +159,11 @@ void PrintModel(const v1::ModelState& m) {
     }
     std::cout << "  weight: " << FormatList(m.weight()) << "\n"
               << "  bias:   " << FormatList(m.bias()) << "\n";
+  }
+  if (m.has_reference()) {
+    std::cout << "  reference (" << SourceName(m.reference().source())
+              << "): mean " << FormatList(m.reference().mean()) << "  var "
+              << FormatList(m.reference().var()) << "\n";
   }
 }
 
@@ -551,6 +563,122 @@ int RunList(NormdClient& client) {
   return kExitOk;
 }
 
+// A measure of a drift report for a table: "-" while absent.
+std::string Measure(bool present, double value) {
+  return present ? absl::StrFormat("%.4g", value) : std::string("-");
+}
+
+// `drift`: every model with a reference by kl_max, or one model's summary
+// and its ten worst channels.
+int RunDrift(NormdClient& client) {
+  const std::string name = absl::GetFlag(FLAGS_model);
+  if (!name.empty()) {
+    absl::StatusOr<v1::ModelState> model = client.GetModel(name);
+    if (!model.ok()) return Fail(model.status());
+    if (!model->has_drift()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "model '", name,
+          "' has no drift reference (normctl set-reference sets one)")));
+    }
+    const v1::DriftReport& d = model->drift();
+    if (Json()) {
+      PrintJson(d);
+      return kExitOk;
+    }
+    std::cout << absl::StrFormat(
+        "model %s\n  reference: %s, set %s\n  window: %d samples per channel "
+        "in the last %d s\n",
+        name, SourceName(d.reference_source()),
+        absl::FormatTime(absl::FromUnixNanos(d.reference_set_unix_nanos()),
+                         absl::UTCTimeZone()),
+        d.window_samples(), d.window_seconds());
+    if (!d.has_kl_max()) {
+      std::cout << "  no measures yet: fewer samples than the server's "
+                   "--drift_min_samples\n";
+      return kExitOk;
+    }
+    std::cout << absl::StrFormat(
+        "  kl_max: %.4g  kl_mean: %.4g  shift_max: %.4g  channels_drifted: "
+        "%d of %d\n",
+        d.kl_max(), d.kl_mean(), d.shift_max(), d.channels_drifted(),
+        d.kl_size());
+    std::vector<int> order(d.kl_size());
+    for (int c = 0; c < d.kl_size(); ++c) order[c] = c;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return d.kl(a) > d.kl(b); });
+    order.resize(std::min<size_t>(order.size(), 10));
+    std::vector<std::vector<std::string>> rows = {{"CHANNEL", "KL", "SHIFT"}};
+    for (int c : order) {
+      rows.push_back({absl::StrCat(c), absl::StrFormat("%.4g", d.kl(c)),
+                      absl::StrFormat("%.4g", d.shift(c))});
+    }
+    PrintTable(rows);
+    return kExitOk;
+  }
+  absl::StatusOr<v1::ListModelsResponse> list = client.ListModels();
+  if (!list.ok()) return Fail(list.status());
+  std::vector<const v1::ModelState*> models;
+  for (const v1::ModelState& m : list->models()) {
+    if (m.has_drift()) models.push_back(&m);
+  }
+  std::stable_sort(models.begin(), models.end(),
+                   [](const v1::ModelState* a, const v1::ModelState* b) {
+                     const v1::DriftReport& x = a->drift();
+                     const v1::DriftReport& y = b->drift();
+                     if (x.has_kl_max() != y.has_kl_max()) {
+                       return x.has_kl_max();
+                     }
+                     return x.kl_max() > y.kl_max();
+                   });
+  if (Json()) {
+    v1::ListModelsResponse ranked;
+    for (const v1::ModelState* m : models) *ranked.add_models() = *m;
+    PrintJson(ranked);
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows = {{"NAME", "REFERENCE", "SAMPLES",
+                                                 "KL_MAX", "KL_MEAN",
+                                                 "SHIFT_MAX", "DRIFTED"}};
+  for (const v1::ModelState* m : models) {
+    const v1::DriftReport& d = m->drift();
+    rows.push_back(
+        {m->name(), SourceName(d.reference_source()),
+         absl::StrCat(d.window_samples()), Measure(d.has_kl_max(), d.kl_max()),
+         Measure(d.has_kl_mean(), d.kl_mean()),
+         Measure(d.has_shift_max(), d.shift_max()),
+         d.has_channels_drifted()
+             ? absl::StrCat(d.channels_drifted(), "/", m->num_features())
+             : std::string("-")});
+  }
+  PrintTable(rows);
+  return kExitOk;
+}
+
+// `set-reference --from=running|pooled` and `clear-reference`.
+int RunReference(NormdClient& client, absl::string_view command) {
+  const std::string name = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<v1::ModelState> model;
+  if (command == "clear-reference") {
+    model = client.ClearReference(name);
+  } else {
+    const std::string from = absl::GetFlag(FLAGS_from);
+    v1::SetReferenceRequest request;
+    request.set_model(name);
+    if (from == "running") {
+      request.set_source(v1::REFERENCE_RUNNING);
+    } else if (from == "pooled") {
+      request.set_source(v1::REFERENCE_POOLED);
+    } else {
+      return FailLocal(absl::InvalidArgumentError(absl::StrCat(
+          "--from: must be running or pooled, got \"", from, "\"")));
+    }
+    model = client.SetReference(request);
+  }
+  if (!model.ok()) return Fail(model.status());
+  Json() ? PrintJson(*model) : PrintModel(*model);
+  return kExitOk;
+}
+
 // --prefix and --input (import-checkpoint) or --output (export-checkpoint)
 // are required: ParseNormctlCommandLine refused their absence.
 int RunImportCheckpoint(NormdClient& client) {
@@ -835,6 +963,10 @@ int Main(int argc, char** argv) {
   if (command == "fit") return RunFit(*client, options.timeout);
   if (command == "create") return RunCreate(*client);
   if (command == "list") return RunList(*client);
+  if (command == "drift") return RunDrift(*client);
+  if (command == "set-reference" || command == "clear-reference") {
+    return RunReference(*client, command);
+  }
   if (command == "import-checkpoint") return RunImportCheckpoint(*client);
   if (command == "export-checkpoint") return RunExportCheckpoint(*client);
   if (command == "health") return RunHealth(*client);

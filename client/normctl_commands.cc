@@ -245,6 +245,33 @@ const std::vector<Command>& Commands() {
        {{"model", "The model."}},
        {"model"},
        {}},
+      {"drift",
+       "[--model=NAME]",
+       "Input drift against each model's reference statistics, over the "
+       "server's observation window (--drift_buckets x "
+       "--drift_bucket_seconds). Without --model: every model with a "
+       "reference, the largest kl_max first (\"-\": fewer samples than "
+       "--drift_min_samples yet). With --model: its summary and its ten "
+       "worst channels by kl.",
+       {{"model", "Only this model, with its worst channels."}},
+       {},
+       {}},
+      {"set-reference",
+       "--model=NAME --from=running|pooled",
+       "Sets a model's drift reference to its running statistics or its "
+       "exact pooled statistics as they are now (after a recalibration, "
+       "say): its inputs are compared with them from then on.",
+       {{"model", "The model."},
+        {"from", "running or pooled: which of the model's statistics."}},
+       {"model", "from"},
+       {}},
+      {"clear-reference",
+       "--model=NAME",
+       "Removes a model's drift reference: its inputs are no longer "
+       "observed.",
+       {{"model", "The model."}},
+       {"model"},
+       {}},
       {"export",
        "--model=NAME [--state_file=NAME.json]",
        "Writes a model's complete state (configuration, running and pooled "

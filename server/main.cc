@@ -77,6 +77,26 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{1} << 30,
           "training step never fails for want of memory; creating or "
           "growing past the budget is RESOURCE_EXHAUSTED naming this flag. "
           "Metric normd_model_bytes.");
+ABSL_FLAG(int64_t, drift_buckets, 10,
+          "Drift: the observation window of a model with a reference is this "
+          "many buckets of --drift_bucket_seconds; the oldest expires as a "
+          "new one starts (1..1000). Each costs 24 bytes per channel of "
+          "every observed model.");
+ABSL_FLAG(int64_t, drift_bucket_seconds, 60,
+          "Drift: the length of one window bucket in seconds (>= 1).");
+ABSL_FLAG(int64_t, drift_sample_every, 1,
+          "Drift: observe every Nth request of each model with a reference "
+          "(1: every request; >= 1).");
+ABSL_FLAG(int64_t, drift_min_samples, 1000,
+          "Drift: below this many values per channel in the window the "
+          "measures (kl_max, ...) are absent rather than noise (>= 1).");
+ABSL_FLAG(double, drift_threshold, 0.1,
+          "Drift: a channel whose symmetric KL divergence from the reference "
+          "is above this counts in channels_drifted (finite, >= 0).");
+ABSL_FLAG(int64_t, max_drift_models, 1000,
+          "Drift: the most models with a drift reference that get their own "
+          "normd_model_drift_* series (the largest kl_max first); the rest "
+          "are counted in normd_drift_models_unexported (>= 0).");
 ABSL_FLAG(int, max_rank, 32,
           "Most dims of a request tensor (input, weight, bias); more is "
           "INVALID_ARGUMENT naming the field and this flag.");
@@ -227,6 +247,12 @@ int main(int argc, char** argv) {
   options.max_num_features = absl::GetFlag(FLAGS_max_num_features);
   options.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   options.max_rank = absl::GetFlag(FLAGS_max_rank);
+  options.drift = {.buckets = absl::GetFlag(FLAGS_drift_buckets),
+                   .bucket_seconds = absl::GetFlag(FLAGS_drift_bucket_seconds),
+                   .sample_every = absl::GetFlag(FLAGS_drift_sample_every),
+                   .min_samples = absl::GetFlag(FLAGS_drift_min_samples),
+                   .threshold = absl::GetFlag(FLAGS_drift_threshold)};
+  options.max_drift_models = absl::GetFlag(FLAGS_max_drift_models);
   options.stream_idle_timeout = absl::GetFlag(FLAGS_stream_idle_timeout);
   options.tbb_threads = absl::GetFlag(FLAGS_tbb_threads);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);

@@ -90,6 +90,25 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "--max_model_bytes >= 0, --tbb_threads >= 0 and --buffer_pool_bytes "
         ">= 0");
   }
+  if (options.drift.buckets < 1 || options.drift.buckets > 1000 ||
+      options.drift.bucket_seconds < 1 || options.drift.sample_every < 1 ||
+      options.drift.min_samples < 1 ||
+      !(options.drift.threshold >= 0 &&
+        options.drift.threshold < std::numeric_limits<double>::infinity())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drift_buckets must be in 1..1000 (got ", options.drift.buckets,
+        "), --drift_bucket_seconds, --drift_sample_every and "
+        "--drift_min_samples >= 1 (got ",
+        options.drift.bucket_seconds, ", ", options.drift.sample_every, ", ",
+        options.drift.min_samples,
+        ") and --drift_threshold finite and >= 0 "
+        "(got ",
+        options.drift.threshold, ")"));
+  }
+  if (options.max_drift_models < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_drift_models: must be >= 0, got ", options.max_drift_models));
+  }
   if (options.max_rank < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_rank: must be >= 1, got ", options.max_rank));
@@ -136,7 +155,13 @@ class NormdServer::StateObserver final : public state::DurabilityObserver {
 
 NormdServer::NormdServer(const ServerOptions& options) : options_(options) {}
 
-NormdServer::~NormdServer() { Shutdown(); }
+NormdServer::~NormdServer() {
+  Shutdown();
+  // The drift gauges read the service, which goes before the exposer does.
+  if (exposer_ != nullptr && drift_metrics_ != nullptr) {
+    exposer_->RemoveCollectable(drift_metrics_);
+  }
+}
 
 void NormdServer::SetReady(bool ready) {
   readiness_.Set(ready);
@@ -193,7 +218,7 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
       ModelStoreOptions{.max_models = options.max_models,
                         .max_num_features = options.max_num_features,
                         .max_model_bytes = options.max_model_bytes},
-      options.max_rank);
+      options.max_rank, options.drift);
   if (!options.state_dir.empty()) {
     state::RecoveryReport report;
     absl::StatusOr<std::unique_ptr<state::DurableState>> durable =
@@ -233,6 +258,11 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
       *server->engine_, *server->metrics_, *server->admission_,
       ServiceOptions{.auth_token = std::move(auth_token),
                      .max_message_bytes = options.max_message_bytes});
+  if (server->exposer_ != nullptr) {
+    server->drift_metrics_ = std::make_shared<DriftMetrics>(
+        *server->service_, options.max_drift_models, options.drift.threshold);
+    server->exposer_->RegisterCollectable(server->drift_metrics_);
+  }
   server->inference_ = std::make_unique<Inference>(
       *server->service_, server->readiness_, NORMD_VERSION);
   const GrpcFrontEnd front{*server->service_, *server->grpc_metrics_};

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/drift_metrics.h"
 #include "server/http/http_metrics.h"
 #include "server/http/http_server.h"
 #include "server/http/rest_api.h"
@@ -59,6 +60,10 @@ struct ServerOptions {
   int64_t max_num_features = 65536;
   int64_t max_model_bytes = int64_t{1} << 30;
   int max_rank = kDefaultMaxRank;
+  // How inputs of models with a drift reference are observed and judged.
+  DriftOptions drift;
+  // Most models with their own drift series (--max_drift_models).
+  int64_t max_drift_models = 1000;
   // Streams that wait on their client this long are ended; zero: never.
   absl::Duration stream_idle_timeout = absl::Seconds(60);
   int tbb_threads = 0;  // 0: one per core.
@@ -104,6 +109,8 @@ class NormdServer {
   std::unique_ptr<tbb::global_control> tbb_threads_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // Registered with exposer_ (which holds it weakly) once the service is.
+  std::shared_ptr<DriftMetrics> drift_metrics_;
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<GrpcMetrics> grpc_metrics_;
   std::unique_ptr<Engine> engine_;

@@ -281,6 +281,8 @@ v1::CreateModelsRequest CreateModelsFor(
     model.mutable_bias()->Assign(layer.bias.values.begin(),
                                  layer.bias.values.end());
     model.set_num_batches_tracked(layer.num_batches_tracked);
+    // The trained statistics are what the model's inputs should follow.
+    model.set_reference_from_checkpoint(true);
   }
   return request;
 }

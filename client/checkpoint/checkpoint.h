@@ -70,7 +70,8 @@ struct LayerOverrides {
 // The model name of `layer` under `prefix`: "P.<layer>", or P for "".
 std::string ModelNameOf(absl::string_view prefix, absl::string_view layer);
 
-// One CreateModelRequest per layer, named ModelNameOf(prefix, layer).
+// One CreateModelRequest per layer, named ModelNameOf(prefix, layer), its
+// drift reference set from its running statistics (source checkpoint).
 v1::CreateModelsRequest CreateModelsFor(
     const std::vector<CheckpointLayer>& layers, absl::string_view prefix,
     const LayerOverrides& overrides);

@@ -6,6 +6,21 @@ export type Floats = Float32Array | Float64Array | Uint16Array;
 export type HalfDType = "BFLOAT16" | "FLOAT16";
 export interface Tensor<T extends Floats = Floats> { data: T; shape: number[]; }
 
+export type ReferenceSource = "running" | "pooled" | "explicit" | "checkpoint";
+/** A model's drift reference; mean and var are empty in listModels. */
+export interface Reference {
+  source: ReferenceSource; setUnixNanos: number; mean: Float64Array; var: Float64Array;
+}
+/** Drift against the reference; the measures are null below --drift_min_samples. */
+export interface DriftReport {
+  referenceSource: ReferenceSource; referenceSetUnixNanos: number;
+  windowSamples: number; windowSeconds: number;
+  klMax: number | null; klMean: number | null; shiftMax: number | null;
+  channelsDrifted: number | null;
+  /** Per channel (getModel only). */
+  kl: Float64Array; shift: Float64Array;
+}
+
 export interface ModelState {
   name: string; numFeatures: number; momentum: number | null; eps: number;
   usePooledStatistics: boolean; numBatchesTracked: number; sampleCount: number;
@@ -13,6 +28,9 @@ export interface ModelState {
   var: Float64Array; weight: Float64Array; bias: Float64Array; generation: number;
   /** Exact pooled sums of squared deviations; filled by exportModel only. */
   pooledM2: Float64Array;
+  reference: Reference | null;
+  /** getModel and listModels. */
+  drift: DriftReport | null;
 }
 
 export interface ClientOptions {
@@ -59,6 +77,11 @@ export class Client {
   importModel(state: ModelState, options?: { name?: string; createOnly?: boolean }):
     Promise<ModelState>;
   mergeModel(name: string, source: ModelState): Promise<ModelState>;
+  setReference(name: string, source?: "running" | "pooled" | "explicit",
+    options?: { mean?: ArrayLike<number>; var?: ArrayLike<number> }): Promise<ModelState>;
+  clearReference(name: string): Promise<ModelState>;
+  drift(name: string): Promise<DriftReport | null>;
+  drift(): Promise<{ name: string; drift: DriftReport }[]>;
 }
 
 /** The number a bfloat16 / float16 bit pattern stands for. */

@@ -124,6 +124,42 @@ function modelGroup(name) {
   return dot < 0 ? name : name.slice(0, dot);
 }
 
+const SOURCES = ["unspecified", "running", "pooled", "explicit", "checkpoint"];
+
+// "REFERENCE_RUNNING" (the enum as a string) -> "running".
+function sourceName(source) {
+  return String(source).replace(/^REFERENCE_/, "").toLowerCase();
+}
+
+/** A drift reference (see the .proto's DriftReference), or null. */
+function reference(r) {
+  if (!r) return null;
+  return {
+    source: sourceName(r.source),
+    setUnixNanos: Number(r.set_unix_nanos),
+    mean: Float64Array.from(r.mean),
+    var: Float64Array.from(r.var),
+  };
+}
+
+// The measures are null while the window is below --drift_min_samples.
+function driftReport(d) {
+  if (!d) return null;
+  const measured = d.kl_max !== undefined && d.kl_max !== null;
+  return {
+    referenceSource: sourceName(d.reference_source),
+    referenceSetUnixNanos: Number(d.reference_set_unix_nanos),
+    windowSamples: Number(d.window_samples),
+    windowSeconds: Number(d.window_seconds),
+    klMax: measured ? d.kl_max : null,
+    klMean: measured ? d.kl_mean : null,
+    shiftMax: measured ? d.shift_max : null,
+    channelsDrifted: measured ? Number(d.channels_drifted) : null,
+    kl: Float64Array.from(d.kl),
+    shift: Float64Array.from(d.shift),
+  };
+}
+
 /** A model's configuration and statistics (see the .proto's ModelState). */
 function modelState(m) {
   return {
@@ -142,6 +178,8 @@ function modelState(m) {
     bias: Float64Array.from(m.bias),
     generation: Number(m.generation),
     pooledM2: Float64Array.from(m.pooled_m2 ?? []),
+    reference: reference(m.reference),
+    drift: driftReport(m.drift),
   };
 }
 
@@ -164,6 +202,12 @@ function modelStateMessage(s) {
     bias: Array.from(s.bias),
     generation: s.generation,
     pooled_m2: Array.from(s.pooledM2 ?? []),
+    reference: s.reference ? {
+      source: SOURCES.indexOf(s.reference.source),
+      set_unix_nanos: s.reference.setUnixNanos,
+      mean: Array.from(s.reference.mean),
+      var: Array.from(s.reference.var),
+    } : null,
   };
 }
 
@@ -407,6 +451,39 @@ class Client {
       create_only: options.createOnly ?? false,
     };
     return modelState(await this._call("ImportModel", request, options.name || state.name));
+  }
+
+  /**
+   * Sets model `name`'s drift reference: its running statistics as they are
+   * now ("running"), its exact pooled ones ("pooled"), or options.mean and
+   * options.var ("explicit"). Its inputs are then compared with it (drift()).
+   */
+  async setReference(name, source = "running", options = {}) {
+    const index = ["running", "pooled", "explicit"].indexOf(source);
+    if (index < 0) throw new RangeError(`source: ${source} is not running, pooled or explicit`);
+    const request = { model: name, source: index + 1 };
+    if (source === "explicit") {
+      request.mean = Array.from(options.mean ?? []);
+      request.var = Array.from(options.var ?? []);
+    }
+    return modelState(await this._call("SetReference", request, name));
+  }
+
+  /** Removes model `name`'s drift reference. */
+  async clearReference(name) {
+    return modelState(await this._call("ClearReference", { model: name }, name));
+  }
+
+  /**
+   * Model `name`'s drift report (null without a reference); without a name,
+   * [{ name, drift }] for every model with a reference, the largest klMax
+   * first (those without measures last).
+   */
+  async drift(name) {
+    if (name !== undefined) return (await this.getModel(name)).drift;
+    const models = (await this.listModels()).filter((m) => m.drift !== null);
+    models.sort((a, b) => (b.drift.klMax ?? -1) - (a.drift.klMax ?? -1));
+    return models.map((m) => ({ name: m.name, drift: m.drift }));
   }
 
   /** Folds an exported state into model `name`. */

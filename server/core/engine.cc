@@ -46,19 +46,6 @@ const double* ValuesOrNull(const std::optional<AffineParam>& param) {
   return param.has_value() ? param->values.data() : nullptr;
 }
 
-// `input` with scattered bytes gathered into `storage` (a copy of `input`
-// if it was contiguous already).
-InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage) {
-  InputTensor out = input;
-  if (input.scattered != nullptr) {
-    storage.resize(input.scattered->size());
-    input.scattered->CopyOut(0, input.scattered->size(), storage.data());
-    out.data = storage.data();
-    out.scattered = nullptr;
-  }
-  return out;
-}
-
 // Where a kernel reads `input`: in place or scattered.
 InputSource SourceOf(const InputTensor& input) {
   return InputSource{static_cast<const char*>(input.data), input.scattered};
@@ -117,6 +104,17 @@ absl::Status CheckGainShape(const NormalizeSpec& spec, int64_t axis) {
 
 }  // namespace
 
+InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage) {
+  InputTensor out = input;
+  if (input.scattered != nullptr) {
+    storage.resize(input.scattered->size());
+    input.scattered->CopyOut(0, input.scattered->size(), storage.data());
+    out.data = storage.data();
+    out.scattered = nullptr;
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<Moments>> TrainingMoments(
     const InputTensor& input, const ChannelLayout& layout,
     int64_t min_per_channel) {
@@ -146,8 +144,8 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
   return moments;
 }
 
-Engine::Engine(ModelStoreOptions options, int max_rank)
-    : store_(options), max_rank_(max_rank) {}
+Engine::Engine(ModelStoreOptions options, int max_rank, DriftOptions drift)
+    : store_(options), max_rank_(max_rank), drift_(drift) {}
 
 absl::Status Engine::CheckRanks(const InputTensor& input,
                                 const std::optional<AffineParam>& weight,
@@ -300,6 +298,7 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
     if (!batch.ok()) return batch.status();
     model = store_.Train(spec.model, *batch);
     if (!model.ok()) return model.status();
+    Observe(*model, *batch);
     for (const Moments& m : *batch) {
       mean.push_back(m.mean);
       var.push_back(m.BiasedVariance());
@@ -330,6 +329,7 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   for (int64_t c = 0; c < channels; ++c) {
     scale[c] = weight[c] / std::sqrt(var[c] + eps);
   }
+  if (!spec.training) ObserveEval(*model, in, *layout);
   if (in.size > 0) {
     // Contiguous, or scattered fp32 / fp64 (ReadsScatteredInPlace).
     ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, mean.data(),
@@ -573,7 +573,9 @@ absl::StatusOr<BatchNormModel> Engine::Fit(const FitSpec& spec) {
   absl::StatusOr<std::vector<Moments>> batch =
       TrainingMoments(spec.input, *layout, /*min_per_channel=*/1);
   if (!batch.ok()) return batch.status();
-  return store_.Train(spec.model, *batch);
+  absl::StatusOr<BatchNormModel> model = store_.Train(spec.model, *batch);
+  if (model.ok()) Observe(*model, *batch);
+  return model;
 }
 
 }  // namespace normd

@@ -15,6 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/core/drift_measures.h"
+#include "server/core/drift_monitor.h"
 #include "server/core/kernels.h"
 #include "server/core/layout.h"
 #include "server/core/model.h"
@@ -34,6 +36,10 @@ struct InputTensor {
   // ReadsScatteredInPlace); must outlive the call.
   const ScatteredBytes* scattered = nullptr;
 };
+
+// `input` with scattered bytes gathered into `storage` (a copy of `input`
+// if it was contiguous already).
+InputTensor Contiguous(const InputTensor& input, std::vector<char>& storage);
 
 // An affine parameter (weight or bias) as sent, converted to fp64.
 struct AffineParam {
@@ -79,8 +85,9 @@ class Engine {
  public:
   // `max_rank`: the most dims an input, weight or bias may have (the
   // server's --max_rank); more is INVALID_ARGUMENT naming the field.
+  // `drift`: how inputs of models with a drift reference are observed.
   explicit Engine(ModelStoreOptions options = {},
-                  int max_rank = kDefaultMaxRank);
+                  int max_rank = kDefaultMaxRank, DriftOptions drift = {});
 
   // Normalizes spec.input into `output` (input.size elements of input.dtype;
   // may alias the input). Returns the model after the call for BatchNorm and
@@ -110,8 +117,13 @@ class Engine {
   static std::optional<int64_t> ReturnedModelChannels(
       const NormalizeSpec& spec);
 
+  // `model`'s drift against its reference over the observation window;
+  // nullopt when it has no reference.
+  std::optional<DriftReport> Drift(const BatchNormModel& model) const;
+
   ModelStore& store() { return store_; }
   const ModelStore& store() const { return store_; }
+  DriftMonitor& drift_monitor() { return drift_; }
 
  private:
   // Normalize by spec.mode, for any dtype.
@@ -130,8 +142,17 @@ class Engine {
                           const std::optional<AffineParam>& weight,
                           const std::optional<AffineParam>& bias) const;
 
+  // Adds an input's per-channel moments to the window of `model` when it
+  // has a reference and the request is sampled; inputs with a non-finite
+  // channel are not observed.
+  void Observe(const BatchNormModel& model, absl::Span<const Moments> moments);
+  // Observe for an eval input, whose moments are taken only when observed.
+  void ObserveEval(const BatchNormModel& model, const InputTensor& input,
+                   const ChannelLayout& layout);
+
   ModelStore store_;
   const int max_rank_;
+  DriftMonitor drift_;
 };
 
 // Per-channel moments of a batch for a training step: INVALID_ARGUMENT unless

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace normd {
 namespace {
@@ -58,28 +60,6 @@ bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':' ||
          c == '/' || c == '-';
-}
-
-// INVALID_ARGUMENT naming `field` unless `values` has `channels` finite
-// entries (>= 0 when `non_negative`), or is empty and `empty_allowed`.
-absl::Status CheckChannelArray(const std::vector<double>& values,
-                               int64_t channels, absl::string_view field,
-                               bool non_negative = false,
-                               bool empty_allowed = true) {
-  if (values.empty() && empty_allowed) return absl::OkStatus();
-  if (static_cast<int64_t>(values.size()) != channels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": has ", values.size(), " values, expected num_features = ",
-        channels, empty_allowed ? " or 0" : ""));
-  }
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "]: ", values[i], " is not ",
-                       non_negative ? "finite and >= 0" : "finite"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // What a model and a CreateModel spec are checked for alike: the name,
@@ -139,6 +119,25 @@ std::vector<double> BatchNormModel::PooledVariance() const {
   out.reserve(pooled.size());
   for (const Moments& m : pooled) out.push_back(m.BiasedVariance());
   return out;
+}
+
+absl::Status CheckChannelArray(const std::vector<double>& values,
+                               int64_t channels, absl::string_view field,
+                               bool non_negative, bool empty_allowed) {
+  if (values.empty() && empty_allowed) return absl::OkStatus();
+  if (static_cast<int64_t>(values.size()) != channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": has ", values.size(), " values, expected num_features = ",
+        channels, empty_allowed ? " or 0" : ""));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: ", values[i], " is not ",
+                       non_negative ? "finite and >= 0" : "finite"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateModelName(absl::string_view name,
@@ -206,6 +205,13 @@ absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec) {
   model.weight = ChannelArray(spec.weight, c, 1.0);
   model.bias = ChannelArray(spec.bias, c, 0.0);
   model.generation = 1;
+  if (spec.reference_from_running) {
+    model.reference =
+        DriftReference{.source = ReferenceSource::kCheckpoint,
+                       .set_unix_nanos = absl::ToUnixNanos(absl::Now()),
+                       .mean = model.running_mean,
+                       .var = model.running_var};
+  }
   return model;
 }
 
@@ -247,6 +253,9 @@ absl::Status ValidateModel(const BatchNormModel& model) {
   }
   if (model.generation < 1) {
     return absl::InvalidArgumentError("generation: must be >= 1, got 0");
+  }
+  if (model.reference.has_value()) {
+    return ValidateReference(*model.reference, c, "reference");
   }
   return absl::OkStatus();
 }
@@ -358,6 +367,10 @@ absl::Status ValidateModelState(const ModelStateSpec& state,
                                 absl::string_view field_prefix) {
   absl::Status status = ValidateModelSpec(state.config);
   if (status.ok()) status = ValidatePooled(state);
+  if (status.ok() && state.reference.has_value()) {
+    status = ValidateReference(*state.reference, state.config.num_features,
+                               "reference");
+  }
   return Prefixed(status, field_prefix);
 }
 
@@ -381,6 +394,7 @@ absl::StatusOr<BatchNormModel> MakeModelFromState(
     }
   }
   model->generation = std::max<uint64_t>(state.generation, 1);
+  model->reference = state.reference;
   // The arrays were checked one by one; what they make together (var x
   // sample_count) must be representable too.
   if (absl::Status s = ValidateModel(*model); !s.ok()) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "server/core/drift_reference.h"
 #include "server/core/moments.h"
 
 namespace normd {
@@ -32,6 +33,9 @@ struct ModelSpec {
   std::vector<double> bias;
   int64_t num_batches_tracked = 0;
   bool use_pooled_statistics = false;
+  // Sets the drift reference to the running statistics (given or default),
+  // source kCheckpoint: what importing a checkpoint or a torch module asks.
+  bool reference_from_running = false;
 };
 
 // A BatchNorm model: PyTorch's running statistics plus normd's exact pooled
@@ -51,6 +55,8 @@ struct BatchNormModel {
   std::vector<double> bias;
   std::vector<Moments> pooled;  // Empty until something is fitted.
   uint64_t generation = 0;
+  // What drift is measured against; none until set.
+  std::optional<DriftReference> reference;
 
   // Pooled mean / biased variance per channel (empty when nothing fitted).
   std::vector<double> PooledMean() const;
@@ -69,6 +75,7 @@ struct ModelStateSpec {
   std::vector<double> pooled_m2;
   std::vector<double> pooled_var;
   uint64_t generation = 0;
+  std::optional<DriftReference> reference;
 };
 
 // INVALID_ARGUMENT naming `field` unless `name` is 1-128 chars of
@@ -82,6 +89,14 @@ absl::Status ValidateModelName(absl::string_view name, absl::string_view field);
 // kept whatever their name).
 absl::Status CheckNotReservedModelName(absl::string_view name,
                                        absl::string_view field);
+
+// INVALID_ARGUMENT naming `field` (and the index of a bad value) unless
+// `values` has `channels` finite entries (>= 0 when `non_negative`), or is
+// empty and `empty_allowed`.
+absl::Status CheckChannelArray(const std::vector<double>& values,
+                               int64_t channels, absl::string_view field,
+                               bool non_negative = false,
+                               bool empty_allowed = true);
 
 // INVALID_ARGUMENT naming `field` unless eps is finite and > 0.
 absl::Status ValidateEps(double eps, absl::string_view field);
@@ -100,7 +115,8 @@ absl::StatusOr<BatchNormModel> MakeModel(const ModelSpec& spec);
 // values (running_var >= 0); num_batches_tracked and sample_count >= 0;
 // pooled statistics empty exactly when sample_count is 0, else one per
 // channel, each of sample_count values with a finite mean and a finite M2 >=
-// 0; generation >= 1. The store checks every model it takes in (created,
+// 0; generation >= 1; a reference, if any, valid for num_features channels
+// (ValidateReference). The store checks every model it takes in (created,
 // imported, recovered) and the result of every change before the change is
 // applied or logged, so that whatever it accepted it can always recover.
 // INVALID_ARGUMENT naming the field otherwise. Allocates nothing.
@@ -109,8 +125,9 @@ absl::Status ValidateModel(const BatchNormModel& model);
 // INVALID_ARGUMENT unless `state` is well formed: ValidateModelSpec's rules
 // on its config; sample_count >= 0; the pooled arrays empty when
 // sample_count is 0, else C finite means and C finite, non-negative M2 (or
-// variances). Messages name the field after `field_prefix` (e.g. "model."
-// gives "model.running_var[2]: ..."). Allocates nothing.
+// variances); a reference, if any, valid (ValidateReference). Messages name the
+// field after `field_prefix` (e.g. "model." gives "model.running_var[2]: ...").
+// Allocates nothing.
 absl::Status ValidateModelState(const ModelStateSpec& state,
                                 absl::string_view field_prefix);
 
@@ -125,11 +142,12 @@ absl::StatusOr<BatchNormModel> MakeModelFromState(
 // it (the MergeModel rule; see normalizer.proto): pooled statistics merged
 // per channel with Chan's formula, sample_count and num_batches_tracked
 // added, running statistics averaged with weights num_batches_tracked (else
-// sample_count, else into's kept); into's name, configuration, weight and
-// bias kept; generation += 1. FAILED_PRECONDITION, `into` untouched, when
-// num_features or cumulative_average differ; OUT_OF_RANGE naming the
-// counter, `into` untouched, when a count would overflow. A statistic that
-// leaves the double range is not checked here: ValidateModel finds it.
+// sample_count, else into's kept); into's name, configuration, weight,
+// bias and drift reference kept; generation += 1. FAILED_PRECONDITION, `into`
+// untouched, when num_features or cumulative_average differ; OUT_OF_RANGE
+// naming the counter, `into` untouched, when a count would overflow. A
+// statistic that leaves the double range is not checked here: ValidateModel
+// finds it.
 absl::Status MergeModelStatistics(BatchNormModel& into,
                                   const BatchNormModel& source);
 
@@ -167,8 +185,8 @@ absl::Status ApplyInstanceStep(BatchNormModel& model,
                                absl::Span<const double> running_targets);
 
 // Running stats back to 0 / 1, counts 0, pooled statistics cleared; config,
-// weight and bias kept; generation += 1 (OUT_OF_RANGE, `model` untouched, if
-// that overflows).
+// weight, bias and drift reference kept; generation += 1 (OUT_OF_RANGE, `model`
+// untouched, if that overflows).
 absl::Status ResetStatistics(BatchNormModel& model);
 
 // OUT_OF_RANGE naming `field` unless `value` + `add` fits an int64 / a uint64

@@ -24,6 +24,8 @@ BatchNormModel WithoutArrays(const BatchNormModel& model) {
   copy.num_batches_tracked = model.num_batches_tracked;
   copy.sample_count = model.sample_count;
   copy.generation = model.generation;
+  // Kept whole: a listing reports each model's drift against it.
+  copy.reference = model.reference;
   return copy;
 }
 

@@ -106,6 +106,18 @@ class ModelStore {
   // Resets the statistics (see ResetStatistics). NOT_FOUND if absent.
   absl::StatusOr<BatchNormModel> Reset(absl::string_view name);
 
+  // Sets model `name`'s drift reference (ValidateReferenceRequest first,
+  // then NOT_FOUND if absent): its running or pooled statistics as they are
+  // now (FAILED_PRECONDITION for pooled ones when nothing was fitted), or the
+  // explicit arrays (INVALID_ARGUMENT unless num_features long); the set time
+  // is now. A logged change: generation += 1.
+  absl::StatusOr<BatchNormModel> SetReference(absl::string_view name,
+                                              const ReferenceRequest& request);
+
+  // Removes model `name`'s drift reference (NOT_FOUND if absent); a logged
+  // change, generation += 1, even when it had none.
+  absl::StatusOr<BatchNormModel> ClearReference(absl::string_view name);
+
   // Applies one training step with per-channel batch moments, creating the
   // model with defaults if absent (only if the step succeeds). FAILED_
   // PRECONDITION (model untouched) if the model has a different channel

@@ -290,6 +290,30 @@ std::string ModelConfigJson(const OipModelConfig& config) {
   return out;
 }
 
+// ,"drift":{...}: the DriftReport's summary, its measures only when present.
+void AppendDriftJson(const DriftReport& drift, std::string& out) {
+  out.append(",\"drift\":{\"reference_source\":");
+  AppendJsonString(ReferenceSourceName(drift.reference_source), out);
+  absl::StrAppend(
+      &out, ",\"reference_set_unix_nanos\":", drift.reference_set_unix_nanos,
+      ",\"window_samples\":", drift.window_samples,
+      ",\"window_seconds\":", drift.window_seconds);
+  if (drift.measures.has_value()) {
+    const DriftMeasures& m = *drift.measures;
+    const double values[] = {m.kl_max, m.kl_mean, m.shift_max};
+    const char* names[] = {"kl_max", "kl_mean", "shift_max"};
+    for (int i = 0; i < 3; ++i) {
+      absl::StrAppend(&out, ",\"", names[i], "\":");
+      char number[kMaxNumberBytes<double> + 1];
+      out.append(number,
+                 WriteNumbers<double>(reinterpret_cast<const char*>(&values[i]),
+                                      1, number));
+    }
+    absl::StrAppend(&out, ",\"channels_drifted\":", m.channels_drifted);
+  }
+  out.push_back('}');
+}
+
 std::string ModelStatisticsJson(const std::vector<OipModelStatistics>& stats) {
   std::string out = "{\"model_stats\":[";
   for (size_t i = 0; i < stats.size(); ++i) {
@@ -305,7 +329,9 @@ std::string ModelStatisticsJson(const std::vector<OipModelStatistics>& stats) {
         ",\"execution_count\":", s.success_count,
         ",\"inference_stats\":{\"success\":{\"count\":", s.success_count,
         ",\"ns\":", s.success_ns, "},\"fail\":{\"count\":", s.fail_count,
-        ",\"ns\":", s.fail_ns, "}}}");
+        ",\"ns\":", s.fail_ns, "}}");
+    if (stats[i].drift.has_value()) AppendDriftJson(*stats[i].drift, out);
+    out.push_back('}');
   }
   out.append("]}");
   return out;

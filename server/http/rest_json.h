@@ -46,7 +46,10 @@ std::string RepositoryIndexJson(const std::vector<OipRepositoryEntry>& index);
 std::string ModelConfigJson(const OipModelConfig& config);
 // Triton's statistics: {"model_stats": [{"name", "version",
 // "last_inference", "inference_count", "execution_count", "inference_stats":
-// {"success": {"count", "ns"}, "fail": {"count", "ns"}}}]}.
+// {"success": {"count", "ns"}, "fail": {"count", "ns"}}, and for a model
+// with a drift reference "drift": {"reference_source",
+// "reference_set_unix_nanos", "window_samples", "window_seconds", and when
+// measured "kl_max", "kl_mean", "shift_max", "channels_drifted"}}]}.
 std::string ModelStatisticsJson(const std::vector<OipModelStatistics>& stats);
 // {"error": "<message>"}.
 std::string ErrorJson(absl::string_view message);

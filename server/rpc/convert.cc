@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/core/half.h"
+#include "server/rpc/drift_convert.h"
 
 namespace normd {
 namespace {
@@ -218,6 +219,7 @@ ModelSpec ToModelSpec(const v1::CreateModelRequest& request) {
   spec.bias.assign(request.bias().begin(), request.bias().end());
   spec.num_batches_tracked = request.num_batches_tracked();
   spec.use_pooled_statistics = request.use_pooled_statistics();
+  spec.reference_from_running = request.reference_from_checkpoint();
   return spec;
 }
 
@@ -243,6 +245,7 @@ ModelStateSpec ToModelStateSpec(const v1::ModelState& state) {
   }
   out.sample_count = state.sample_count();
   out.generation = state.generation();
+  out.reference = ToDriftReference(state);
   return out;
 }
 
@@ -257,6 +260,10 @@ void ToModelState(const BatchNormModel& model, bool with_arrays,
   state.set_num_batches_tracked(model.num_batches_tracked);
   state.set_sample_count(model.sample_count);
   state.set_generation(model.generation);
+  if (model.reference.has_value()) {
+    ToDriftReferenceMessage(*model.reference, /*with_arrays=*/false,
+                            *state.mutable_reference());
+  }
   if (!with_arrays) return;
   state.mutable_running_mean()->Assign(model.running_mean.begin(),
                                        model.running_mean.end());
@@ -268,6 +275,12 @@ void ToModelState(const BatchNormModel& model, bool with_arrays,
     state.add_mean(m.mean);
     state.add_var(m.BiasedVariance());
   }
+}
+
+void WithReferenceArrays(const BatchNormModel& model, v1::ModelState& state) {
+  if (!model.reference.has_value()) return;
+  ToDriftReferenceMessage(*model.reference, /*with_arrays=*/true,
+                          *state.mutable_reference());
 }
 
 void SetOutputMeta(const v1::Tensor& request_tensor, v1::Tensor& out) {

@@ -136,9 +136,13 @@ ModelSpec ToModelSpec(const v1::CreateModelRequest& request);
 // (the core validates values).
 ModelStateSpec ToModelStateSpec(const v1::ModelState& state);
 
-// Writes `model` into `state`; per-channel arrays only if `with_arrays`.
+// Writes `model` into `state`; per-channel arrays only if `with_arrays`,
+// and of the drift reference only its source and time (GetModel,
+// ExportModel and SetReference add its arrays: WithReferenceArrays).
 void ToModelState(const BatchNormModel& model, bool with_arrays,
                   v1::ModelState& state);
+// Adds the arrays of `model`'s drift reference, if any, to `state`.
+void WithReferenceArrays(const BatchNormModel& model, v1::ModelState& state);
 
 // Sets `out`'s dtype and shape to those of the request's tensor.
 void SetOutputMeta(const v1::Tensor& request_tensor, v1::Tensor& out);

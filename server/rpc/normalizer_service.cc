@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/rpc/answering_stream.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/drift_convert.h"
 #include "server/rpc/grpc_call.h"
 #include "server/rpc/grpc_status.h"
 #include "server/rpc/raw_message.h"
@@ -348,6 +349,11 @@ absl::Status NormalizerService::DoGetModel(const v1::GetModelRequest& request,
   absl::StatusOr<BatchNormModel> model = service().GetModel(request.name());
   if (!model.ok()) return model.status();
   ToModelState(*model, /*with_arrays=*/true, response);
+  WithReferenceArrays(*model, response);
+  if (std::optional<DriftReport> drift = service().Drift(*model)) {
+    ToDriftReportMessage(*drift, /*with_arrays=*/true,
+                         *response.mutable_drift());
+  }
   return absl::OkStatus();
 }
 
@@ -357,7 +363,12 @@ absl::Status NormalizerService::DoListModels(
       service().ListModels(request.group());
   if (!models.ok()) return models.status();
   for (const BatchNormModel& model : *models) {
-    ToModelState(model, /*with_arrays=*/false, *response.add_models());
+    v1::ModelState& state = *response.add_models();
+    ToModelState(model, /*with_arrays=*/false, state);
+    if (std::optional<DriftReport> drift = service().Drift(model)) {
+      ToDriftReportMessage(*drift, /*with_arrays=*/false,
+                           *state.mutable_drift());
+    }
   }
   return absl::OkStatus();
 }
@@ -380,6 +391,7 @@ absl::Status NormalizerService::DoExportModel(
   absl::StatusOr<BatchNormModel> model = service().GetModel(request.name());
   if (!model.ok()) return model.status();
   ToModelState(*model, /*with_arrays=*/true, response);
+  WithReferenceArrays(*model, response);
   for (const Moments& m : model->pooled) response.add_pooled_m2(m.m2);
   return absl::OkStatus();
 }
@@ -402,6 +414,25 @@ absl::Status NormalizerService::DoMergeModel(
   return absl::OkStatus();
 }
 
+absl::Status NormalizerService::DoSetReference(
+    const v1::SetReferenceRequest& request, v1::ModelState& response) {
+  absl::StatusOr<BatchNormModel> model =
+      service().SetReference(request.model(), ToReferenceRequest(request));
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  WithReferenceArrays(*model, response);
+  return absl::OkStatus();
+}
+
+absl::Status NormalizerService::DoClearReference(
+    const v1::ClearReferenceRequest& request, v1::ModelState& response) {
+  absl::StatusOr<BatchNormModel> model =
+      service().ClearReference(request.model());
+  if (!model.ok()) return model.status();
+  ToModelState(*model, /*with_arrays=*/true, response);
+  return absl::OkStatus();
+}
+
 #define NORMD_MODEL_METHOD(name)                                             \
   grpc::ServerUnaryReactor* NormalizerService::name(                         \
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request, \
@@ -418,6 +449,8 @@ NORMD_MODEL_METHOD(ResetModel)
 NORMD_MODEL_METHOD(ExportModel)
 NORMD_MODEL_METHOD(ImportModel)
 NORMD_MODEL_METHOD(MergeModel)
+NORMD_MODEL_METHOD(SetReference)
+NORMD_MODEL_METHOD(ClearReference)
 #undef NORMD_MODEL_METHOD
 
 grpc::ServerUnaryReactor* NormalizerService::CreateModels(

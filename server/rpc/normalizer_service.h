@@ -42,7 +42,10 @@ using NormalizerServiceBase = v1::Normalizer::WithRawCallbackMethod_Normalize<
                                                     WithRawCallbackMethod_MergeModel<
                                                         v1::Normalizer::WithRawCallbackMethod_CreateModels<
                                                             v1::Normalizer::
-                                                                Service>>>>>>>>>>>>>;
+                                                                WithRawCallbackMethod_SetReference<
+                                                                    v1::Normalizer::WithRawCallbackMethod_ClearReference<
+                                                                        v1::Normalizer::
+                                                                            Service>>>>>>>>>>>>>>>;
 
 // What the gRPC service needs to know of the server's configuration.
 struct NormalizerServiceOptions {
@@ -89,6 +92,12 @@ class NormalizerService final : public NormalizerServiceBase {
   grpc::ServerUnaryReactor* MergeModel(grpc::CallbackServerContext* context,
                                        const Raw* request,
                                        Raw* response) override;
+  grpc::ServerUnaryReactor* SetReference(grpc::CallbackServerContext* context,
+                                         const Raw* request,
+                                         Raw* response) override;
+  grpc::ServerUnaryReactor* ClearReference(grpc::CallbackServerContext* context,
+                                           const Raw* request,
+                                           Raw* response) override;
   grpc::ServerBidiReactor<Raw, Raw>* NormalizeStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerReadReactor<Raw>* FitStream(grpc::CallbackServerContext* context,
@@ -127,6 +136,10 @@ class NormalizerService final : public NormalizerServiceBase {
                              v1::ModelState& response);
   absl::Status DoMergeModel(const v1::MergeModelRequest& request,
                             v1::ModelState& response);
+  absl::Status DoSetReference(const v1::SetReferenceRequest& request,
+                              v1::ModelState& response);
+  absl::Status DoClearReference(const v1::ClearReferenceRequest& request,
+                                v1::ModelState& response);
 
   GrpcFrontEnd& front() { return front_; }
   // (Qualified: the generated base class has its own Service.)

@@ -109,12 +109,17 @@ absl::StatusOr<std::vector<OipModelStatistics>> Inference::Statistics(
         FindModel(*name, version);
     if (!model.ok()) return model.status();
     all.push_back(
-        {std::string(*name), kOipModelVersion, statistics_.Get(*name)});
+        {std::string(*name), kOipModelVersion, statistics_.Get(*name),
+         model->has_value() ? service_.Drift(**model) : std::nullopt});
     return all;
   }
-  for (OipRepositoryEntry& entry : RepositoryIndex()) {
-    InferStatistics infer = statistics_.Get(entry.name);
-    all.push_back({std::move(entry.name), kOipModelVersion, infer});
+  for (std::string& builtin : BuiltinOipModelNames()) {
+    InferStatistics infer = statistics_.Get(builtin);
+    all.push_back({std::move(builtin), kOipModelVersion, infer, std::nullopt});
+  }
+  for (const BatchNormModel& model : service_.ListModels()) {
+    all.push_back({model.name, kOipModelVersion, statistics_.Get(model.name),
+                   service_.Drift(model)});
   }
   return all;
 }

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/core/drift_measures.h"
 #include "server/service/infer_request.h"
 #include "server/service/model_statistics.h"
 #include "server/service/oip_models.h"
@@ -57,6 +58,8 @@ struct OipModelStatistics {
   std::string name;
   std::string version;
   InferStatistics infer;
+  // A BatchNorm model's drift, when it has a reference.
+  std::optional<DriftReport> drift;
 };
 
 // Where the front end has an infer call's output written, and how large its

@@ -10,7 +10,8 @@ constexpr const char* kMethodNames[kNumMethods] = {
     "ResetModel",     "NormalizeStream",
     "FitStream",      "ExportModel",
     "ImportModel",    "MergeModel",
-    "CreateModels",   "ServerLive",
+    "CreateModels",   "SetReference",
+    "ClearReference", "ServerLive",
     "ServerReady",    "ModelReady",
     "ServerMetadata", "ModelMetadata",
     "ModelInfer",     "RepositoryIndex",
@@ -38,7 +39,7 @@ bool Serves(Protocol protocol, Method method) {
   const int m = static_cast<int>(method);
   switch (protocol) {
     case Protocol::kGrpc:
-      return m <= static_cast<int>(Method::kCreateModels);
+      return m <= static_cast<int>(Method::kClearReference);
     case Protocol::kOipGrpc:
       return m >= static_cast<int>(Method::kServerLive) &&
              m <= static_cast<int>(Method::kModelInfer);

@@ -34,6 +34,8 @@ enum class Method {
   kImportModel,
   kMergeModel,
   kCreateModels,
+  kSetReference,
+  kClearReference,
   // The Open Inference Protocol (gRPC and REST).
   kServerLive,
   kServerReady,
@@ -46,7 +48,7 @@ enum class Method {
   kModelConfig,
   kModelStatistics,
 };
-inline constexpr int kNumMethods = 22;
+inline constexpr int kNumMethods = 24;
 
 // The method's name as its protocol spells it ("Normalize", "ModelInfer",
 // "RepositoryIndex", ...).

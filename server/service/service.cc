@@ -57,15 +57,16 @@ absl::Status Service::CheckModelReplySize(int64_t channels,
                                           const ReplySize& reply) const {
   // A model with its arrays: six arrays of doubles (running_mean / var,
   // mean, var, weight, bias; each with at most 6 bytes of framing), the name
-  // and at most 96 bytes of scalars, plus 6 bytes of its own framing; without
-  // them, the scalars. Counted in double, so that any channel count a shape
-  // can claim is sized without overflow; past the int64 range the reply is
-  // simply too large.
+  // and at most 96 bytes of scalars, 30 of the drift reference's source and
+  // time, plus 6 bytes of its own framing; without them, the scalars. (Only
+  // GetModel, ExportModel and SetReference carry the reference's arrays.)
+  // Counted in double, so that any channel count a shape can claim is sized
+  // without overflow; past the int64 range the reply is simply too large.
   const double model_bytes =
       reply.with_model_arrays
           ? 6.0 * (6.0 + 8.0 * static_cast<double>(channels)) +
-                static_cast<double>(name.size()) + 102.0
-          : static_cast<double>(name.size()) + 102.0;
+                static_cast<double>(name.size()) + 132.0
+          : static_cast<double>(name.size()) + 132.0;
   const double estimate = model_bytes + static_cast<double>(reply.bytes);
   const int64_t bytes = estimate < 9e18 ? static_cast<int64_t>(estimate)
                                         : std::numeric_limits<int64_t>::max();
@@ -180,12 +181,30 @@ bool Service::HasModel(absl::string_view name) const {
 
 absl::Status Service::DeleteModel(absl::string_view name) {
   absl::Status status = store().Delete(name);
-  if (status.ok()) UpdateModelMetrics();
+  if (status.ok()) {
+    engine_.drift_monitor().Forget(name);
+    UpdateModelMetrics();
+  }
   return status;
 }
 
 absl::StatusOr<BatchNormModel> Service::ResetModel(absl::string_view name) {
-  return store().Reset(name);
+  absl::StatusOr<BatchNormModel> model = store().Reset(name);
+  if (model.ok()) engine_.drift_monitor().Clear(name);
+  return model;
+}
+
+absl::StatusOr<BatchNormModel> Service::SetReference(
+    absl::string_view name, const ReferenceRequest& request) {
+  return store().SetReference(name, request);
+}
+
+absl::StatusOr<BatchNormModel> Service::ClearReference(absl::string_view name) {
+  return store().ClearReference(name);
+}
+
+std::optional<DriftReport> Service::Drift(const BatchNormModel& model) const {
+  return engine_.Drift(model);
 }
 
 absl::StatusOr<BatchNormModel> Service::MakeReceivedModel(
@@ -221,7 +240,11 @@ absl::StatusOr<BatchNormModel> Service::ImportModel(ModelStateSpec state,
       MakeReceivedModel(state, name, "model");
   if (!model.ok()) return model.status();
   model = store().Put(*std::move(model), create_only);
-  if (model.ok()) UpdateModelMetrics();
+  if (model.ok()) {
+    // A replaced model's inputs were another model's.
+    engine_.drift_monitor().Clear(model->name);
+    UpdateModelMetrics();
+  }
   return model;
 }
 

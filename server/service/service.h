@@ -87,6 +87,15 @@ class Service {
   absl::StatusOr<BatchNormModel> MergeModel(absl::string_view name,
                                             ModelStateSpec source);
 
+  // Sets / removes model `name`'s drift reference (ModelStore).
+  absl::StatusOr<BatchNormModel> SetReference(absl::string_view name,
+                                              const ReferenceRequest& request);
+  absl::StatusOr<BatchNormModel> ClearReference(absl::string_view name);
+  // `model`'s drift over the observation window; nullopt without a
+  // reference. ResetModel empties the window, DeleteModel drops it, and an
+  // ImportModel that replaces a model empties it.
+  std::optional<DriftReport> Drift(const BatchNormModel& model) const;
+
   // Whether `name` is a model of the store (a malformed name is not).
   bool HasModel(absl::string_view name) const;
 

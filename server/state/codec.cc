@@ -144,9 +144,17 @@ void EncodeModel(const BatchNormModel& model, ByteWriter& out) {
     out.PutDouble(m.m2);
   }
   out.PutU64(model.generation);
+  out.PutU8(model.reference.has_value() ? 1 : 0);
+  if (model.reference.has_value()) {
+    out.PutU8(static_cast<uint8_t>(model.reference->source));
+    out.PutI64(model.reference->set_unix_nanos);
+    out.PutDoubles(model.reference->mean);
+    out.PutDoubles(model.reference->var);
+  }
 }
 
-absl::Status DecodeModel(ByteReader& in, BatchNormModel* model) {
+absl::Status DecodeModel(ByteReader& in, BatchNormModel* model,
+                         uint32_t version) {
   uint8_t cumulative = 0, pooled_stats = 0;
   uint64_t pooled_count = 0;
   bool complete =
@@ -165,6 +173,17 @@ absl::Status DecodeModel(ByteReader& in, BatchNormModel* model) {
                  in.GetDouble(&m.m2);
     }
     complete = complete && in.GetU64(&model->generation);
+  }
+  uint8_t has_reference = 0;
+  if (complete && version >= 2) {
+    complete = in.GetU8(&has_reference) && has_reference <= 1;
+  }
+  if (complete && has_reference == 1) {
+    uint8_t source = 0;
+    DriftReference& reference = model->reference.emplace();
+    complete = in.GetU8(&source) && in.GetI64(&reference.set_unix_nanos) &&
+               in.GetDoubles(&reference.mean) && in.GetDoubles(&reference.var);
+    reference.source = static_cast<ReferenceSource>(source);
   }
   if (!complete) {
     return absl::InvalidArgumentError("the bytes end inside the model");
@@ -209,7 +228,8 @@ void EncodeMutation(const Mutation& mutation, ByteWriter& out) {
   }
 }
 
-absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
+absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record,
+                            uint32_t version) {
   ByteReader in(bytes);
   uint8_t kind;
   if (!in.GetU8(&kind) || !in.GetString(&record->name)) {
@@ -228,7 +248,8 @@ absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
   switch (static_cast<Mutation::Kind>(kind)) {
     case Mutation::Kind::kCreate:
     case Mutation::Kind::kPut:
-      if (absl::Status s = DecodeModel(in, &record->model); !s.ok()) return s;
+      if (absl::Status s = DecodeModel(in, &record->model, version); !s.ok())
+        return s;
       if (record->model.name != record->name) {
         return absl::InvalidArgumentError(
             "the record's model has another name than the record");
@@ -270,7 +291,8 @@ absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record) {
       record->models.resize(count);
       absl::flat_hash_set<absl::string_view> names;
       for (BatchNormModel& model : record->models) {
-        if (absl::Status s = DecodeModel(in, &model); !s.ok()) return s;
+        if (absl::Status s = DecodeModel(in, &model, version); !s.ok())
+          return s;
         if (!names.insert(model.name).second) {
           return absl::InvalidArgumentError(absl::StrCat(
               "the record creates model '", model.name, "' twice"));

@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "server/core/model.h"
 #include "server/core/mutation_log.h"
+#include "server/state/state_files.h"
 
 namespace normd::state {
 
@@ -55,12 +56,15 @@ class ByteReader {
   absl::string_view in_;
 };
 
+// Encodes in kFormatVersion.
 void EncodeModel(const BatchNormModel& model, ByteWriter& out);
-// Reads one model. INVALID_ARGUMENT, saying why, if the bytes end early or
-// the model fails ValidateModel (the rule every model the store holds was
-// checked against).
-absl::Status DecodeModel(ByteReader& in, BatchNormModel* model);
+// Reads one model of format `version`. INVALID_ARGUMENT, saying why, if the
+// bytes end early or the model fails ValidateModel (the rule every model the
+// store holds was checked against).
+absl::Status DecodeModel(ByteReader& in, BatchNormModel* model,
+                         uint32_t version = kFormatVersion);
 
+// Encodes in kFormatVersion.
 void EncodeMutation(const Mutation& mutation, ByteWriter& out);
 
 // A decoded Mutation that owns its data.
@@ -74,7 +78,8 @@ struct MutationRecord {
 };
 // INVALID_ARGUMENT, saying why, unless the bytes are exactly one
 // well-formed mutation.
-absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record);
+absl::Status DecodeMutation(absl::string_view bytes, MutationRecord* record,
+                            uint32_t version = kFormatVersion);
 
 // CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc`.
 uint32_t Crc32(absl::string_view bytes, uint32_t crc = 0);

@@ -86,14 +86,14 @@ absl::Status DurableState::Recover(RecoveryReport* report) {
     ByteReader in(body.substr(kMagicSize));
     uint32_t version = 0;
     uint64_t sequence = 0, count = 0;
-    if (!in.GetU32(&version) || version != kFormatVersion ||
-        !in.GetU64(&sequence) || sequence != snapshot_sequence ||
-        !in.GetU64(&count)) {
+    if (!in.GetU32(&version) || version < kOldestFormatVersion ||
+        version > kFormatVersion || !in.GetU64(&sequence) ||
+        sequence != snapshot_sequence || !in.GetU64(&count)) {
       return DataLoss(path, "unsupported version or wrong sequence number");
     }
     for (uint64_t i = 0; i < count; ++i) {
       BatchNormModel model;
-      if (absl::Status s = DecodeModel(in, &model); !s.ok()) {
+      if (absl::Status s = DecodeModel(in, &model, version); !s.ok()) {
         return DataLoss(
             path, absl::StrCat("model ", i, " is malformed: ", s.message()));
       }
@@ -211,7 +211,7 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
   header.GetU32(&header_crc);
   if (file.substr(0, kMagicSize) != kSegmentMagic ||
       Crc32(file.substr(0, kSegmentHeaderSize - 4)) != header_crc ||
-      version != kFormatVersion) {
+      version < kOldestFormatVersion || version > kFormatVersion) {
     return DataLoss(path, "not a normd log segment (bad header)");
   }
   if (first > *next_sequence) {
@@ -275,7 +275,7 @@ absl::Status DurableState::ReplaySegment(const std::string& path, bool last,
     }
     if (sequence >= *next_sequence) {
       MutationRecord record;
-      if (absl::Status s = DecodeMutation(checked.substr(8), &record);
+      if (absl::Status s = DecodeMutation(checked.substr(8), &record, version);
           !s.ok()) {
         return DataLoss(
             path, absl::StrCat("record #", sequence, " at offset ", offset,

@@ -18,7 +18,10 @@ namespace normd::state {
 
 inline constexpr char kSnapshotMagic[] = "NORMDSNP";
 inline constexpr char kSegmentMagic[] = "NORMDWAL";
-inline constexpr uint32_t kFormatVersion = 1;
+// The format written: 2 ends every model with its drift reference (or a
+// zero byte for none); 1 had none. Files of both are read.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr size_t kMagicSize = 8;
 inline constexpr size_t kSegmentHeaderSize = kMagicSize + 4 + 8 + 4;
 // length, crc, sequence.

@@ -11,7 +11,10 @@ under its protocol label, histogram_quantile over
 grpc_server_handling_seconds_bucket gives a plausible p99, every alert rule
 is loaded and evaluates healthily, and every expression of the Grafana
 dashboard evaluates without error (most with data). promtool checks the
-rules, the configuration and normd's /metrics.
+rules, the configuration and normd's /metrics. The drift gauges of a model
+with a reference reach Prometheus, and promtool's rule tests show
+NormdModelInputDrift firing only after kl_max stays above the exported
+threshold for 15 minutes, for that model alone.
 
 Usage: prometheus_test.py --normd BUILD/normd --stubs BUILD/python
 """
@@ -202,6 +205,69 @@ def series_match_the_traffic(api, client_rate):
     return rate, p99
 
 
+def drift_gauges_reach_prometheus(api):
+    """The model with a reference has its normd_model_drift_* series, and
+    the threshold is exported."""
+    for name in ("kl_max", "kl_mean", "shift_max", "channels_drifted",
+                 "window_samples"):
+        ok, values = api.query(
+            f'normd_model_drift_{name}{{job="normd",model="prom"}}')
+        check(ok and len(values) == 1 and values[0] >= 0,
+              f"normd_model_drift_{name}: {values}")
+    ok, values = api.query('normd_drift_threshold{job="normd"}')
+    check(ok and values == [0.1], f"normd_drift_threshold: {values}")
+    ok, values = api.query('normd_drift_models_unexported{job="normd"}')
+    check(ok and values == [0.0], f"normd_drift_models_unexported: {values}")
+
+
+def drift_alert_fires_after_fifteen_minutes(tmp):
+    """promtool test rules on synthetic series: a model's kl_max at 0.5
+    against a threshold of 0.1 fires NormdModelInputDrift at 15 minutes
+    and not at 14; a model at 0.01 never does."""
+    alerts = os.path.join(DEPLOY, "prometheus", "alerts.yml")
+    with open(alerts) as f:
+        (rule,) = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]
+                   if r["alert"] == "NormdModelInputDrift"]
+    instance = "replica-0:9464"
+    annotations = {
+        "summary": rule["annotations"]["summary"]
+        .replace("{{ $labels.model }}", "resnet.bn1")
+        .replace("{{ $labels.instance }}", instance)
+        .replace('{{ $value | printf "%.3g" }}', "0.5"),
+        "description": rule["annotations"]["description"]
+        .replace("{{ $labels.model }}", "resnet.bn1")}
+    series = 'job="normd",instance="%s"' % instance
+    tests = {
+        "rule_files": [alerts],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'normd_model_drift_kl_max{%s,model="resnet.bn1"}'
+                 % series, "values": "0.5x40"},
+                {"series": 'normd_model_drift_kl_max{%s,model="calm"}'
+                 % series, "values": "0.01x40"},
+                {"series": 'normd_drift_threshold{%s}' % series,
+                 "values": "0.1x40"}],
+            "alert_rule_test": [
+                {"eval_time": "14m", "alertname": "NormdModelInputDrift",
+                 "exp_alerts": []},
+                {"eval_time": "16m", "alertname": "NormdModelInputDrift",
+                 "exp_alerts": [{
+                     "exp_labels": {"severity": "warning",
+                                    "instance": instance,
+                                    "model": "resnet.bn1"},
+                     "exp_annotations": annotations}]}]}]}
+    path = os.path.join(tmp, "drift_alert_test.yml")
+    with open(path, "w") as f:
+        yaml.safe_dump(tests, f)
+    done = subprocess.run(["promtool", "test", "rules", path],
+                          capture_output=True, text=True, timeout=60)
+    check(done.returncode == 0,
+          f"promtool test rules (NormdModelInputDrift): {done.stdout}"
+          f"{done.stderr}")
+
+
 def every_alert_rule_evaluates(api):
     """Every rule of alerts.yml loaded healthy and its expression evaluates.
     The rules."""
@@ -247,8 +313,10 @@ def every_dashboard_expression_has_data(api):
 def main():
     promtool("check", "rules", os.path.join(DEPLOY, "prometheus", "alerts.yml"))
     with tempfile.TemporaryDirectory() as tmp:
+        drift_alert_fires_after_fifteen_minutes(tmp)
         proc, port, metrics_port = normd_process.start_normd(
-            args.normd, ["--state_dir=" + os.path.join(tmp, "state")])
+            args.normd, ["--state_dir=" + os.path.join(tmp, "state"),
+                         "--drift_min_samples=1"])
         prom = None
         try:
             metrics = urllib.request.urlopen(
@@ -257,6 +325,11 @@ def main():
             prom, api = start_prometheus(tmp, metrics_port)
             channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             stub = pb_grpc.NormalizerStub(channel)
+            # The traffic's model, with a drift reference.
+            stub.CreateModel(pb.CreateModelRequest(name="prom",
+                                                   num_features=16))
+            stub.SetReference(pb.SetReferenceRequest(
+                model="prom", source=pb.REFERENCE_RUNNING))
             stop, counter = threading.Event(), [0]
             threads = [threading.Thread(target=traffic,
                                         args=(stub, stop, counter))
@@ -272,6 +345,7 @@ def main():
             client_rate = (counter[0] - start_count) / (
                 time.monotonic() - start)
             rate, p99 = series_match_the_traffic(api, client_rate)
+            drift_gauges_reach_prometheus(api)
             wanted = every_alert_rule_evaluates(api)
             exprs, with_data = every_dashboard_expression_has_data(api)
             stop.set()

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -69,6 +70,13 @@ void ExpectSameModels(const std::vector<BatchNormModel>& a,
     EXPECT_EQ(a[i].PooledMean(), b[i].PooledMean());
     EXPECT_EQ(a[i].PooledVariance(), b[i].PooledVariance());
     EXPECT_EQ(a[i].generation, b[i].generation);
+    ASSERT_EQ(a[i].reference.has_value(), b[i].reference.has_value());
+    if (a[i].reference.has_value()) {
+      EXPECT_EQ(a[i].reference->source, b[i].reference->source);
+      EXPECT_EQ(a[i].reference->set_unix_nanos, b[i].reference->set_unix_nanos);
+      EXPECT_EQ(a[i].reference->mean, b[i].reference->mean);
+      EXPECT_EQ(a[i].reference->var, b[i].reference->var);
+    }
   }
 }
 
@@ -80,6 +88,13 @@ BatchNormModel RandomModel(std::mt19937_64& rng, const std::string& name,
   EXPECT_TRUE(ApplyTrainingStep(model, RandomBatch(rng, channels)).ok());
   model.num_batches_tracked += static_cast<int64_t>(rng() % 4);
   model.generation = 1 + rng() % 5;
+  if (rng() % 2 == 0) {
+    model.reference = DriftReference{
+        .source = ReferenceSource::kExplicit,
+        .set_unix_nanos = static_cast<int64_t>(rng() % 1000),
+        .mean = std::vector<double>(channels, -0.5),
+        .var = std::vector<double>(channels, 0.25 * (1 + rng() % 4))};
+  }
   return model;
 }
 
@@ -98,7 +113,23 @@ void RandomChanges(ModelStore& store, int steps, uint32_t seed) {
   for (int i = 0; i < steps; ++i) {
     const std::string name = "m" + std::to_string(rng() % 6);
     const int64_t channels = 1 + static_cast<int64_t>(name.back() - '0');
-    switch (rng() % 13) {
+    switch (rng() % 15) {
+      case 13: {
+        const ReferenceSource source =
+            std::array{ReferenceSource::kRunning, ReferenceSource::kPooled,
+                       ReferenceSource::kExplicit}[rng() % 3];
+        ReferenceRequest request{.source = source};
+        if (source == ReferenceSource::kExplicit) {
+          request.mean.assign(channels, static_cast<double>(rng() % 100));
+          request.var.assign(channels, 1.0 + rng() % 3);
+        }
+        // NOT_FOUND, and pooled statistics of a fresh model: fine.
+        (void)store.SetReference(name, request);
+        break;
+      }
+      case 14:
+        (void)store.ClearReference(name);
+        break;
       case 12: {
         // With "k<digit>" of another channel count; ALREADY_EXISTS is fine.
         std::vector<ModelSpec> specs = {
@@ -735,6 +766,60 @@ TEST(CodecTest, DecodingGarbageNeverSucceedsByAccident) {
   ASSERT_TRUE(DecodeMutation(bytes, &record).ok());
   EXPECT_EQ(record.model.num_features, 3);
   ExpectTruncationsAndHugeCountsFail(bytes, Mutation::Kind::kTrain, "x");
+}
+
+// Models encoded before drift references (format 1) decode as they were:
+// format 2 adds one byte, zero for a model without a reference.
+TEST(CodecTest, FormatOneModelsDecodeWithoutAReference) {
+  std::mt19937_64 rng(3);
+  BatchNormModel model = RandomModel(rng, "old", 3);
+  model.reference.reset();
+  std::string bytes;
+  ByteWriter writer(bytes);
+  EncodeModel(model, writer);
+  ASSERT_EQ(bytes.back(), '\0');
+  const std::string format_one = bytes.substr(0, bytes.size() - 1);
+  BatchNormModel decoded;
+  ByteReader reader(format_one);
+  ASSERT_TRUE(DecodeModel(reader, &decoded, /*version=*/1).ok());
+  EXPECT_EQ(reader.remaining(), 0u);
+  ExpectSameModels({model}, {decoded});
+  // Read as format 2, the same bytes end early.
+  ByteReader as_two(format_one);
+  EXPECT_FALSE(DecodeModel(as_two, &decoded, /*version=*/2).ok());
+}
+
+// A model's reference survives encoding bit for bit; a damaged one (a
+// negative variance, an unknown source) is refused.
+TEST(CodecTest, ReferencesRoundTripAndDamageIsRefused) {
+  BatchNormModel model = MakeDefaultModel("r", 2);
+  model.reference = DriftReference{.source = ReferenceSource::kCheckpoint,
+                                   .set_unix_nanos = 1234567890123,
+                                   .mean = {0.1, -0.2},
+                                   .var = {3.5, 0}};
+  std::string bytes;
+  ByteWriter writer(bytes);
+  EncodeModel(model, writer);
+  BatchNormModel decoded;
+  ByteReader reader(bytes);
+  ASSERT_TRUE(DecodeModel(reader, &decoded).ok());
+  ExpectSameModels({model}, {decoded});
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    ByteReader cut(absl::string_view(bytes).substr(0, n));
+    EXPECT_FALSE(DecodeModel(cut, &decoded).ok()) << n;
+  }
+  for (auto damage : {+[](BatchNormModel& m) { m.reference->var[1] = -1; },
+                      +[](BatchNormModel& m) {
+                        m.reference->source = static_cast<ReferenceSource>(9);
+                      }}) {
+    BatchNormModel damaged = model;
+    damage(damaged);
+    std::string damaged_bytes;
+    ByteWriter damaged_writer(damaged_bytes);
+    EncodeModel(damaged, damaged_writer);
+    ByteReader damaged_reader(damaged_bytes);
+    EXPECT_FALSE(DecodeModel(damaged_reader, &decoded).ok());
+  }
 }
 
 // A record that creates several models decodes to exactly them, and any

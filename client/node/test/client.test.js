@@ -165,6 +165,44 @@ test("normd Node client", async (t) => {
     assert.ok(maxError(data, want) < 1e-5);
   });
 
+  await t.test("drift against an explicit reference matches fp64", async () => {
+    await client.createModel("node-drift", 2);
+    const state = await client.setReference("node-drift", "explicit",
+      { mean: [0, 1], var: [1, 4] });
+    assert.equal(state.reference.source, "explicit");
+    // 1200 rows of 2 channels: a ramp in each.
+    const rows = 1200;
+    const x = new Float64Array(rows * 2);
+    for (let r = 0; r < rows; r++) {
+      x[2 * r] = r / rows;
+      x[2 * r + 1] = 3 - (2 * r) / rows;
+    }
+    await client.batchNorm("node-drift", x, [rows, 2]);
+    const report = await client.drift("node-drift");
+    assert.equal(report.referenceSource, "explicit");
+    assert.equal(report.windowSamples, rows);
+    const eps = 1e-5;
+    const want = [0, 1].map((c) => {
+      let mean = 0;
+      for (let r = 0; r < rows; r++) mean += x[2 * r + c];
+      mean /= rows;
+      let v = 0;
+      for (let r = 0; r < rows; r++) v += (x[2 * r + c] - mean) ** 2;
+      v /= rows;
+      const a = v + eps, b = [1, 4][c] + eps, d = mean - [0, 1][c];
+      return 0.5 * (a / b + b / a - 2) + 0.5 * d * d * (1 / a + 1 / b);
+    });
+    assert.ok(maxError(report.kl, want) < 1e-9 * Math.max(...want));
+    assert.ok(Math.abs(report.klMax - Math.max(...want)) < 1e-9 * report.klMax);
+    const ranked = await client.drift();
+    assert.ok(ranked.some((m) => m.name === "node-drift"));
+    const cleared = await client.clearReference("node-drift");
+    assert.equal(cleared.reference, null);
+    assert.equal(await client.drift("node-drift"), null);
+    await assert.rejects(client.setReference("node-drift", "explicit", { mean: [0], var: [1] }),
+      (e) => e.code === status.INVALID_ARGUMENT && /mean/.test(e.details));
+  });
+
   await t.test("models: create, list, reset, delete", async () => {
     const created = await client.createModel("node-created", 2,
       { momentum: null, runningMean: [1, 2], runningVar: [3, 4] });

@@ -41,6 +41,69 @@ class NormdError(Exception):
         self.details = details
 
 
+_REFERENCE_SOURCES = {"running": 1, "pooled": 2, "explicit": 3,
+                      "checkpoint": 4}
+_SOURCE_NAMES = {v: k for k, v in _REFERENCE_SOURCES.items()}
+
+
+@dataclasses.dataclass
+class Reference:
+    """A model's drift reference (see the .proto's DriftReference): what
+    its inputs are expected to follow. `source` is "running", "pooled",
+    "explicit" or "checkpoint"; `mean`/`var` are empty in list_models."""
+
+    source: str
+    set_unix_nanos: int
+    mean: np.ndarray
+    var: np.ndarray
+
+    @classmethod
+    def from_proto(cls, r: "pb.DriftReference") -> "Reference":
+        return cls(source=_SOURCE_NAMES.get(r.source, "unspecified"),
+                   set_unix_nanos=r.set_unix_nanos,
+                   mean=np.array(r.mean, dtype=np.float64),
+                   var=np.array(r.var, dtype=np.float64))
+
+    def to_proto(self) -> "pb.DriftReference":
+        return pb.DriftReference(source=_REFERENCE_SOURCES[self.source],
+                                 set_unix_nanos=self.set_unix_nanos,
+                                 mean=self.mean, var=self.var)
+
+
+@dataclasses.dataclass
+class DriftReport:
+    """How far a model's recent inputs are from its reference (see the
+    .proto's DriftReport). The measures are None while the window holds
+    fewer than the server's --drift_min_samples values per channel; `kl`
+    and `shift` (per channel) are empty in list_models."""
+
+    reference_source: str
+    reference_set_unix_nanos: int
+    window_samples: int
+    window_seconds: int
+    kl_max: Optional[float]
+    kl_mean: Optional[float]
+    shift_max: Optional[float]
+    channels_drifted: Optional[int]
+    kl: np.ndarray
+    shift: np.ndarray
+
+    @classmethod
+    def from_proto(cls, d: "pb.DriftReport") -> "DriftReport":
+        def opt(field):
+            return getattr(d, field) if d.HasField(field) else None
+        return cls(
+            reference_source=_SOURCE_NAMES.get(d.reference_source,
+                                               "unspecified"),
+            reference_set_unix_nanos=d.reference_set_unix_nanos,
+            window_samples=d.window_samples, window_seconds=d.window_seconds,
+            kl_max=opt("kl_max"), kl_mean=opt("kl_mean"),
+            shift_max=opt("shift_max"),
+            channels_drifted=opt("channels_drifted"),
+            kl=np.array(d.kl, dtype=np.float64),
+            shift=np.array(d.shift, dtype=np.float64))
+
+
 @dataclasses.dataclass
 class ModelState:
     """A BatchNorm model's configuration and statistics (see the .proto's
@@ -64,6 +127,10 @@ class ModelState:
     # Exact pooled sums of squared deviations: set by export_model only.
     pooled_m2: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(0))
+    # The drift reference, and the drift against it (get_model and
+    # list_models), or None.
+    reference: Optional[Reference] = None
+    drift: Optional[DriftReport] = None
 
     def state_dict(self, numpy: bool = False) -> dict:
         """The statistics in torch.nn.BatchNorm*d's state_dict layout.
@@ -104,7 +171,11 @@ class ModelState:
             running_mean=arr(m.running_mean), running_var=arr(m.running_var),
             mean=arr(m.mean), var=arr(m.var), weight=arr(m.weight),
             bias=arr(m.bias), generation=m.generation,
-            pooled_m2=arr(m.pooled_m2))
+            pooled_m2=arr(m.pooled_m2),
+            reference=(Reference.from_proto(m.reference)
+                       if m.HasField("reference") else None),
+            drift=(DriftReport.from_proto(m.drift)
+                   if m.HasField("drift") else None))
 
     def to_proto(self) -> "pb.ModelState":
         """The state as a normd.v1.ModelState (what import_model and
@@ -118,7 +189,9 @@ class ModelState:
             sample_count=self.sample_count,
             running_mean=self.running_mean, running_var=self.running_var,
             mean=self.mean, var=self.var, weight=self.weight, bias=self.bias,
-            generation=self.generation, pooled_m2=self.pooled_m2)
+            generation=self.generation, pooled_m2=self.pooled_m2,
+            reference=(self.reference.to_proto()
+                       if self.reference is not None else None))
 
 
 def _is_torch(x: Any) -> bool:
@@ -453,6 +526,42 @@ class Client:
         counts; the model's configuration kept)."""
         request = pb.MergeModelRequest(name=name, source=source.to_proto())
         return ModelState.from_proto(self._call("MergeModel", request, name))
+
+    def set_reference(self, name: str, source: str = "running", *,
+                      mean=None, var=None) -> ModelState:
+        """Sets model `name`'s drift reference: its running statistics as
+        they are now ("running"), its exact pooled ones ("pooled"), or the
+        given per-channel `mean` and `var` ("explicit"). Its inputs are then
+        observed and compared with it (drift())."""
+        if source not in ("running", "pooled", "explicit"):
+            raise ValueError(
+                f"source: {source!r} is not running, pooled or explicit")
+        if (source == "explicit") != (mean is not None or var is not None):
+            raise ValueError("mean and var go with source='explicit' only")
+        request = pb.SetReferenceRequest(
+            model=name, source=_REFERENCE_SOURCES[source])
+        if source == "explicit":
+            request.mean.extend(_vector(mean, "mean"))
+            request.var.extend(_vector(var, "var"))
+        return ModelState.from_proto(
+            self._call("SetReference", request, name))
+
+    def clear_reference(self, name: str) -> ModelState:
+        """Removes model `name`'s drift reference."""
+        return ModelState.from_proto(self._call(
+            "ClearReference", pb.ClearReferenceRequest(model=name), name))
+
+    def drift(self, name: Optional[str] = None):
+        """Model `name`'s DriftReport (None without a reference); without
+        a name, [(name, DriftReport)] of every model with a reference, the
+        largest kl_max first (those without measures last)."""
+        if name is not None:
+            return self.get_model(name).drift
+        reports = [(m.name, m.drift) for m in self.list_models()
+                   if m.drift is not None]
+        reports.sort(key=lambda item: (item[1].kl_max is None,
+                                       -(item[1].kl_max or 0.0), item[0]))
+        return reports
 
     def create_models(self, requests: Sequence["pb.CreateModelRequest"]
                       ) -> list:

@@ -50,6 +50,8 @@ def create_request(prefix, name, layer, fresh):
         request.running_var.extend(_values(layer.running_var))
         if layer.num_batches_tracked is not None:
             request.num_batches_tracked = int(layer.num_batches_tracked)
+        # The trained statistics are what the model's inputs should follow.
+        request.reference_from_checkpoint = True
     return request
 
 
