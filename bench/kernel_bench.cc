@@ -539,6 +539,61 @@ void BM_Fit(benchmark::State& state) {
 }
 BENCHMARK(BM_Fit)->ArgNames({"channels_last"})->Arg(0)->Arg(1)->UseManualTime();
 
+// Drift observation's cost: eval BatchNorm of a model with a drift
+// reference (every request observed) timed right after the same eval of a
+// model without one, as its paired baseline (see TimePaired), so that the
+// ratio is of two runs a moment apart on the same data.
+struct PlainEval {
+  Engine* engine = nullptr;
+  const NormalizeSpec* spec = nullptr;
+};
+PlainEval& CurrentPlainEval() {
+  static PlainEval plain;
+  return plain;
+}
+void RunPlainEval() {
+  const PlainEval& plain = CurrentPlainEval();
+  (void)plain.engine->Normalize(*plain.spec, Output().data());
+  benchmark::ClobberMemory();
+}
+void TimeObservedBatchNorm(benchmark::State& state, const InputTensor& input,
+                           bool channels_last) {
+  Engine plain;
+  Engine observed;
+  NormalizeSpec spec;
+  spec.mode = NormMode::kBatchNorm;
+  spec.model = "bench";
+  spec.channel_axis = channels_last ? -1 : 1;
+  spec.input = input;
+  for (Engine* engine : {&plain, &observed}) {
+    if (!engine->store().Create({.name = "bench", .num_features = 64}).ok()) {
+      state.SkipWithError("create");
+    }
+  }
+  if (!observed.store()
+           .SetReference("bench", {.source = ReferenceSource::kRunning})
+           .ok()) {
+    state.SkipWithError("set reference");
+  }
+  CurrentPlainEval() = {&plain, &spec};
+  TimePaired(state, RunPlainEval, [&] {
+    auto result = observed.Normalize(spec, Output().data());
+    if (!result.ok()) state.SkipWithError("normalize failed");
+    benchmark::ClobberMemory();
+  });
+  SetBytes(state, kBytes);
+}
+void BM_BatchNormObserved(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  TimeObservedBatchNorm(state, View(BatchNormShape(channels_last)),
+                        channels_last);
+}
+BENCHMARK(BM_BatchNormObserved)
+    ->ArgNames({"channels_last"})
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime();
+
 // bf16 BatchNorm and Fit of [32, 64, 128, 128] or channels-last
 // [32, 128, 128, 64]: 64 MiB, as BM_Copy (16-bit values read in place).
 InputTensor HalfBatchNormInput(bool channels_last) {
@@ -558,6 +613,17 @@ void BM_HalfFit(benchmark::State& state) {
   const bool channels_last = state.range(0) != 0;
   TimeFit(state, HalfBatchNormInput(channels_last), channels_last);
 }
+void BM_HalfBatchNormObserved(benchmark::State& state) {
+  const bool channels_last = state.range(0) != 0;
+  TimeObservedBatchNorm(state, HalfBatchNormInput(channels_last),
+                        channels_last);
+}
+BENCHMARK(BM_HalfBatchNormObserved)
+    ->ArgNames({"channels_last"})
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime();
+
 BENCHMARK(BM_HalfFit)
     ->ArgNames({"channels_last"})
     ->Arg(0)

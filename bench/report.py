@@ -72,6 +72,18 @@ ROWS = [
      "BM_Copy", 1.5, "time"),
     ("BM_HalfFit/channels_last:0", "Fit bf16 NCHW", "BM_ReadSum", 0.9, "bw"),
     ("BM_HalfFit/channels_last:1", "Fit bf16 NHWC", "BM_ReadSum", 0.9, "bw"),
+    # Eval with drift observation against eval alone, paired iteration by
+    # iteration (the baseline column is that eval's time).
+    ("BM_BatchNormObserved/channels_last:0", "BatchNorm eval + drift NCHW",
+     "BM_BatchNorm/train:0/channels_last:0", 1.15, "time"),
+    ("BM_BatchNormObserved/channels_last:1", "BatchNorm eval + drift NHWC",
+     "BM_BatchNorm/train:0/channels_last:1", 1.15, "time"),
+    ("BM_HalfBatchNormObserved/channels_last:0",
+     "BatchNorm bf16 eval + drift NCHW",
+     "BM_HalfBatchNorm/train:0/channels_last:0", 1.15, "time"),
+    ("BM_HalfBatchNormObserved/channels_last:1",
+     "BatchNorm bf16 eval + drift NHWC",
+     "BM_HalfBatchNorm/train:0/channels_last:1", 1.15, "time"),
 ]
 
 

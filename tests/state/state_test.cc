@@ -737,6 +737,65 @@ TEST(EngineConcurrencyTest, MixedThreadsLoseNothingAndRecoverExactly) {
   ExpectSameModels(before, o.store->List(true));
 }
 
+// Drift observation under racing threads (TSan runs this program): eight
+// threads evaluate one model with a reference while others read its drift,
+// list every model and re-set its reference; every observed value is in the
+// window at the end, and the window's mean is the inputs'.
+TEST(EngineConcurrencyTest, RacingObservationsOfOneModelLoseNothing) {
+  Engine engine({}, kDefaultMaxRank, {.min_samples = 1});
+  ASSERT_TRUE(engine.store().Create({.name = "d", .num_features = 2}).ok());
+  ASSERT_TRUE(engine.store()
+                  .SetReference("d", {.source = ReferenceSource::kRunning})
+                  .ok());
+  constexpr int kEvaluators = 8, kCalls = 50, kRows = 16;
+  std::atomic<int> failures = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kEvaluators; ++t) {
+    threads.emplace_back([&, t] {
+      // Channel 0 holds t, channel 1 holds -t.
+      std::vector<double> x(2 * kRows);
+      for (int r = 0; r < kRows; ++r) {
+        x[2 * r] = t;
+        x[2 * r + 1] = -t;
+      }
+      std::vector<double> y(x.size());
+      NormalizeSpec spec{.mode = NormMode::kBatchNorm,
+                         .model = "d",
+                         .input = {.dtype = DType::kFloat64,
+                                   .shape = {kRows, 2},
+                                   .data = x.data(),
+                                   .size = 2 * kRows}};
+      for (int i = 0; i < kCalls; ++i) {
+        if (!engine.Normalize(spec, y.data()).ok()) ++failures;
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      absl::StatusOr<BatchNormModel> model = engine.store().Get("d");
+      if (!model.ok() || !engine.Drift(*model).has_value()) ++failures;
+      (void)engine.store().List();
+    }
+  });
+  threads.emplace_back([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      if (!engine.store()
+               .SetReference("d", {.source = ReferenceSource::kRunning})
+               .ok()) {
+        ++failures;
+      }
+    }
+  });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures, 0);
+  const std::vector<Moments> window = engine.drift_monitor().Window("d", 2);
+  EXPECT_EQ(window[0].count, kEvaluators * kCalls * kRows);
+  // The mean of t over the evaluators, 3.5; exact in any merge order up to
+  // rounding.
+  EXPECT_NEAR(window[0].mean, 3.5, 1e-12);
+  EXPECT_NEAR(window[1].mean, -3.5, 1e-12);
+}
+
 // Every truncation of `bytes` (a record) fails cleanly, and so does a
 // record of `kind` declaring 2^60 entries: refused before allocating.
 void ExpectTruncationsAndHugeCountsFail(const std::string& bytes,
