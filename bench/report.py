@@ -175,7 +175,8 @@ def main():
             goal = f">={target}"
         else:
             ratio = statistics.median(k / b for k, b in pairs)
-            shown = f"{ratio:.2f}x copy time"
+            against = "copy" if base == "BM_Copy" else "eval"
+            shown = f"{ratio:.2f}x {against} time"
             ok = ratio <= target
             goal = f"<={target}"
         tt = torch.get(name)
