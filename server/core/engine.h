@@ -149,6 +149,9 @@ class Engine {
   // Observe for an eval input, whose moments are taken only when observed.
   void ObserveEval(const BatchNormModel& model, const InputTensor& input,
                    const ChannelLayout& layout);
+  // Adds `moments` to model `name`'s window unless a channel is not finite.
+  void AddFiniteObservation(absl::string_view name,
+                            absl::Span<const Moments> moments);
 
   ModelStore store_;
   const int max_rank_;

@@ -17,10 +17,7 @@ void Engine::Observe(const BatchNormModel& model,
   if (!model.reference.has_value() || !drift_.ShouldObserve(model.name)) {
     return;
   }
-  for (const Moments& m : moments) {
-    if (!m.IsFinite()) return;
-  }
-  drift_.Observe(model.name, moments);
+  AddFiniteObservation(model.name, moments);
 }
 
 void Engine::ObserveEval(const BatchNormModel& model, const InputTensor& input,
@@ -30,14 +27,17 @@ void Engine::ObserveEval(const BatchNormModel& model, const InputTensor& input,
     return;
   }
   std::vector<char> storage;
-  const InputTensor whole =
-      input.scattered != nullptr ? Contiguous(input, storage) : input;
-  const std::vector<Moments> moments =
-      ChannelMoments(whole.dtype, whole.data, layout);
+  const InputTensor whole = Contiguous(input, storage);
+  AddFiniteObservation(model.name,
+                       ChannelMoments(whole.dtype, whole.data, layout));
+}
+
+void Engine::AddFiniteObservation(absl::string_view name,
+                                  absl::Span<const Moments> moments) {
   for (const Moments& m : moments) {
     if (!m.IsFinite()) return;
   }
-  drift_.Observe(model.name, moments);
+  drift_.Observe(name, moments);
 }
 
 }  // namespace normd
