@@ -329,12 +329,14 @@ absl::StatusOr<BatchNormModel> Engine::NormalizeBatch(const NormalizeSpec& spec,
   for (int64_t c = 0; c < channels; ++c) {
     scale[c] = weight[c] / std::sqrt(var[c] + eps);
   }
-  if (!spec.training) ObserveEval(*model, in, *layout);
-  if (in.size > 0) {
-    // Contiguous, or scattered fp32 / fp64 (ReadsScatteredInPlace).
-    ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, mean.data(),
-                        scale.data(), bias.data());
+  if (in.size == 0) return model;
+  if (!spec.training && NormalizeObserved(*model, in, *layout, mean.data(),
+                                          scale.data(), bias.data(), output)) {
+    return model;
   }
+  // Contiguous, or scattered fp32 / fp64 (ReadsScatteredInPlace).
+  ChannelAffineKernel(in.dtype, SourceOf(in), output, *layout, mean.data(),
+                      scale.data(), bias.data());
   return model;
 }
 

@@ -146,9 +146,14 @@ class Engine {
   // has a reference and the request is sampled; inputs with a non-finite
   // channel are not observed.
   void Observe(const BatchNormModel& model, absl::Span<const Moments> moments);
-  // Observe for an eval input, whose moments are taken only when observed.
-  void ObserveEval(const BatchNormModel& model, const InputTensor& input,
-                   const ChannelLayout& layout);
+  // When `model`'s eval input (size > 0) is to be observed: normalizes it
+  // into `output` (ChannelAffineKernel's arrays) and observes its moments,
+  // taken in the same pass, and returns true; else does nothing and returns
+  // false.
+  bool NormalizeObserved(const BatchNormModel& model, const InputTensor& input,
+                         const ChannelLayout& layout, const double* mean,
+                         const double* scale, const double* shift,
+                         void* output);
   // Adds `moments` to model `name`'s window unless a channel is not finite.
   void AddFiniteObservation(absl::string_view name,
                             absl::Span<const Moments> moments);

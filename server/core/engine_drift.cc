@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "server/core/engine.h"
+#include "server/core/kernels.h"
 
 namespace normd {
 
@@ -20,16 +21,22 @@ void Engine::Observe(const BatchNormModel& model,
   AddFiniteObservation(model.name, moments);
 }
 
-void Engine::ObserveEval(const BatchNormModel& model, const InputTensor& input,
-                         const ChannelLayout& layout) {
-  if (!model.reference.has_value() || input.size == 0 ||
-      !drift_.ShouldObserve(model.name)) {
-    return;
+bool Engine::NormalizeObserved(const BatchNormModel& model,
+                               const InputTensor& input,
+                               const ChannelLayout& layout, const double* mean,
+                               const double* scale, const double* shift,
+                               void* output) {
+  if (!model.reference.has_value() || !drift_.ShouldObserve(model.name)) {
+    return false;
   }
+  // Scattered input is gathered first: the blocks of the moments are not
+  // the pieces it arrives in.
   std::vector<char> storage;
   const InputTensor whole = Contiguous(input, storage);
   AddFiniteObservation(model.name,
-                       ChannelMoments(whole.dtype, whole.data, layout));
+                       ChannelAffineWithMoments(whole.dtype, whole.data, output,
+                                                layout, mean, scale, shift));
+  return true;
 }
 
 void Engine::AddFiniteObservation(absl::string_view name,

@@ -14,6 +14,7 @@
 #include "server/core/parallel.h"
 #include "server/core/simd/block_moments.h"
 #include "server/core/simd/channel_affine.h"
+#include "server/core/simd/channel_moments.h"
 #include "server/core/simd/row_affine.h"
 #include "server/core/simd/streaming.h"
 #include "server/core/staging.h"
@@ -340,14 +341,66 @@ void TraversePieces(int64_t total, Traversal traversal, const Write& write) {
   if (fence) StreamFence();
 }
 
+// The per-channel arrays of ChannelAffineWrite (simd/channel_affine.h) of
+// type P: for fp32, hi (the mean as a float, so that x - hi is exact near
+// it), scale, and shift - (mean - hi) * scale folded in fp64 (left out when
+// not finite in fp32, as for an infinite weight: x's sign against hi
+// decides); for fp64, mean, scale and shift. Channels-last: `period` +
+// channels entries, the period a multiple of channels long enough to
+// vectorize well. A value, read-only once built.
+template <typename P>
+struct ChannelAffineArrays {
+  int64_t period = 0;
+  VectorArray<P> hi;
+  VectorArray<P> mul;
+  VectorArray<P> add;
+
+  ChannelAffineArrays(const ChannelLayout& layout, const double* mean,
+                      const double* scale, const double* shift) {
+    const int64_t channels = layout.channels;
+    constexpr int64_t kMinPeriod = 1024;
+    period =
+        layout.inner != 1
+            ? channels
+            : channels * std::max<int64_t>(
+                             1, std::min(kMinPeriod / channels, layout.outer));
+    const size_t entries = layout.inner == 1 ? period + channels : channels;
+    hi = hwy::AllocateAligned<P>(entries);
+    mul = hwy::AllocateAligned<P>(entries);
+    add = hwy::AllocateAligned<P>(entries);
+    for (int64_t k = 0; k < channels; ++k) {
+      hi[k] = static_cast<P>(mean[k]);
+      mul[k] = static_cast<P>(scale[k]);
+      add[k] = static_cast<P>(shift[k]);
+      if constexpr (std::is_same_v<P, float>) {
+        const double rest = (mean[k] - static_cast<double>(hi[k])) * scale[k];
+        if (std::isfinite(mul[k]) && std::isfinite(rest)) {
+          add[k] = static_cast<float>(shift[k] - rest);
+        }
+      }
+    }
+    // The channels-last period's entries: copies of the channels' own, the
+    // filled prefix (a multiple of channels, as entries is) doubled each
+    // time, so that few channels take few copies.
+    for (size_t filled = channels; filled < entries; filled *= 2) {
+      const size_t n = std::min(filled, entries - filled);
+      std::copy_n(hi.get(), n, hi.get() + filled);
+      std::copy_n(mul.get(), n, mul.get() + filled);
+      std::copy_n(add.get(), n, add.get() + filled);
+    }
+  }
+
+  // Elements [begin, end) of the tensor, from x (element begin at x[0]) to
+  // y (element begin at y[0]).
+  void Write(DType dtype, const ChannelLayout& layout, const char* x, char* y,
+             int64_t begin, int64_t end, const ChannelWrite& write) const {
+    ChannelAffineWrite(dtype, x, y, begin, end, layout.channels, layout.inner,
+                       period, hi.get(), mul.get(), add.get(), write);
+  }
+};
+
 // ChannelAffineKernel with parameters of type P, in pieces of a work item
-// (contiguous input) or of the staging buffer. The per-channel arrays
-// (simd/channel_affine.h): for fp32, hi (the mean as a float, so that x -
-// hi is exact near it), scale, and shift - (mean - hi) * scale folded in
-// fp64 (left out when not finite in fp32, as for an infinite weight: x's
-// sign against hi decides); for fp64, mean, scale and shift. Channels-last:
-// `period` + channels entries, the period a multiple of channels long
-// enough to vectorize well.
+// (contiguous input) or of the staging buffer.
 template <typename P>
 void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
                         const ChannelLayout& layout, const double* mean,
@@ -357,37 +410,7 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
   if (total == 0) return;
   const int64_t size = ElementSize(dtype);
   const bool stream = StreamOutput(std::max(total, output_elements), size);
-  const int64_t channels = layout.channels;
-  constexpr int64_t kMinPeriod = 1024;
-  const int64_t period =
-      layout.inner != 1
-          ? channels
-          : channels * std::max<int64_t>(
-                           1, std::min(kMinPeriod / channels, layout.outer));
-  const size_t entries = layout.inner == 1 ? period + channels : channels;
-  VectorArray<P> hi = hwy::AllocateAligned<P>(entries);
-  VectorArray<P> mul = hwy::AllocateAligned<P>(entries);
-  VectorArray<P> add = hwy::AllocateAligned<P>(entries);
-  for (int64_t k = 0; k < channels; ++k) {
-    hi[k] = static_cast<P>(mean[k]);
-    mul[k] = static_cast<P>(scale[k]);
-    add[k] = static_cast<P>(shift[k]);
-    if constexpr (std::is_same_v<P, float>) {
-      const double rest = (mean[k] - static_cast<double>(hi[k])) * scale[k];
-      if (std::isfinite(mul[k]) && std::isfinite(rest)) {
-        add[k] = static_cast<float>(shift[k] - rest);
-      }
-    }
-  }
-  // The channels-last period's entries: copies of the channels' own, the
-  // filled prefix (a multiple of channels, as entries is) doubled each time,
-  // so that few channels take few copies.
-  for (size_t filled = channels; filled < entries; filled *= 2) {
-    const size_t n = std::min(filled, entries - filled);
-    std::copy_n(hi.get(), n, hi.get() + filled);
-    std::copy_n(mul.get(), n, mul.get() + filled);
-    std::copy_n(add.get(), n, add.get() + filled);
-  }
+  const ChannelAffineArrays<P> arrays(layout, mean, scale, shift);
   const int64_t piece = source.data != nullptr ? kApplyChunk : kStagingElements;
   TraversePieces(total, traversal, [&](const tbb::blocked_range<int64_t>& r) {
     char* staging =
@@ -396,15 +419,107 @@ void ChannelAffineRange(DType dtype, const InputSource& source, void* y,
             : Staging<char, StagingSlot::kKernelInput>(kStagingElements * size);
     for (int64_t begin = r.begin(); begin < r.end(); begin += piece) {
       const int64_t end = std::min(r.end(), begin + piece);
-      ChannelAffineWrite(
-          dtype, source.Read(begin * size, (end - begin) * size, staging),
-          static_cast<char*>(y) + begin * size, begin, end, channels,
-          layout.inner, period, hi.get(), mul.get(), add.get(),
-          {.stream = stream, .prefetch_input = true});
+      arrays.Write(dtype, layout,
+                   source.Read(begin * size, (end - begin) * size, staging),
+                   static_cast<char*>(y) + begin * size, begin, end,
+                   {.stream = stream, .prefetch_input = true});
     }
     return stream;
   });
 }
+
+// ChannelAffineWithMoments' work on each block of ChannelMoments, with
+// parameters of type P: fp32 and 16-bit blocks that the moments kernels
+// can write as they read them (simd/block_moments.h,
+// simd/channel_moments.h) are, unless in place (a block that lost accuracy
+// is read again); others are written once their moments are taken, from
+// cache. Thread-safe: blocks write disjoint outputs.
+template <typename P>
+class AffinePass final : public BlockPass {
+ public:
+  AffinePass(DType dtype, const char* x, char* y, const ChannelLayout& layout,
+             const double* mean, const double* scale, const double* shift)
+      : dtype_(dtype),
+        size_(ElementSize(dtype)),
+        x_(x),
+        y_(y),
+        layout_(layout),
+        stream_(StreamOutput(layout.NumElements(), size_)),
+        arrays_(layout, mean, scale, shift) {}
+
+  Moments RunBlock(int64_t at, int64_t n) const override {
+    const char* x = x_ + at * size_;
+    char* y = y_ + at * size_;
+    if constexpr (std::is_same_v<P, float>) {
+      if (x_ != y_ && n > kShortRow && Aligned(y)) {
+        const int64_t channel = (at / layout_.inner) % layout_.channels;
+        const Moments moments = BlockMomentsWithAffine(
+            dtype_, x, y, n, arrays_.hi[channel], arrays_.mul[channel],
+            arrays_.add[channel], stream_);
+        if (stream_) StreamFence();
+        return moments;
+      }
+    }
+    const Moments moments =
+        BlockMoments(dtype_, x, n,
+                     Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock));
+    AfterRange(at, at + n);
+    return moments;
+  }
+
+  void RunRowBlock(const ChannelRowBlock& block, double* scratch,
+                   Moments* out) const override {
+    const int64_t row = layout_.channels * layout_.inner;
+    if constexpr (std::is_same_v<P, float>) {
+      if (x_ != y_ && layout_.inner == 1 && block.width() % 64 == 0 &&
+          Aligned(y_ + block.c0 * size_) &&
+          (!stream_ || row * size_ % 64 == 0)) {
+        ChannelRowBlockMomentsWithAffine(
+            dtype_, x_, y_, layout_, block, arrays_.hi.get(), arrays_.mul.get(),
+            arrays_.add.get(), stream_, scratch, out);
+        if (stream_) StreamFence();
+        return;
+      }
+    }
+    ChannelRowBlockMoments(dtype_, x_, layout_, block, scratch, out);
+    const int64_t length = block.width() * layout_.inner;
+    if (length == row) {  // Every channel: one range.
+      AfterRange(block.r0 * row, block.r1 * row);
+      return;
+    }
+    for (int64_t r = block.r0; r < block.r1; ++r) {
+      const int64_t begin = r * row + block.c0 * layout_.inner;
+      Write(begin, begin + length);
+    }
+    if (stream_) StreamFence();
+  }
+
+  void AfterRange(int64_t begin, int64_t end) const override {
+    Write(begin, end);
+    if (stream_) StreamFence();
+  }
+
+ private:
+  // Whether streaming stores may start at y.
+  bool Aligned(const char* y) const {
+    return !stream_ || reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  }
+  // Elements [begin, end) from cache. The next range of a thread's run of
+  // work is usually the next in memory: fetched into L2 meanwhile.
+  void Write(int64_t begin, int64_t end) const {
+    arrays_.Write(
+        dtype_, layout_, x_ + begin * size_, y_ + begin * size_, begin, end,
+        {.stream = stream_, .prefetch_next_bytes = (end - begin) * size_});
+  }
+
+  const DType dtype_;
+  const int64_t size_;
+  const char* const x_;
+  char* const y_;
+  const ChannelLayout layout_;
+  const bool stream_;
+  const ChannelAffineArrays<P> arrays_;
+};
 
 }  // namespace
 
@@ -419,6 +534,21 @@ void ChannelAffineKernel(DType dtype, const InputSource& x, void* y,
     ChannelAffineRange<float>(dtype, x, y, layout, mean, scale, shift,
                               output_elements, traversal);
   }
+}
+
+std::vector<Moments> ChannelAffineWithMoments(
+    DType dtype, const void* x, void* y, const ChannelLayout& layout,
+    const double* mean, const double* scale, const double* shift) {
+  const char* in = static_cast<const char*>(x);
+  char* out = static_cast<char*>(y);
+  if (dtype == DType::kFloat64) {
+    return ChannelMoments(
+        dtype, x, layout,
+        AffinePass<double>(dtype, in, out, layout, mean, scale, shift));
+  }
+  return ChannelMoments(
+      dtype, x, layout,
+      AffinePass<float>(dtype, in, out, layout, mean, scale, shift));
 }
 
 }  // namespace normd

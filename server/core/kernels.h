@@ -6,6 +6,7 @@
 #define NORMD_SERVER_CORE_KERNELS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "server/core/layout.h"
 #include "server/core/moments.h"
@@ -77,6 +78,7 @@ void ChannelAffineKernel(DType dtype, const InputSource& x, void* y,
                          const double* scale, const double* shift,
                          int64_t output_elements = 0,
                          Traversal traversal = Traversal::kParallel);
+
 template <typename T>
 void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                          const double* mean, const double* scale,
@@ -84,6 +86,13 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
   ChannelAffineKernel(FloatingDType<T>(), {reinterpret_cast<const char*>(x)}, y,
                       layout, mean, scale, shift);
 }
+
+// ChannelAffineKernel of contiguous x that also returns ChannelMoments(x),
+// the same bits as each, in one read of x: every block of the moments is
+// normalized while it is still in cache. x == y allowed.
+std::vector<Moments> ChannelAffineWithMoments(
+    DType dtype, const void* x, void* y, const ChannelLayout& layout,
+    const double* mean, const double* scale, const double* shift);
 
 }  // namespace normd
 

@@ -23,6 +23,12 @@ struct ChannelLayout {
   int64_t NumElements() const { return outer * channels * inner; }
 };
 
+// Channels [c0, c1) over rows (outer indices) [r0, r1) of a ChannelLayout.
+struct ChannelRowBlock {
+  int64_t c0 = 0, c1 = 0, r0 = 0, r1 = 0;
+  int64_t width() const { return c1 - c0; }
+};
+
 // Resolves the BatchNorm channel axis of `shape`: unset = 1, negative counts
 // from the end. INVALID_ARGUMENT (naming `channel_axis` / `input.shape`) for a
 // rank below 2, an axis out of range, or the batch axis 0.

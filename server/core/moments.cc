@@ -27,10 +27,26 @@ Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
   return total;
 }
 
+// The pass of the plain reductions: the moments alone.
+struct MomentsOnly {
+  DType dtype;
+  const void* x;
+  const ChannelLayout& layout;
+  Moments RunBlock(int64_t at, int64_t n) const {
+    return BlockAt(dtype, x, at, n);
+  }
+  void RunRowBlock(const ChannelRowBlock& block, double* scratch,
+                   Moments* out) const {
+    ChannelRowBlockMoments(dtype, x, layout, block, scratch, out);
+  }
+  void AfterRange(int64_t, int64_t) const {}
+};
+
 // Channel moments of runs of kMinRun values or more (e.g. NCHW): every
 // run's blocks in parallel, folded in order per run and per channel.
-std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
-                                            const ChannelLayout& layout) {
+template <typename Pass>
+std::vector<Moments> ChannelMomentsLongRuns(const ChannelLayout& layout,
+                                            const Pass& pass) {
   const int64_t runs = layout.outer * layout.channels;
   const int64_t per_run = (layout.inner + kMomentsBlock - 1) / kMomentsBlock;
   std::vector<Moments> blocks(runs * per_run);
@@ -39,8 +55,9 @@ std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
       [&](const tbb::blocked_range<int64_t>& range) {
         for (int64_t i = range.begin(); i < range.end(); ++i) {
           const int64_t begin = (i % per_run) * kMomentsBlock;
-          blocks[i] = BlockAt(dtype, x, (i / per_run) * layout.inner + begin,
-                              std::min(kMomentsBlock, layout.inner - begin));
+          blocks[i] =
+              pass.RunBlock((i / per_run) * layout.inner + begin,
+                            std::min(kMomentsBlock, layout.inner - begin));
         }
       });
   std::vector<Moments> result(layout.channels);
@@ -59,8 +76,9 @@ std::vector<Moments> ChannelMomentsLongRuns(DType dtype, const void* x,
 // (simd/channel_moments.h). Work items are (channel range, row group), both
 // fixed by the shape; each folds its blocks in order, then the groups are
 // folded in order per channel.
-std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
-                                             const ChannelLayout& layout) {
+template <typename Pass>
+std::vector<Moments> ChannelMomentsShortRuns(const ChannelLayout& layout,
+                                             const Pass& pass) {
   // Elements of one row per block (runs: 16 Ki, so that the hardware
   // prefetcher sees more than a page at a time).
   const int64_t row_width = layout.inner == 1 ? kMaxChannelsLastBlock : 16384;
@@ -96,8 +114,7 @@ std::vector<Moments> ChannelMomentsShortRuns(DType dtype, const void* x,
             const int64_t r0 = b * rows_per_block;
             const ChannelRowBlock block{
                 c0, c1, r0, std::min(layout.outer, r0 + rows_per_block)};
-            ChannelRowBlockMoments(dtype, x, layout, block, scratch.data(),
-                                   block_moments.data());
+            pass.RunRowBlock(block, scratch.data(), block_moments.data());
             for (int64_t c = 0; c < c1 - c0; ++c) {
               MergeMoments(acc[c], block_moments[c]);
             }
@@ -119,8 +136,10 @@ constexpr int64_t kMinRun = 256;
 // into a per-thread buffer), as rows: sixteen at a time by FloatRowsMoments.
 // A specialization kept on measurement: bfloat16 on AVX3 and AVX2, bench
 // case ChannelMoments of [1, C, inner] (docs/design/kernels.md).
+template <typename Pass>
 std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
-                                          const ChannelLayout& layout) {
+                                          const ChannelLayout& layout,
+                                          const Pass& pass) {
   const int64_t inner = layout.inner;
   const int64_t batches = (layout.channels + 15) / 16;
   std::vector<Moments> result(layout.channels);
@@ -139,9 +158,27 @@ std::vector<Moments> OneRunChannelMoments(DType dtype, const void* x,
             runs = buffer;
           }
           FloatRowsMoments(runs, inner, count, result.data() + c0);
+          pass.AfterRange(c0 * inner, (c0 + count) * inner);
         }
       });
   return result;
+}
+
+// ChannelMoments by the strategy that suits the layout, with `pass`.
+template <typename Pass>
+std::vector<Moments> ChannelMomentsWith(DType dtype, const void* x,
+                                        const ChannelLayout& layout,
+                                        const Pass& pass) {
+  if (layout.channels == 0) return {};
+  if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
+  if (layout.inner >= kMinRun) {
+    return ChannelMomentsLongRuns(layout, pass);
+  }
+  // Every channel one run of 16-255 values (GroupNorm of small images).
+  if (dtype != DType::kFloat64 && layout.outer == 1 && layout.inner >= 16) {
+    return OneRunChannelMoments(dtype, x, layout, pass);
+  }
+  return ChannelMomentsShortRuns(layout, pass);
 }
 
 }  // namespace
@@ -164,20 +201,19 @@ void MergeMoments(Moments& into, const Moments& other) {
 Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
   if (n <= 0) return Moments{};
   if (n <= kMomentsBlock) return BlockAt(dtype, x, 0, n);
-  return ChannelMomentsLongRuns(dtype, x,
-                                {.outer = 1, .channels = 1, .inner = n})[0];
+  const ChannelLayout layout{.outer = 1, .channels = 1, .inner = n};
+  return ChannelMomentsLongRuns(layout, MomentsOnly{dtype, x, layout})[0];
 }
 
 std::vector<Moments> ChannelMoments(DType dtype, const void* x,
                                     const ChannelLayout& layout) {
-  if (layout.channels == 0) return {};
-  if (layout.PerChannel() == 0) return std::vector<Moments>(layout.channels);
-  if (layout.inner >= kMinRun) return ChannelMomentsLongRuns(dtype, x, layout);
-  // Every channel one run of 16-255 values (GroupNorm of small images).
-  if (dtype != DType::kFloat64 && layout.outer == 1 && layout.inner >= 16) {
-    return OneRunChannelMoments(dtype, x, layout);
-  }
-  return ChannelMomentsShortRuns(dtype, x, layout);
+  return ChannelMomentsWith(dtype, x, layout, MomentsOnly{dtype, x, layout});
+}
+
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout,
+                                    const BlockPass& pass) {
+  return ChannelMomentsWith(dtype, x, layout, pass);
 }
 
 Moments WidenedMoments(DType dtype, const uint16_t* x, float* out, int64_t n,

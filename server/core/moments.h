@@ -73,6 +73,32 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   return ChannelMoments(FloatingDType<T>(), x, layout);
 }
 
+// Work that rides on a reduction's read of x (ChannelAffineWithMoments):
+// every block is handed to it once, on the thread that reduces it, for its
+// moments and whatever else it does with the block in the same read, or
+// while the block is still in that core's cache. Its methods run
+// concurrently on distinct blocks.
+class BlockPass {
+ public:
+  virtual ~BlockPass() = default;
+  // The moments of x[at, at + n), n <= kMomentsBlock, a block of one
+  // channel's run, as BlockMoments (simd/block_moments.h) takes them.
+  virtual Moments RunBlock(int64_t at, int64_t n) const = 0;
+  // The moments of `block`'s channels into out[0, width), as
+  // ChannelRowBlockMoments (simd/channel_moments.h) takes them; `scratch`
+  // holds 3 * width doubles.
+  virtual void RunRowBlock(const ChannelRowBlock& block, double* scratch,
+                           Moments* out) const = 0;
+  // Elements [begin, end) of x, whose moments were just taken.
+  virtual void AfterRange(int64_t begin, int64_t end) const = 0;
+};
+
+// ChannelMoments, the same bits, with `pass` riding on it: every element of
+// x is in exactly one block it is handed.
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout,
+                                    const BlockPass& pass);
+
 }  // namespace normd
 
 #endif  // NORMD_SERVER_CORE_MOMENTS_H_

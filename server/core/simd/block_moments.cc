@@ -7,7 +7,9 @@
 #include <type_traits>
 
 #include "server/core/half.h"
+#include "server/core/simd/channel_affine.h"
 #include "server/core/simd/fold.h"
+#include "server/core/staging.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "server/core/simd/block_moments.cc"
@@ -15,6 +17,7 @@
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "server/core/simd/affine_store-inl.h"
 #include "server/core/simd/half-inl.h"
 #include "server/core/simd/moments_accumulator-inl.h"
 #include "server/core/simd/ops-inl.h"
@@ -25,7 +28,7 @@ namespace HWY_NAMESPACE {
 namespace {
 
 // The logical lanes (see block_moments.h): fixed, whatever the vector width.
-constexpr int kFloatLanes = 64;
+constexpr int kFloatLanes = kBlockLanes;
 constexpr int kWideLanes = kFloatLanes / 2;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kShiftSample = 32;
@@ -163,9 +166,34 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
 // (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
 // each lane's sums the same; a specialization kept on measurement: AVX2,
 // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
-template <DType kType, bool kStore, bool kPairs = false>
+// LongMoments' `write` of nothing.
+struct NoWrite {
+  template <class V>
+  HWY_INLINE void operator()(int64_t /*k*/, V /*values*/) const {}
+};
+
+// LongMoments' `write` of one channel's affine (ChannelAffineWrite's, the
+// same bits): y[k] = fma(x[k] - a, b, c) in fp32, narrowed to kType,
+// streamed with kStream (y aligned to 64 bytes) or stored.
+template <DType kType, bool kStream>
+struct AffineWrite {
+  typename Elements<kType>::Stored* HWY_RESTRICT y;
+  float a, b, c;
+
+  template <class V>
+  HWY_INLINE void operator()(int64_t k, V values) const {
+    const FloatVectorTag d;
+    StoreAffine<kType, kStream>(d, values, hn::Set(d, a), hn::Set(d, b),
+                                hn::Set(d, c), y + k);
+  }
+};
+
+// kStore, kPairs: see above. `write(k, v)` gets every vector v of the
+// lanes, values [k, k + lanes), as it is read.
+template <DType kType, bool kStore, bool kPairs = false, class Write = NoWrite>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
-                    float* HWY_RESTRICT out, int64_t n) {
+                    float* HWY_RESTRICT out, int64_t n,
+                    const Write& write = {}) {
   using E = Elements<kType>;
   constexpr bool kFloat = kType == DType::kFloat32;
   const FloatVectorTag d;
@@ -205,6 +233,7 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
           return E::Load(d, x + k);
         }();
         if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + k);
+        write(k, f);
         return f;
       },
       dev, sq,
@@ -280,6 +309,24 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
 
 }  // namespace
 
+Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
+                        int64_t n, float a, float b, float c, bool stream) {
+  Moments result;
+  ForDType(dtype, [&]<DType kType>() {
+    if constexpr (kType != DType::kFloat64) {
+      using Stored = typename Elements<kType>::Stored;
+      const auto* values = static_cast<const Stored*>(x);
+      auto* to = static_cast<Stored*>(y);
+      result =
+          stream ? LongMoments<kType, false>(
+                       values, out, n, AffineWrite<kType, true>{to, a, b, c})
+                 : LongMoments<kType, false>(
+                       values, out, n, AffineWrite<kType, false>{to, a, b, c});
+    }
+  });
+  return result;
+}
+
 void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
   if (n > kShortRow) {
     for (int64_t k = 0; k < count; ++k) {
@@ -318,6 +365,7 @@ namespace normd {
 
 HWY_EXPORT(FloatRows);
 HWY_EXPORT(Block);
+HWY_EXPORT(BlockWithAffine);
 
 void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
   HWY_DYNAMIC_DISPATCH(FloatRows)(x, n, count, out);
@@ -326,6 +374,21 @@ void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
 Moments BlockMoments(DType dtype, const void* x, int64_t n, float* out,
                      bool store_widened) {
   return HWY_DYNAMIC_DISPATCH(Block)(dtype, x, out, n, store_widened);
+}
+
+Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,
+                               float a, float b, float c, bool stream) {
+  const Moments result = HWY_DYNAMIC_DISPATCH(BlockWithAffine)(
+      dtype, x, Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock), y, n,
+      a, b, c, stream);
+  // The values past the last whole step of the lanes.
+  const int64_t done = n / kBlockLanes * kBlockLanes;
+  if (done == n) return result;
+  const int64_t size = ElementSize(dtype);
+  ChannelAffineWrite(dtype, static_cast<const char*>(x) + done * size,
+                     static_cast<char*>(y) + done * size, done, n,
+                     /*channels=*/1, /*inner=*/n, /*period=*/1, &a, &b, &c, {});
+  return result;
 }
 
 }  // namespace normd

@@ -19,6 +19,9 @@
 
 namespace normd {
 
+// The fp32 lanes of a long block (a value per lane per step).
+inline constexpr int kBlockLanes = 64;
+
 // Rows of at most this many values are reduced sixteen at a time by
 // FloatRowsMoments: a call per row costs more than its values.
 inline constexpr int64_t kShortRow = 256;
@@ -33,6 +36,15 @@ void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out);
 // floats) only what the scalar parts read.
 Moments BlockMoments(DType dtype, const void* x, int64_t n,
                      float* out = nullptr, bool store_widened = false);
+
+// BlockMoments of x[0..n) (fp32 or 16-bit, kShortRow < n <= kMomentsBlock)
+// that also writes one channel's ChannelAffineWrite of it, the same bits,
+// y[k] = fma(x[k] - a, b, c) in fp32 narrowed to `dtype`, in the same read
+// of x: each vector stored as soon as the sums have it. `stream`: streaming
+// stores (y aligned to 64 bytes; the caller fences). y must not overlap x
+// (a block that takes the exact path reads x again).
+Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,
+                               float a, float b, float c, bool stream);
 
 }  // namespace normd
 

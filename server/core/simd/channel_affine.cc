@@ -32,7 +32,8 @@ void Range(const typename Elements<kType>::Stored* x,
            int64_t channels, int64_t inner, int64_t period,
            const typename Elements<kType>::Value* a,
            const typename Elements<kType>::Value* b,
-           const typename Elements<kType>::Value* c, bool prefetch_input) {
+           const typename Elements<kType>::Value* c,
+           const ChannelWrite& policy) {
   using E = Elements<kType>;
   using Stored = typename E::Stored;
   const typename E::ValueTag d;
@@ -51,9 +52,12 @@ void Range(const typename Elements<kType>::Stored* x,
   auto write = [&]<bool kUniform>(int64_t from, int64_t to,
                                   const auto& value) NORMD_LAMBDA_INLINE {
     const Stored* xs = x + (from - begin);
+    const bool next = policy.prefetch_next_bytes > 0;
     const Prefetch prefetch{
-        prefetch_input ? reinterpret_cast<const char*>(xs) : nullptr,
-        static_cast<int64_t>(sizeof(Stored)), kInputPrefetchBytes};
+        next || policy.prefetch_input ? reinterpret_cast<const char*>(xs)
+                                      : nullptr,
+        static_cast<int64_t>(sizeof(Stored)),
+        next ? policy.prefetch_next_bytes : kInputPrefetchBytes, next};
     WriteVectors<kStream>(
         dout, out + (from - begin), to - from,
         [&](int64_t j, size_t count) NORMD_LAMBDA_INLINE {
@@ -158,8 +162,7 @@ void AnyRange(DType dtype, const void* x, void* out, int64_t begin, int64_t end,
     auto range = write.stream ? &Range<kType, true> : &Range<kType, false>;
     range(static_cast<const Stored*>(x), static_cast<Stored*>(out), begin, end,
           channels, inner, period, static_cast<const Value*>(a),
-          static_cast<const Value*>(b), static_cast<const Value*>(c),
-          write.prefetch_input);
+          static_cast<const Value*>(b), static_cast<const Value*>(c), write);
   });
 }
 

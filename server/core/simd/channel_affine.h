@@ -11,10 +11,13 @@
 namespace normd {
 
 // Streaming stores (the caller fences with StreamFence) or ordinary ones;
-// x prefetched ahead of the loads when `prefetch_input`.
+// x prefetched a little ahead of the loads into L1 when `prefetch_input`;
+// when `prefetch_next_bytes` > 0, x that many bytes ahead into L2 instead
+// (a caller's next range, read again later).
 struct ChannelWrite {
   bool stream = false;
   bool prefetch_input = false;
+  int64_t prefetch_next_bytes = 0;
 };
 
 // Elements [begin, end) of a [outer, channels, inner] tensor of `dtype`,

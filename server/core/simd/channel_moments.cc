@@ -13,6 +13,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
+#include "server/core/simd/affine_store-inl.h"
 #include "server/core/simd/half-inl.h"
 #include "server/core/simd/moments_accumulator-inl.h"
 #include "server/core/simd/ops-inl.h"
@@ -31,6 +32,10 @@ constexpr int kExactChannels = 8;
 // How far ahead a block of two tiles or more prefetches rows into L2 (the
 // hardware prefetcher falls behind at 1 KiB rows).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
+
+// How far ahead whole tiles that write their affine prefetch their input
+// (with a dozen operations a line, the hardware prefetcher falls behind).
+constexpr int64_t kWritePrefetchBytes = 2048;
 
 // into[j] += acc[j] in fp64, j < count.
 void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
@@ -66,6 +71,35 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   }
 }
 
+// ChannelsLastSums' `write` of nothing.
+struct NoRowWrite {
+  static constexpr bool kWrites = false;
+  template <class V>
+  HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*v*/) const {}
+};
+
+// ChannelsLastSums' `write` of the channel affine (ChannelAffineWrite's,
+// the same bits) of each vector it reads: channel c's value of row r to
+// y[r * stride + c], fma(x - a[c], b[c], c[c]) in fp32 narrowed to kType,
+// streamed with kStream (every row aligned to 64 bytes) or stored.
+template <DType kType, bool kStream>
+struct ChannelsLastAffineWrite {
+  static constexpr bool kWrites = true;
+  typename Elements<kType>::Stored* HWY_RESTRICT y;
+  int64_t stride;
+  const float* a;
+  const float* b;
+  const float* c;
+
+  template <class V>
+  HWY_INLINE void operator()(int64_t row, int64_t channel, V v) const {
+    const FloatVectorTag d;
+    StoreAffine<kType, kStream>(
+        d, v, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
+        hn::LoadU(d, c + channel), y + row * stride + channel);
+  }
+};
+
 // The sums of channels-last channels [c, c + width) over rows [r0, r1):
 // whole tiles (width a multiple of kTile) or a narrow tile (below kTile: a
 // step of kTile / width rows, value q of a flush interval in lane q %
@@ -76,14 +110,15 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // are summed over each interval of kTileFlush steps, then added into fp64.
 // Narrow tiles are a specialization kept on measurement: AVX3 and AVX2,
 // bench case ChannelMoments*/nc8 (docs/design/kernels.md). Whole tiles prefetch
-// rows before `prefetch_end`, `prefetch_bytes` wide.
-template <DType kType, typename Stored>
+// rows before `prefetch_end`, `prefetch_bytes` wide, and hand every vector
+// they read to `write` (narrow ones write nothing).
+template <DType kType, typename Stored, class Write = NoRowWrite>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
                       int64_t prefetch_end, int64_t prefetch_bytes,
                       double* HWY_RESTRICT center_out,
-                      double* HWY_RESTRICT dev_out,
-                      double* HWY_RESTRICT sq_out) {
+                      double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out,
+                      const Write& write = {}) {
   using E = Elements<kType>;
   const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -93,9 +128,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const int64_t step_lanes = narrow ? kTile : width;
   // Whole bfloat16 tiles read in pair order (see EvenBFloat16), their
   // shifts and sums kept in it: a specialization kept on measurement: AVX2,
-  // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
+  // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md). Not
+  // when writing: the output is in channel order (the sums are the same).
   constexpr bool kPairOrder =
-      kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
+      kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR && !Write::kWrites;
   const bool pairs = kPairOrder && !narrow;
   HWY_ALIGN float center[kMaxChannelsLastBlock];
   Shifts<kType>(x, stride, c, width, r0, r1, center);
@@ -205,7 +241,14 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 #if HWY_TARGET != HWY_SCALAR
       if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
-      return E::Load(d, row + at);
+      if constexpr (Write::kWrites) {
+        __builtin_prefetch(
+            reinterpret_cast<const char*>(row + at) + kWritePrefetchBytes, 0,
+            3);
+      }
+      const auto values = E::Load(d, row + at);
+      write(f + s, c + at, values);
+      return values;
     };
     add.template operator()<false>(f_end - f, 0, tile_rows, tile_rows);
   }
@@ -359,10 +402,13 @@ void ExactChannelSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
 // dev, sq, then its moments into out: by the fast paths where `fast` and
 // the layout allow, else the exact loops. False when a fast result lost
 // accuracy.
-template <DType kType, typename Stored = typename Elements<kType>::Stored>
+// `write`: ChannelsLastSums'.
+template <DType kType, typename Stored = typename Elements<kType>::Stored,
+          class Write = NoRowWrite>
 bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                const ChannelRowBlock& block, bool fast,
-               double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out) {
+               double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out,
+               const Write& write = {}) {
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t stride = layout.channels * inner;
@@ -388,7 +434,7 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
       ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
                               prefetch ? layout.outer : 0,
                               width * static_cast<int64_t>(sizeof(Stored)),
-                              sum + at, dev + at, sq + at);
+                              sum + at, dev + at, sq + at, write);
       at += w;
     }
     done = width;
@@ -408,6 +454,34 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
 }
 
 }  // namespace
+
+void RowBlockWithAffine(DType dtype, const void* x, void* y,
+                        const ChannelLayout& layout,
+                        const ChannelRowBlock& block, const float* a,
+                        const float* b, const float* c, bool stream,
+                        double* scratch, Moments* out) {
+  ForDType(dtype, [&]<DType kType>() {
+    if constexpr (kType != DType::kFloat64) {
+      using Stored = typename Elements<kType>::Stored;
+      const auto* values = static_cast<const Stored*>(x);
+      auto* to = static_cast<Stored*>(y);
+      const int64_t stride = layout.channels;
+      // Every value is written by the fast pass; a block that lost accuracy
+      // has its moments taken again, exactly.
+      const bool accurate =
+          stream
+              ? BlockSums<kType>(
+                    values, layout, block, /*fast=*/true, scratch, out,
+                    ChannelsLastAffineWrite<kType, true>{to, stride, a, b, c})
+              : BlockSums<kType>(
+                    values, layout, block, /*fast=*/true, scratch, out,
+                    ChannelsLastAffineWrite<kType, false>{to, stride, a, b, c});
+      if (!accurate) {
+        BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
+      }
+    }
+  });
+}
 
 void RowBlockMoments(DType dtype, const void* x, const ChannelLayout& layout,
                      const ChannelRowBlock& block, double* scratch,
@@ -430,12 +504,23 @@ HWY_AFTER_NAMESPACE();
 namespace normd {
 
 HWY_EXPORT(RowBlockMoments);
+HWY_EXPORT(RowBlockWithAffine);
 
 void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
                             Moments* out) {
   HWY_DYNAMIC_DISPATCH(RowBlockMoments)(dtype, x, layout, block, scratch, out);
+}
+
+void ChannelRowBlockMomentsWithAffine(DType dtype, const void* x, void* y,
+                                      const ChannelLayout& layout,
+                                      const ChannelRowBlock& block,
+                                      const float* a, const float* b,
+                                      const float* c, bool stream,
+                                      double* scratch, Moments* out) {
+  HWY_DYNAMIC_DISPATCH(RowBlockWithAffine)
+  (dtype, x, y, layout, block, a, b, c, stream, scratch, out);
 }
 
 }  // namespace normd

@@ -24,12 +24,6 @@
 
 namespace normd {
 
-// Channels [c0, c1) over rows [r0, r1) of a ChannelLayout.
-struct ChannelRowBlock {
-  int64_t c0 = 0, c1 = 0, r0 = 0, r1 = 0;
-  int64_t width() const { return c1 - c0; }
-};
-
 // The widest channels-last block ChannelRowBlockMoments takes.
 inline constexpr int64_t kMaxChannelsLastBlock = 1024;
 
@@ -39,6 +33,20 @@ void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
                             Moments* out);
+
+// ChannelRowBlockMoments of a channels-last block (inner == 1) of whole
+// tiles (width a multiple of 64) of fp32 or 16-bit x that also writes the
+// block's ChannelAffineWrite, the same bits: y[r * channels + c] =
+// fma(x - a[c], b[c], c[c]) in fp32 narrowed to `dtype`, in the same read
+// of x, each vector stored as soon as the sums have it. `stream`: streaming
+// stores (every row of y aligned to 64 bytes; the caller fences). y must
+// not overlap x (a block that loses accuracy reads x again).
+void ChannelRowBlockMomentsWithAffine(DType dtype, const void* x, void* y,
+                                      const ChannelLayout& layout,
+                                      const ChannelRowBlock& block,
+                                      const float* a, const float* b,
+                                      const float* c, bool stream,
+                                      double* scratch, Moments* out);
 
 }  // namespace normd
 

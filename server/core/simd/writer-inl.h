@@ -30,11 +30,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 inline constexpr int64_t kInputPrefetchBytes = 2048;
 
 // What a writer prefetches as it writes element j: element j of `base`
-// (elements of `element_bytes`) plus `ahead_bytes`; nothing if base is null.
+// (elements of `element_bytes`) plus `ahead_bytes`, into L1, or into L2
+// with `into_l2` (for data wanted later than the next few lines); nothing
+// if base is null.
 struct Prefetch {
   const char* base = nullptr;
   int64_t element_bytes = 0;
   int64_t ahead_bytes = 0;
+  bool into_l2 = false;
 };
 
 // Writes out[0..n) from compute(j, count), the vector (tag d) of elements
@@ -72,13 +75,15 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
   const int64_t line_bytes = kLine * prefetch.element_bytes;
   // The line loop, with or without prefetches (two loops: a test in the
   // loop costs the loop without them).
-  auto lines = [&](auto prefetching) NORMD_LAMBDA_INLINE {
+  // `locality`: __builtin_prefetch's, 0 for none.
+  auto lines = [&](auto locality_constant) NORMD_LAMBDA_INLINE {
+    constexpr int kLocality = decltype(locality_constant)::value;
     for (; j + kLine <= n; j += kLine) {
-      if constexpr (prefetching) {
+      if constexpr (kLocality != 0) {
         const char* ahead =
             prefetch.base + j * prefetch.element_bytes + prefetch.ahead_bytes;
         for (int64_t b = 0; b < line_bytes; b += 64) {
-          __builtin_prefetch(ahead + b, 0, 3);
+          __builtin_prefetch(ahead + b, 0, kLocality);
         }
       }
       for (int64_t k = 0; k < kLine; k += lanes) {
@@ -91,10 +96,12 @@ HWY_INLINE void WriteVectors(D d, T* HWY_RESTRICT out, int64_t n,
       }
     }
   };
-  if (prefetch.base != nullptr) {
-    lines(std::true_type());
+  if (prefetch.base == nullptr) {
+    lines(std::integral_constant<int, 0>());
+  } else if (prefetch.into_l2) {
+    lines(std::integral_constant<int, 2>());
   } else {
-    lines(std::false_type());
+    lines(std::integral_constant<int, 3>());
   }
   partial(j, n);
 }

@@ -1,0 +1,182 @@
+// ChannelAffineWithMoments, the eval pass that also takes its input's
+// moments (drift observation), against the two kernels it fuses: its
+// moments must be ChannelMoments' bit for bit, and its output
+// ChannelAffineKernel's byte for byte, in every dtype and layout (each
+// strategy of the reduction, blocks written as read and blocks written
+// from cache), in place and not, with streaming stores and without, with a
+// misaligned output, a constant channel (the exact path) and a NaN and an
+// Inf, on every SIMD target and at 1 and 2 threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "server/core/half.h"
+#include "server/core/kernels.h"
+#include "server/core/layout.h"
+#include "server/core/moments.h"
+#include "server/core/parallel.h"
+#include "server/core/simd/streaming.h"
+#include "tests/testing/reference.h"
+#include "tests/testing/simd_targets.h"
+
+namespace normd {
+namespace {
+
+using ::normd::testing::ForEachSimdTarget;
+using ::normd::testing::RandomValues;
+
+struct Case {
+  const char* name;
+  ChannelLayout layout;
+};
+
+// One per path: long runs in whole and partial blocks (NCHW), runs of one
+// channel (outer 1), short runs, channels-last whole tiles (written as
+// read), channels-last narrow tiles and wide blocks split into channel
+// ranges (written from cache).
+const Case kCases[] = {
+    {"nchw", {.outer = 3, .channels = 5, .inner = 1000}},
+    {"nchw_two_blocks", {.outer = 2, .channels = 3, .inner = 70001}},
+    {"nchw_short_block", {.outer = 2, .channels = 2, .inner = 32768 + 200}},
+    {"one_run_channels", {.outer = 1, .channels = 37, .inner = 49}},
+    {"short_runs", {.outer = 40, .channels = 6, .inner = 9}},
+    {"nhwc64", {.outer = 3000, .channels = 64, .inner = 1}},
+    {"nhwc128", {.outer = 700, .channels = 128, .inner = 1}},
+    {"nhwc100", {.outer = 900, .channels = 100, .inner = 1}},
+    {"nhwc8", {.outer = 999, .channels = 8, .inner = 1}},
+    {"nhwc2048", {.outer = 40, .channels = 2048, .inner = 1}},
+};
+
+constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
+                             DType::kFloat64};
+
+// The tensor's bytes in `dtype`: normal values around 3, channel 1 constant
+// (its moments take the exact path), a NaN in channel 0 and an Inf in the
+// last channel when `special`.
+std::vector<char> TensorBytes(DType dtype, const ChannelLayout& layout,
+                              bool special) {
+  const int64_t n = layout.NumElements();
+  std::vector<double> values = RandomValues<double>(n, 17, 3.0, 2.0);
+  for (int64_t i = 0; i < n; ++i) {
+    if ((i / layout.inner) % layout.channels == 1) values[i] = 1.25;
+  }
+  if (special) {
+    values[0] = std::numeric_limits<double>::quiet_NaN();
+    values[n - 1] = std::numeric_limits<double>::infinity();
+  }
+  const int64_t size = ElementSize(dtype);
+  std::vector<char> bytes(n * size);
+  for (int64_t i = 0; i < n; ++i) {
+    char* at = bytes.data() + i * size;
+    if (dtype == DType::kFloat64) {
+      std::memcpy(at, &values[i], 8);
+    } else if (dtype == DType::kFloat32) {
+      const auto v = static_cast<float>(values[i]);
+      std::memcpy(at, &v, 4);
+    } else {
+      const uint16_t v = DoubleToHalf(dtype, values[i]);
+      std::memcpy(at, &v, 2);
+    }
+  }
+  return bytes;
+}
+
+std::string MomentsBits(const std::vector<Moments>& moments) {
+  std::string bits;
+  for (const Moments& m : moments) {
+    bits.append(reinterpret_cast<const char*>(&m.count), sizeof(m.count));
+    // NaN as one pattern: which NaN the hardware makes is not the contract.
+    for (double v : {m.mean, m.m2}) {
+      const double canonical =
+          std::isnan(v) ? std::numeric_limits<double>::quiet_NaN() : v;
+      bits.append(reinterpret_cast<const char*>(&canonical), sizeof(double));
+    }
+  }
+  return bits;
+}
+
+// Checks one case: the fused pass into a buffer at byte `offset` from a
+// 64-byte boundary (or in place) against the two kernels.
+void CheckCase(const Case& c, DType dtype, bool special, int64_t offset,
+               bool in_place) {
+  SCOPED_TRACE(std::string(c.name) + " dtype " +
+               std::to_string(static_cast<int>(dtype)) +
+               (special ? " special" : "") + " offset " +
+               std::to_string(offset) + (in_place ? " in place" : ""));
+  const ChannelLayout& layout = c.layout;
+  const std::vector<char> input = TensorBytes(dtype, layout, special);
+  const int64_t bytes = static_cast<int64_t>(input.size());
+  std::vector<double> mean(layout.channels), scale(layout.channels),
+      shift(layout.channels);
+  for (int64_t k = 0; k < layout.channels; ++k) {
+    mean[k] = 3.0 + 0.01 * k;
+    scale[k] = 0.5 + 0.125 * (k % 7);
+    shift[k] = -1.0 + 0.25 * (k % 5);
+  }
+
+  const std::vector<Moments> want_moments =
+      ChannelMoments(dtype, input.data(), layout);
+  std::vector<char> want(bytes);
+  ChannelAffineKernel(dtype, {input.data()}, want.data(), layout, mean.data(),
+                      scale.data(), shift.data());
+
+  // 64-byte aligned storage, used from `offset`.
+  std::vector<char> storage(bytes + 128);
+  char* aligned = storage.data() +
+                  (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+  char* out = aligned + offset;
+  const char* in = input.data();
+  if (in_place) {
+    std::memcpy(out, input.data(), bytes);
+    in = out;
+  }
+  const std::vector<Moments> got_moments = ChannelAffineWithMoments(
+      dtype, in, out, layout, mean.data(), scale.data(), shift.data());
+  EXPECT_EQ(MomentsBits(got_moments), MomentsBits(want_moments));
+  int64_t first_difference = 0;
+  while (first_difference < bytes &&
+         out[first_difference] == want[first_difference]) {
+    ++first_difference;
+  }
+  EXPECT_EQ(first_difference, bytes)
+      << "output differs from byte " << first_difference << " of " << bytes;
+}
+
+void CheckEveryCase() {
+  for (const Case& c : kCases) {
+    for (DType dtype : kDTypes) {
+      CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/false);
+      CheckCase(c, dtype, /*special=*/true, 0, /*in_place=*/false);
+      CheckCase(c, dtype, /*special=*/false, ElementSize(dtype),
+                /*in_place=*/false);
+      CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/true);
+    }
+  }
+}
+
+TEST(ChannelAffineWithMomentsTest, EqualsTheMomentsAndTheAffineItFuses) {
+  for (int64_t streaming : {kDefaultStreamingOutputBytes, int64_t{0}}) {
+    SCOPED_TRACE(streaming == 0 ? "streaming stores" : "default stores");
+    SetStreamingOutputBytes(streaming);
+    ForEachSimdTarget([&](const std::string&) { CheckEveryCase(); });
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+}
+
+TEST(ChannelAffineWithMomentsTest, SameBitsOnOneThreadAndOnTwo) {
+  SetStreamingOutputBytes(0);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    const ScopedComputeThreads scope(threads);
+    CheckEveryCase();
+  }
+  SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
+}
+
+}  // namespace
+}  // namespace normd
