@@ -60,6 +60,9 @@ ABSL_FLAG(std::string, model, "bench",
           "--create_model.");
 ABSL_FLAG(bool, create_model, false,
           "Create --model first (ALREADY_EXISTS is fine).");
+ABSL_FLAG(bool, set_reference, false,
+          "With --create_model: give --model a drift reference (its running "
+          "statistics), so that every request is observed.");
 ABSL_FLAG(int, inflight, 1, "Calls (or stream messages) kept in flight.");
 ABSL_FLAG(int, streams, 1,
           "With --rpc=stream: streams sharing the --inflight messages.");
@@ -504,6 +507,19 @@ int Main() {
       std::fprintf(stderr, "loadgen: CreateModel: %s\n",
                    status.error_message().c_str());
       return 1;
+    }
+    if (absl::GetFlag(FLAGS_set_reference)) {
+      grpc::ClientContext reference_context;
+      v1::SetReferenceRequest reference;
+      reference.set_model(model);
+      reference.set_source(v1::REFERENCE_RUNNING);
+      const grpc::Status set =
+          stub->SetReference(&reference_context, reference, &state);
+      if (!set.ok()) {
+        std::fprintf(stderr, "loadgen: SetReference: %s\n",
+                     set.error_message().c_str());
+        return 1;
+      }
     }
   }
   const grpc::ByteBuffer request =

@@ -234,6 +234,9 @@ SERVICE_ROWS = [
      2.0),
     ("bn_eval_4mib_unary_4", "BatchNorm eval 4 MiB vs Python peer", "normd",
      "peer", 2.0),
+    # Drift observation's cost through the service (api.md, "Drift").
+    ("bn_eval_4mib_unary_4", "BatchNorm eval observed vs not, 4 MiB",
+     "normd_drift", "normd", None),
     ("ln_4mib_unary_4", "OIP gRPC raw vs native, LayerNorm 4 MiB", "oip",
      "normd", 0.95),
     ("ln_768_unary_16", "OIP gRPC raw vs native, [1,768]", "oip", "normd",

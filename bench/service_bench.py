@@ -30,7 +30,8 @@ import numpy as np
 # (raw contents) instead of Normalize; "rest_json" and "rest_binary" the
 # same LayerNorm over the protocol's REST form on normd's --http_port (JSON
 # numbers, or Triton's binary data both ways; a connection per call in
-# flight).
+# flight); "normd_drift" normd's BatchNorm eval of a model with a drift
+# reference (every request observed) instead of one without.
 CASES = {
     "ln_768_unary_16": (["--shape=1,768", "--inflight=16"],
                         ["echo", "normd", "oip", "rest_json", "peer"], "qps"),
@@ -39,7 +40,8 @@ CASES = {
                         "mb_per_s"),
     "bn_eval_4mib_unary_4": (["--shape=16,64,32,32", "--mode=batch_norm",
                               "--inflight=4"],
-                             ["echo", "normd", "peer"], "mb_per_s"),
+                             ["echo", "normd", "normd_drift", "peer"],
+                             "mb_per_s"),
     "ln_768_stream_16": (["--shape=1,768", "--inflight=16", "--rpc=stream"],
                          ["echo", "normd"], "qps"),
 }
@@ -139,12 +141,15 @@ def main():
                 for name in names:
                     bn = "--mode=batch_norm" in case_args
                     via_normd = name in ("oip", "rest_json", "rest_binary")
+                    extra = ([f"--rpc={name}",
+                              f"--http_target=127.0.0.1:{http_port}"]
+                             if via_normd else [])
+                    if name == "normd_drift":
+                        extra = ["--model=bench_drift", "--set_reference"]
                     r = loadgen(build,
-                                servers["normd" if via_normd else name][1],
-                                case_args + ([f"--rpc={name}",
-                                              f"--http_target=127.0.0.1:"
-                                              f"{http_port}"]
-                                             if via_normd else []),
+                                servers["normd" if via_normd or
+                                        name == "normd_drift" else name][1],
+                                case_args + extra,
                                 args.duration, bn and name != "echo" and
                                 rep == 0)
                     runs[name].append(r)
