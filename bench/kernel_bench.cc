@@ -207,6 +207,10 @@ void TimePaired(benchmark::State& state, void (*baseline)(), const Run& run) {
   double second_seconds = 0.0;
   int64_t iteration = 0;
   for (auto _ : state) {
+    // The baseline on the first target: the last iteration may have left
+    // dispatch pinned to the second (a dispatched baseline, such as
+    // RunPlainEval, would alternate between them).
+    if (targets.second != 0) PinTarget(targets.first);
     const Clock::time_point start = Clock::now();
     baseline();
     baseline_seconds +=
