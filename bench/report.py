@@ -275,6 +275,8 @@ def service_table(service):
             n, d = c["normd"], cases["ln_768_unary_16"]["normd"]
             base = "unary"
             ratio = n["median"] / d["median"]
+        elif num not in c or den not in c:
+            continue  # A run from before this row's server was measured.
         else:
             n, d = c[num], c[den]
             base = den

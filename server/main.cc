@@ -74,9 +74,11 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{1} << 30,
           "Most bytes all BatchNorm models together may hold. Each model is "
           "charged its full size from its creation (56 bytes per channel, "
           "pooled statistics included, plus its name and ~256 bytes), so a "
-          "training step never fails for want of memory; creating or "
-          "growing past the budget is RESOURCE_EXHAUSTED naming this flag. "
-          "Metric normd_model_bytes.");
+          "training step never fails for want of memory; a model with a "
+          "drift reference is charged 16 + 24 x --drift_buckets bytes per "
+          "channel more, for the reference and its observation window. "
+          "Creating, growing or setting a reference past the budget is "
+          "RESOURCE_EXHAUSTED naming this flag. Metric normd_model_bytes.");
 ABSL_FLAG(int64_t, drift_buckets, 10,
           "Drift: the observation window of a model with a reference is this "
           "many buckets of --drift_bucket_seconds; the oldest expires as a "

@@ -144,8 +144,24 @@ absl::StatusOr<std::vector<Moments>> TrainingMoments(
   return moments;
 }
 
+namespace {
+
+// `options` charging each model with a drift reference for it and for a
+// window of `drift`'s buckets.
+ModelStoreOptions WithDriftCharge(ModelStoreOptions options,
+                                  const DriftOptions& drift) {
+  options.drift_bytes_per_channel = 2 * static_cast<int64_t>(sizeof(double)) +
+                                    std::max<int64_t>(drift.buckets, 1) *
+                                        static_cast<int64_t>(sizeof(Moments));
+  return options;
+}
+
+}  // namespace
+
 Engine::Engine(ModelStoreOptions options, int max_rank, DriftOptions drift)
-    : store_(options), max_rank_(max_rank), drift_(drift) {}
+    : store_(WithDriftCharge(options, drift)),
+      max_rank_(max_rank),
+      drift_(drift) {}
 
 absl::Status Engine::CheckRanks(const InputTensor& input,
                                 const std::optional<AffineParam>& weight,

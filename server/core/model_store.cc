@@ -7,11 +7,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace normd {
-namespace {
 
-absl::Status NotFound(absl::string_view name) {
+absl::Status ModelStore::NotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("model '", name, "' not found"));
 }
+
+namespace {
 
 BatchNormModel WithoutArrays(const BatchNormModel& model) {
   BatchNormModel copy;
@@ -75,7 +76,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
   }
   {
     ReaderMutexLock lock(&mu_);
-    if (absl::Status s = CheckLimits(spec.num_features, spec.name.size(), 0,
+    if (absl::Status s = CheckLimits(spec.num_features, FootprintOf(spec), 0,
                                      /*new_model=*/true, "num_features");
         !s.ok()) {
       return s;
@@ -93,14 +94,14 @@ absl::StatusOr<BatchNormModel> ModelStore::Create(const ModelSpec& spec) {
       return absl::AlreadyExistsError(
           absl::StrCat("name: model '", spec.name, "' already exists"));
     }
-    if (absl::Status s = CheckLimits(spec.num_features, spec.name.size(), 0,
+    if (absl::Status s = CheckLimits(spec.num_features, FootprintOf(*model), 0,
                                      /*new_model=*/true, "num_features");
         !s.ok()) {
       return s;
     }
     if (absl::Status s = CheckLog(); !s.ok()) return s;
     models_.emplace(spec.name, std::move(entry));
-    model_bytes_ += ModelFootprintBytes(spec.num_features, spec.name.size());
+    model_bytes_ += FootprintOf(*model);
     sequence = Record({.kind = Mutation::Kind::kCreate,
                        .name = spec.name,
                        .model = &*model,
@@ -134,7 +135,7 @@ absl::StatusOr<std::vector<BatchNormModel>> ModelStore::CreateAll(
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".name: model '", spec.name, "' is named twice"));
     }
-    needed_bytes += ModelFootprintBytes(spec.num_features, spec.name.size());
+    needed_bytes += FootprintOf(spec);
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     if (absl::Status s =
@@ -238,12 +239,12 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
   if (absl::Status s = CheckNotReservedModelName(name, "model"); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckLimits(channels, name.size(), 0,
+  const BatchNormModel created = MakeDefaultModel(name, channels);
+  if (absl::Status s = CheckLimits(channels, FootprintOf(created), 0,
                                    /*new_model=*/true, "input.shape");
       !s.ok()) {
     return s;
   }
-  const BatchNormModel created = MakeDefaultModel(name, channels);
   // Nothing is stored or logged if the change is refused.
   absl::StatusOr<BatchNormModel> model = ChangedCopy(created, change);
   if (!model.ok()) return model.status();
@@ -258,7 +259,7 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
   const uint64_t sequence = Record(describe(*model));
   auto entry = NewEntry(*model);
   models_.emplace(std::string(name), std::move(entry));
-  model_bytes_ += ModelFootprintBytes(channels, name.size());
+  model_bytes_ += FootprintOf(*model);
   return std::make_optional(std::make_pair(sequence, *std::move(model)));
 }
 
@@ -307,8 +308,7 @@ absl::Status ModelStore::Delete(absl::string_view name) {
     models_.erase(it);
     MutexLock entry_lock(&entry->mu);
     entry->deleted = true;
-    model_bytes_ -= ModelFootprintBytes(entry->model.num_features,
-                                        entry->model.name.size());
+    model_bytes_ -= FootprintOf(entry->model);
     sequence = Record({.kind = Mutation::Kind::kDelete,
                        .name = name,
                        .model = nullptr,
@@ -359,8 +359,7 @@ absl::StatusOr<BatchNormModel> ModelStore::ChangeExisting(
 absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
                                                bool create_only) {
   if (absl::Status s = ValidateModel(model); !s.ok()) return s;
-  const int64_t footprint =
-      ModelFootprintBytes(model.num_features, model.name.size());
+  const int64_t footprint = FootprintOf(model);
   uint64_t sequence = 0;
   {
     ReaderMutexLock pause(&pause_mu_);
@@ -375,10 +374,9 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
       }
       MutexLock entry_lock(&it->second->mu);
       BatchNormModel& replaced = it->second->model;
-      const int64_t freed =
-          ModelFootprintBytes(replaced.num_features, replaced.name.size());
+      const int64_t freed = FootprintOf(replaced);
       if (absl::Status s =
-              CheckLimits(model.num_features, model.name.size(), freed,
+              CheckLimits(model.num_features, footprint, freed,
                           /*new_model=*/false, "model.num_features");
           !s.ok()) {
         return s;
@@ -396,7 +394,7 @@ absl::StatusOr<BatchNormModel> ModelStore::Put(BatchNormModel model,
         return s;
       }
       if (absl::Status s =
-              CheckLimits(model.num_features, model.name.size(), 0,
+              CheckLimits(model.num_features, footprint, 0,
                           /*new_model=*/true, "model.num_features");
           !s.ok()) {
         return s;
@@ -524,13 +522,11 @@ void ModelStore::Restore(BatchNormModel model) {
   auto it = models_.find(name);
   if (it != models_.end()) {
     MutexLock old_lock(&it->second->mu);
-    model_bytes_ -= ModelFootprintBytes(it->second->model.num_features,
-                                        it->second->model.name.size());
+    model_bytes_ -= FootprintOf(it->second->model);
   }
   {
     MutexLock entry_lock(&entry->mu);
-    model_bytes_ += ModelFootprintBytes(entry->model.num_features,
-                                        entry->model.name.size());
+    model_bytes_ += FootprintOf(entry->model);
   }
   models_.insert_or_assign(std::move(name), std::move(entry));
 }

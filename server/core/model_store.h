@@ -51,6 +51,12 @@ struct ModelStoreOptions {
   int64_t max_models = 10000;
   int64_t max_num_features = 65536;
   int64_t max_model_bytes = int64_t{1} << 30;
+  // What a model with a drift reference is charged per channel on top of
+  // ModelFootprintBytes: the reference's two arrays and its observation
+  // window (the Engine's DriftMonitor, a Moments per bucket), so that
+  // max_model_bytes bounds them too. The Engine sets it from its
+  // DriftOptions.
+  int64_t drift_bytes_per_channel = 2 * sizeof(double) + 10 * sizeof(Moments);
 };
 
 // The bytes a model of `num_features` channels named `name_size` bytes is
@@ -113,6 +119,10 @@ class ModelStore {
   // is now. A logged change: generation += 1.
   absl::StatusOr<BatchNormModel> SetReference(absl::string_view name,
                                               const ReferenceRequest& request);
+
+  // A reference is charged to max_model_bytes (drift_bytes_per_channel):
+  // RESOURCE_EXHAUSTED naming the flag, and nothing changed, when it does
+  // not fit.
 
   // Removes model `name`'s drift reference (NOT_FOUND if absent); a logged
   // change, generation += 1, even when it had none.
@@ -186,6 +196,8 @@ class ModelStore {
   using Change = absl::FunctionRef<absl::Status(BatchNormModel&)>;
   using Describe = absl::FunctionRef<Mutation(const BatchNormModel&)>;
 
+  // NOT_FOUND naming model `name`.
+  static absl::Status NotFound(absl::string_view name);
   std::shared_ptr<Entry> Find(absl::string_view name) const;
   // A fresh entry holding `model`, not yet in the map.
   static std::shared_ptr<Entry> NewEntry(BatchNormModel model);
@@ -217,11 +229,22 @@ class ModelStore {
   absl::StatusOr<BatchNormModel> ChangeExisting(absl::string_view name,
                                                 Change change,
                                                 Describe describe);
+  // The reference changes: like ChangeExisting, but under mu_, so that the
+  // change of the model's charge (FootprintOf) is checked against
+  // max_model_bytes and booked with it.
+  absl::StatusOr<BatchNormModel> ChangeCharged(absl::string_view name,
+                                               Change change,
+                                               Describe describe);
+  // The bytes `model` is charged: ModelFootprintBytes, plus
+  // drift_bytes_per_channel per channel with a reference.
+  int64_t FootprintOf(const BatchNormModel& model) const;
+  // FootprintOf the model `spec` makes.
+  int64_t FootprintOf(const ModelSpec& spec) const;
   // RESOURCE_EXHAUSTED (naming the flag) unless a model of `num_features`
-  // channels and a `name_size`-byte name fits max_num_features and, in place
+  // channels charged `footprint` bytes fits max_num_features and, in place
   // of models charged `freed_bytes`, max_model_bytes; also max_models when
   // `new_model`. Messages start with `field`.
-  absl::Status CheckLimits(int64_t num_features, size_t name_size,
+  absl::Status CheckLimits(int64_t num_features, int64_t footprint,
                            int64_t freed_bytes, bool new_model,
                            absl::string_view field) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

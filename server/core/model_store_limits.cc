@@ -1,5 +1,6 @@
 // ModelStore's limits (model_store.h): channels per model
-// (--max_num_features), bytes of all models (--max_model_bytes) and the
+// (--max_num_features), bytes of all models and their drift references
+// (--max_model_bytes) and the
 // number of models (--max_models), each refusal RESOURCE_EXHAUSTED naming
 // the field and the flag. Called with the store's mutex held.
 #include "absl/strings/str_cat.h"
@@ -25,13 +26,27 @@ absl::Status ModelStore::CheckNumFeatures(int64_t num_features,
   return absl::OkStatus();
 }
 
-absl::Status ModelStore::CheckLimits(int64_t num_features, size_t name_size,
+int64_t ModelStore::FootprintOf(const BatchNormModel& model) const {
+  return ModelFootprintBytes(model.num_features, model.name.size()) +
+         (model.reference.has_value()
+              ? options_.drift_bytes_per_channel * model.num_features
+              : 0);
+}
+
+int64_t ModelStore::FootprintOf(const ModelSpec& spec) const {
+  return ModelFootprintBytes(spec.num_features, spec.name.size()) +
+         (spec.reference_from_running
+              ? options_.drift_bytes_per_channel * spec.num_features
+              : 0);
+}
+
+absl::Status ModelStore::CheckLimits(int64_t num_features, int64_t footprint,
                                      int64_t freed_bytes, bool new_model,
                                      absl::string_view field) const {
   if (absl::Status s = CheckNumFeatures(num_features, field); !s.ok()) {
     return s;
   }
-  return CheckBudget(ModelFootprintBytes(num_features, name_size),
+  return CheckBudget(footprint,
                      absl::StrCat("a model of ", num_features, " channels"),
                      freed_bytes, new_model ? 1 : 0, field);
 }

@@ -68,7 +68,7 @@ absl::StatusOr<BatchNormModel> ModelStore::SetReference(
     absl::string_view name, const ReferenceRequest& request) {
   if (absl::Status s = ValidateModelName(name, "model"); !s.ok()) return s;
   if (absl::Status s = ValidateReferenceRequest(request); !s.ok()) return s;
-  return ChangeExisting(
+  return ChangeCharged(
       name,
       [&](BatchNormModel& model) { return ApplyReference(model, request); },
       [&](const BatchNormModel& changed) { return PutRecord(name, changed); });
@@ -76,7 +76,8 @@ absl::StatusOr<BatchNormModel> ModelStore::SetReference(
 
 absl::StatusOr<BatchNormModel> ModelStore::ClearReference(
     absl::string_view name) {
-  return ChangeExisting(
+  if (absl::Status s = ValidateModelName(name, "model"); !s.ok()) return s;
+  return ChangeCharged(
       name,
       [](BatchNormModel& model) {
         if (absl::Status s = CheckGenerationAdd(model.generation, 1); !s.ok()) {
@@ -87,6 +88,44 @@ absl::StatusOr<BatchNormModel> ModelStore::ClearReference(
         return absl::OkStatus();
       },
       [&](const BatchNormModel& changed) { return PutRecord(name, changed); });
+}
+
+absl::StatusOr<BatchNormModel> ModelStore::ChangeCharged(absl::string_view name,
+                                                         Change change,
+                                                         Describe describe) {
+  uint64_t sequence = 0;
+  BatchNormModel after;
+  {
+    ReaderMutexLock pause(&pause_mu_);
+    // mu_ before the entry's mutex, as Delete and Put take them.
+    MutexLock lock(&mu_);
+    if (absl::Status s = CheckLog(); !s.ok()) return s;
+    auto it = models_.find(name);
+    if (it == models_.end()) return NotFound(name);
+    MutexLock entry_lock(&it->second->mu);
+    BatchNormModel& current = it->second->model;
+    absl::StatusOr<BatchNormModel> changed = ChangedCopy(current, change);
+    if (!changed.ok()) return changed.status();
+    const int64_t freed = FootprintOf(current);
+    const int64_t needed = FootprintOf(*changed);
+    if (needed > freed) {
+      if (absl::Status s = CheckBudget(
+              needed,
+              absl::StrCat("model '", name, "' with a drift reference (",
+                           options_.drift_bytes_per_channel,
+                           " bytes a channel for it and its window)"),
+              freed, 0, "model");
+          !s.ok()) {
+        return s;
+      }
+    }
+    sequence = Record(describe(*changed));
+    current = *std::move(changed);
+    model_bytes_ += needed - freed;
+    after = current;
+  }
+  if (absl::Status s = WaitDurable(sequence); !s.ok()) return s;
+  return after;
 }
 
 }  // namespace normd

@@ -196,11 +196,21 @@ absl::StatusOr<BatchNormModel> Service::ResetModel(absl::string_view name) {
 
 absl::StatusOr<BatchNormModel> Service::SetReference(
     absl::string_view name, const ReferenceRequest& request) {
-  return store().SetReference(name, request);
+  absl::StatusOr<BatchNormModel> model = store().SetReference(name, request);
+  // A reference is charged to the model budget.
+  if (model.ok()) UpdateModelMetrics();
+  return model;
 }
 
 absl::StatusOr<BatchNormModel> Service::ClearReference(absl::string_view name) {
-  return store().ClearReference(name);
+  absl::StatusOr<BatchNormModel> model = store().ClearReference(name);
+  if (model.ok()) {
+    // Without a reference nothing is observed: the window goes, with its
+    // charge.
+    engine_.drift_monitor().Forget(name);
+    UpdateModelMetrics();
+  }
+  return model;
 }
 
 std::optional<DriftReport> Service::Drift(const BatchNormModel& model) const {

@@ -155,11 +155,14 @@ def check_service_pairing(report_py, tmp):
              "peer": server([100, 100, 100]),
              "oip": server([950, 900, 1000]),
              "rest_json": server([700, 600, 800])}
+    # The drift row: observed 81, 100, 117 beside 90, 100, 130: 0.9, 1.0,
+    # 0.9 -> 0.90, reported without a target.
+    batch_norm = dict(four_mib, normd_drift=server([81, 100, 117]))
     stream = {"metric": "qps", "normd": server([1500, 2500, 2100]),
               "echo": server([3000, 3000, 3000])}
     service = write(tmp, "service.json", {
         "cases": {"ln_4mib_unary_4": four_mib, "ln_768_unary_16": small,
-                  "bn_eval_4mib_unary_4": four_mib,
+                  "bn_eval_4mib_unary_4": batch_norm,
                   "ln_768_stream_16": stream},
         "memory": {}})
     kernel = write(tmp, "kernel_min.json", {"benchmarks": [
@@ -195,6 +198,10 @@ def check_service_pairing(report_py, tmp):
                 if l.startswith("OIP REST JSON vs native, [1,768]"))
     if not (" 0.70x " in line and ">=0.6" in line and "MISS" not in line):
         raise AssertionError(text)
+    line = next(l for l in text.splitlines()
+                if l.startswith("BatchNorm eval observed vs not, 4 MiB"))
+    expect(" 0.90x " in line and "report" in line and "MISS" not in line,
+           text)
     line = next(l for l in text.splitlines()
                 if l.startswith("NormalizeStream [1,768] vs unary"))
     expect(" 2.10x " in line, text)  # 2100 / 1000.

@@ -200,3 +200,73 @@ TEST_F(DriftReferenceTest, ImportedStatesCarryAValidatedReference) {
 
 }  // namespace
 }  // namespace normd
+
+namespace normd {
+namespace {
+
+// A model of 100 channels named "w" costs ModelFootprintBytes(100, 1); its
+// reference and window drift_bytes_per_channel (here 56) more a channel.
+TEST(DriftReferenceBudgetTest, AReferenceIsChargedToMaxModelBytes) {
+  const int64_t model = ModelFootprintBytes(100, 1);
+  const int64_t drift = 100 * 56;
+  ModelStore store(
+      {.max_model_bytes = model + drift - 1, .drift_bytes_per_channel = 56});
+  ASSERT_TRUE(store.Create({.name = "w", .num_features = 100}).ok());
+  EXPECT_EQ(store.model_bytes(), model);
+
+  // One byte short: refused, naming the flag, and nothing changes.
+  absl::StatusOr<BatchNormModel> refused =
+      store.SetReference("w", {.source = ReferenceSource::kRunning});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(
+      absl::StrContains(refused.status().message(), "--max_model_bytes"))
+      << refused.status();
+  EXPECT_FALSE(store.Get("w")->reference.has_value());
+  EXPECT_EQ(store.Get("w")->generation, 1u);
+  EXPECT_EQ(store.model_bytes(), model);
+  // A model created with one is refused the same way where it would fit
+  // without one.
+  EXPECT_EQ(
+      store
+          .Create(
+              {.name = "v", .num_features = 90, .reference_from_running = true})
+          .status()
+          .code(),
+      absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store.Create({.name = "v", .num_features = 90}).ok());
+}
+
+TEST(DriftReferenceBudgetTest, SetClearDeleteAndImportBookTheCharge) {
+  const int64_t model = ModelFootprintBytes(100, 1);
+  const int64_t drift = 100 * 56;
+  ModelStore store(
+      {.max_model_bytes = 2 * (model + drift), .drift_bytes_per_channel = 56});
+  ASSERT_TRUE(store.Create({.name = "w", .num_features = 100}).ok());
+  ASSERT_TRUE(
+      store.SetReference("w", {.source = ReferenceSource::kRunning}).ok());
+  EXPECT_EQ(store.model_bytes(), model + drift);
+  // Setting it again replaces it: charged once.
+  ASSERT_TRUE(
+      store.SetReference("w", {.source = ReferenceSource::kRunning}).ok());
+  EXPECT_EQ(store.model_bytes(), model + drift);
+  ASSERT_TRUE(store.ClearReference("w").ok());
+  EXPECT_EQ(store.model_bytes(), model);
+
+  // Created with one, and imported (Put) in place of one without.
+  ASSERT_TRUE(store
+                  .Create({.name = "x",
+                           .num_features = 100,
+                           .reference_from_running = true})
+                  .ok());
+  EXPECT_EQ(store.model_bytes(), 2 * model + drift);
+  BatchNormModel with_reference = *store.Get("x");
+  with_reference.name = "w";
+  ASSERT_TRUE(store.Put(with_reference, /*create_only=*/false).ok());
+  EXPECT_EQ(store.model_bytes(), 2 * (model + drift));
+  ASSERT_TRUE(store.Delete("x").ok());
+  ASSERT_TRUE(store.Delete("w").ok());
+  EXPECT_EQ(store.model_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace normd

@@ -3,7 +3,8 @@
 wide model before anything is allocated, --max_model_bytes stops the
 models that would pass it (RESOURCE_EXHAUSTED naming the flag, nothing
 created), normd_model_bytes counts what is held, resident memory stays
-within the budget, and DeleteModel gives it back.
+within the budget, and DeleteModel gives it back; drift references and
+their windows are charged too.
 
 Usage: memory_budget_test.py --normd BUILD/normd --stubs BUILD/python
 """
@@ -90,6 +91,48 @@ def model_limits_refuse_before_allocating():
     server.stop()
 
 
+def drift_references_are_charged():
+    """A reference and its window cost 16 + 24 x --drift_buckets bytes per
+    channel: with room for the model but not for that, SetReference is
+    RESOURCE_EXHAUSTED naming the flag and the model keeps no reference;
+    with room, normd_model_bytes counts it, and ClearReference gives it
+    back."""
+    channels = 1000
+    model = 256 + 1 + 56 * channels
+    drift = (16 + 24 * 4) * channels
+    server = hostile.Server(ARGS.normd, ["--drift_buckets=4",
+                                         f"--max_model_bytes={model + drift - 1}"])
+    require(server.start(), server.log)
+    _, stub = connect(server)
+    stub.CreateModel(pb.CreateModelRequest(name="m", num_features=channels))
+    CHECKS.expect_error(
+        lambda: stub.SetReference(pb.SetReferenceRequest(
+            model="m", source=pb.REFERENCE_RUNNING)),
+        Code.RESOURCE_EXHAUSTED, "--max_model_bytes",
+        what="SetReference past --max_model_bytes")
+    state = stub.GetModel(pb.GetModelRequest(name="m"))
+    CHECKS.expect(not state.HasField("reference") and state.generation == 1,
+                  f"refused SetReference changed the model: {state}")
+    CHECKS.expect(server.metric("normd_model_bytes") == model,
+                  f"normd_model_bytes {server.metric('normd_model_bytes')}")
+    server.stop()
+
+    server = hostile.Server(ARGS.normd, ["--drift_buckets=4",
+                                         f"--max_model_bytes={model + drift}"])
+    require(server.start(), server.log)
+    _, stub = connect(server)
+    stub.CreateModel(pb.CreateModelRequest(name="m", num_features=channels))
+    stub.SetReference(pb.SetReferenceRequest(model="m",
+                                             source=pb.REFERENCE_RUNNING))
+    CHECKS.expect(server.metric("normd_model_bytes") == model + drift,
+                  f"normd_model_bytes {server.metric('normd_model_bytes')} "
+                  f"with a reference, want {model + drift}")
+    stub.ClearReference(pb.ClearReferenceRequest(model="m"))
+    CHECKS.expect(server.metric("normd_model_bytes") == model,
+                  "ClearReference did not give the bytes back")
+    server.stop()
+
+
 if __name__ == "__main__":
     sys.exit(hostile.main("memory budget", (
-        model_limits_refuse_before_allocating,)))
+        model_limits_refuse_before_allocating, drift_references_are_charged)))
