@@ -20,6 +20,14 @@ struct DriftOptions {
   double threshold = 0.1;       // --drift_threshold
 };
 
+// The bytes per channel a model with a drift reference holds for drift: the
+// reference's mean and variance, and a window of `buckets` buckets (a
+// Moments each). What ModelStore charges it (drift_bytes_per_channel).
+constexpr int64_t DriftBytesPerChannel(int64_t buckets) {
+  return 2 * static_cast<int64_t>(sizeof(double)) +
+         (buckets > 1 ? buckets : 1) * static_cast<int64_t>(sizeof(Moments));
+}
+
 // `buckets` buckets of `bucket_seconds` each: bucket k holds the Chan merge
 // of every observation made in [k, k + 1) x bucket_seconds since the epoch,
 // and the window at time t is the buckets k > t / bucket_seconds - buckets.

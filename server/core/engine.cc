@@ -150,9 +150,7 @@ namespace {
 // window of `drift`'s buckets.
 ModelStoreOptions WithDriftCharge(ModelStoreOptions options,
                                   const DriftOptions& drift) {
-  options.drift_bytes_per_channel = 2 * static_cast<int64_t>(sizeof(double)) +
-                                    std::max<int64_t>(drift.buckets, 1) *
-                                        static_cast<int64_t>(sizeof(Moments));
+  options.drift_bytes_per_channel = DriftBytesPerChannel(drift.buckets);
   return options;
 }
 

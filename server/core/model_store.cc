@@ -239,12 +239,15 @@ ModelStore::CreateByChange(absl::string_view name, int64_t channels,
   if (absl::Status s = CheckNotReservedModelName(name, "model"); !s.ok()) {
     return s;
   }
-  const BatchNormModel created = MakeDefaultModel(name, channels);
-  if (absl::Status s = CheckLimits(channels, FootprintOf(created), 0,
-                                   /*new_model=*/true, "input.shape");
+  // The limits before the channel-sized arrays are made; a default model
+  // has no reference, so it is charged ModelFootprintBytes.
+  if (absl::Status s =
+          CheckLimits(channels, ModelFootprintBytes(channels, name.size()), 0,
+                      /*new_model=*/true, "input.shape");
       !s.ok()) {
     return s;
   }
+  const BatchNormModel created = MakeDefaultModel(name, channels);
   // Nothing is stored or logged if the change is refused.
   absl::StatusOr<BatchNormModel> model = ChangedCopy(created, change);
   if (!model.ok()) return model.status();

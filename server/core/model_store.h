@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "server/core/drift_window.h"
 #include "server/core/model.h"
 #include "server/core/mutation_log.h"
 #include "server/core/sync.h"
@@ -52,11 +53,11 @@ struct ModelStoreOptions {
   int64_t max_num_features = 65536;
   int64_t max_model_bytes = int64_t{1} << 30;
   // What a model with a drift reference is charged per channel on top of
-  // ModelFootprintBytes: the reference's two arrays and its observation
-  // window (the Engine's DriftMonitor, a Moments per bucket), so that
-  // max_model_bytes bounds them too. The Engine sets it from its
-  // DriftOptions.
-  int64_t drift_bytes_per_channel = 2 * sizeof(double) + 10 * sizeof(Moments);
+  // ModelFootprintBytes (DriftBytesPerChannel: the reference and its
+  // window in the Engine's DriftMonitor), so that max_model_bytes bounds
+  // them too. The Engine sets it from its DriftOptions.
+  int64_t drift_bytes_per_channel =
+      DriftBytesPerChannel(DriftOptions{}.buckets);
 };
 
 // The bytes a model of `num_features` channels named `name_size` bytes is
@@ -116,13 +117,11 @@ class ModelStore {
   // then NOT_FOUND if absent): its running or pooled statistics as they are
   // now (FAILED_PRECONDITION for pooled ones when nothing was fitted), or the
   // explicit arrays (INVALID_ARGUMENT unless num_features long); the set time
-  // is now. A logged change: generation += 1.
+  // is now. A logged change: generation += 1. A reference is charged to
+  // max_model_bytes (drift_bytes_per_channel): RESOURCE_EXHAUSTED naming
+  // the flag, and nothing changed, when it does not fit.
   absl::StatusOr<BatchNormModel> SetReference(absl::string_view name,
                                               const ReferenceRequest& request);
-
-  // A reference is charged to max_model_bytes (drift_bytes_per_channel):
-  // RESOURCE_EXHAUSTED naming the flag, and nothing changed, when it does
-  // not fit.
 
   // Removes model `name`'s drift reference (NOT_FOUND if absent); a logged
   // change, generation += 1, even when it had none.

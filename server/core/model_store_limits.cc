@@ -1,8 +1,8 @@
 // ModelStore's limits (model_store.h): channels per model
 // (--max_num_features), bytes of all models and their drift references
-// (--max_model_bytes) and the
-// number of models (--max_models), each refusal RESOURCE_EXHAUSTED naming
-// the field and the flag. Called with the store's mutex held.
+// (--max_model_bytes) and the number of models (--max_models), each refusal
+// RESOURCE_EXHAUSTED naming the field and the flag. Called with the store's
+// mutex held.
 #include "absl/strings/str_cat.h"
 #include "server/core/model_store.h"
 

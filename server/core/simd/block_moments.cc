@@ -159,13 +159,6 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
   }
 }
 
-// The fast path of a block of n > kShortRow values (see block_moments.h), its
-// 64 lanes in panels of 4 vectors each summed over a flush interval in
-// turn. 16-bit data: `out` gets the widening with kStore, else what the
-// scalar parts read (shift sample, tail, all on the exact path). kPairs
-// (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
-// each lane's sums the same; a specialization kept on measurement: AVX2,
-// kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
 // LongMoments' `write` of nothing.
 struct NoWrite {
   template <class V>
@@ -188,8 +181,15 @@ struct AffineWrite {
   }
 };
 
-// kStore, kPairs: see above. `write(k, v)` gets every vector v of the
-// lanes, values [k, k + lanes), as it is read.
+// The fast path of a block of n > kShortRow values (see block_moments.h), its
+// 64 lanes in panels of 4 vectors each summed over a flush interval in
+// turn. 16-bit data: `out` gets the widening with kStore, else what the
+// scalar parts read (shift sample, tail, all on the exact path). kPairs
+// (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
+// each lane's sums the same; a specialization kept on measurement: AVX2,
+// kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
+// `write(k, v)` gets every vector v of the lanes, values [k, k + lanes),
+// as it is read.
 template <DType kType, bool kStore, bool kPairs = false, class Write = NoWrite>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                     float* HWY_RESTRICT out, int64_t n,

@@ -33,10 +33,6 @@ constexpr int kExactChannels = 8;
 // hardware prefetcher falls behind at 1 KiB rows).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
 
-// How far ahead whole tiles that write their affine prefetch their input
-// (with a dozen operations a line, the hardware prefetcher falls behind).
-constexpr int64_t kWritePrefetchBytes = 2048;
-
 // into[j] += acc[j] in fp64, j < count.
 void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
                 int64_t count) {
@@ -241,11 +237,6 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 #if HWY_TARGET != HWY_SCALAR
       if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
-      if constexpr (Write::kWrites) {
-        __builtin_prefetch(
-            reinterpret_cast<const char*>(row + at) + kWritePrefetchBytes, 0,
-            3);
-      }
       const auto values = E::Load(d, row + at);
       write(f + s, c + at, values);
       return values;
