@@ -21,6 +21,7 @@
 #include "server/http/reply_body.h"
 #include "server/http/request_framing.h"
 #include "server/http/rest_json.h"
+#include "server/http/rest_router.h"
 
 namespace normd {
 
@@ -347,7 +348,7 @@ class Connection final
       body.bytes = text;
       body.readable = text.capacity();
     }
-    EnqueueCompute([self = this->shared_from_this(), body] {
+    auto handle = [self = this->shared_from_this(), body] {
       self->hub_.api.Handle(
           self->exchange_, body, [self](RestResponse response) {
             asio::post(self->stream_.get_executor(),
@@ -356,7 +357,12 @@ class Connection final
                        });
             self->hub_.ComputationEnded();
           });
-    });
+    };
+    // A health probe computes nothing and reads no body: answered from the
+    // I/O thread, it never waits behind the requests queued for compute (a
+    // liveness probe must not fail because the server is busy).
+    if (IsHealthProbe(exchange_.route.endpoint)) return handle();
+    EnqueueCompute(std::move(handle));
   }
 
   // An answer that ends the connection, to a request that reached no

@@ -6,7 +6,8 @@
 // --http_header_timeout, then the route, token and admission decided before
 // any body byte is read, then the body within --http_body_timeout and above
 // --http_min_body_rate, then the answer computed off the I/O threads
-// (rest_api.h).
+// (rest_api.h). Only the health probes, which compute nothing, are answered
+// on the I/O thread, so that no queue of work delays them.
 //
 // Thread-safe: Stop may be called from any thread (once; the destructor
 // calls it).

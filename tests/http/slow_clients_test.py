@@ -239,8 +239,9 @@ def check_io_thread_never_computes(c, token_file):
     """--http_threads=1: one I/O thread moves every connection's bytes and
     never computes. While four 16 MiB binary LayerNorms (about 0.1-0.5 s of
     compute each, on a one-thread arena so that they queue there) are in
-    flight on their own connections, health probes on further connections
-    are answered at once, and every infer is answered right."""
+    flight on their own connections, health probes (live and ready) on
+    further connections are answered at once, never queued behind the
+    compute, and every infer is answered right."""
     import threading
     import numpy as np
     rows, cols = 1024, 4096
@@ -270,10 +271,11 @@ def check_io_thread_never_computes(c, token_file):
         for w in workers:
             w.start()
         probes = []
-        while any(w.is_alive() for w in workers) and len(probes) < 20:
+        while any(w.is_alive() for w in workers) and len(probes) < 100:
             start = time.monotonic()
+            path = ("/v2/health/live", "/v2/health/ready")[len(probes) % 2]
             with Connection(port, timeout=10) as conn:
-                conn.send(request("GET", "/v2/health/live"))
+                conn.send(request("GET", path))
                 reply = conn.response()
             probes.append((reply and reply[0], time.monotonic() - start))
             time.sleep(0.02)
