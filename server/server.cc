@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <tbb/info.h>
+
 #include <exception>
 #include <limits>
 #include <thread>
@@ -192,10 +194,9 @@ absl::StatusOr<std::unique_ptr<NormdServer>> NormdServer::Start(
   BufferPool::Global().SetMaxRetainedBytes(
       static_cast<size_t>(options.buffer_pool_bytes));
   std::unique_ptr<NormdServer> server(new NormdServer(options));
-  if (options.tbb_threads > 0) {
-    server->tbb_threads_ = std::make_unique<tbb::global_control>(
-        tbb::global_control::max_allowed_parallelism, options.tbb_threads);
-  }
+  server->compute_threads_ = std::make_unique<ScopedComputeThreads>(
+      options.tbb_threads > 0 ? options.tbb_threads
+                              : tbb::info::default_concurrency());
   server->registry_ = std::make_shared<prometheus::Registry>();
   server->metrics_ = std::make_unique<ServiceMetrics>(*server->registry_);
   server->grpc_metrics_ = std::make_unique<GrpcMetrics>(*server->registry_);

@@ -13,7 +13,6 @@
 #include <grpcpp/grpcpp.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
-#include <tbb/global_control.h>
 
 #include <cstdint>
 #include <memory>
@@ -22,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/core/engine.h"
+#include "server/core/parallel.h"
 #include "server/drift_metrics.h"
 #include "server/http/http_metrics.h"
 #include "server/http/http_server.h"
@@ -106,7 +106,8 @@ class NormdServer {
   class StateObserver;
 
   const ServerOptions options_;
-  std::unique_ptr<tbb::global_control> tbb_threads_;
+  // The compute arena (--tbb_threads), for the process's lifetime.
+  std::unique_ptr<ScopedComputeThreads> compute_threads_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   // Registered with exposer_ (which holds it weakly) once the service is.

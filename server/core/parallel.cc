@@ -38,9 +38,12 @@ SerialLoopsScope::~SerialLoopsScope() { serial_loops = previous_; }
 bool SerialLoopsScope::Active() { return serial_loops; }
 
 ScopedComputeThreads::ScopedComputeThreads(int threads)
+    // TBB starts one worker fewer than its limit (it counts the thread that
+    // starts work): `threads` workers need `threads` + 1.
     : allowed_(tbb::global_control::max_allowed_parallelism,
-               static_cast<size_t>(threads)),
-      arena_(std::make_unique<tbb::task_arena>(threads)),
+               static_cast<size_t>(threads) + 1),
+      arena_(std::make_unique<tbb::task_arena>(threads,
+                                               /*reserved_for_masters=*/0)),
       previous_(nullptr) {
   arena_->initialize();
   previous_ = arena_override.exchange(arena_.get(), std::memory_order_acq_rel);

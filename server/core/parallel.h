@@ -33,11 +33,15 @@ tbb::task_arena& ComputeArena();
 // under a tbb::global_control limit (normd's --tbb_threads).
 int ComputeConcurrency();
 
-// For tests of results at a thread count: while one is alive, the compute
-// arena is a fresh arena of exactly `threads` slots and TBB may run that
-// many threads, even past the machine's cores (oversubscribed, which is fine
-// for comparing bits); ComputeConcurrency() is `threads`. Scopes nest. Not
-// for use while other compute runs (it replaces the process-wide arena).
+// While one is alive, the compute arena is a fresh arena of exactly
+// `threads` threads, even past the machine's cores (oversubscribed, which is
+// fine for comparing bits), and ComputeConcurrency() is `threads`. Every slot
+// is open to TBB's workers, so work handed over with EnqueueCompute runs on
+// `threads` threads too (an arena's default keeps a slot for an outside
+// thread, which enqueued work never has: one core of two stayed idle). The
+// server holds one for its lifetime (--tbb_threads); tests use them for
+// results at a thread count. Scopes nest. Not for use while other compute
+// runs (it replaces the process-wide arena).
 class ScopedComputeThreads {
  public:
   explicit ScopedComputeThreads(int threads);

@@ -5,17 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -540,82 +536,6 @@ TEST(DeterminismTest, OutputsAndStatisticsBitwiseEqualFor1AndNThreads) {
   // Both ways of a long LayerNorm row were compared.
   EXPECT_GT(taken(ThreadPath::kLayerNormWholeLongRows), 0);
   EXPECT_GT(taken(ThreadPath::kLayerNormLongRowsSpread), 0);
-}
-
-// ScopedComputeThreads gives real threads: a loop of `threads` pieces, each
-// waiting until every piece has started, finishes only if that many threads
-// run at once (on 2 cores too). A piece gives up after 30 s.
-TEST(ParallelTest, ScopedComputeThreadsRunsThatManyThreadsAtOnce) {
-  for (int threads : kThreadCounts) {
-    const ScopedComputeThreads scope(threads);
-    EXPECT_EQ(ComputeConcurrency(), threads);
-    std::atomic<int> started{0};
-    std::mutex mutex;
-    std::vector<std::thread::id> ids;
-    ParallelFor(
-        tbb::blocked_range<int64_t>(0, threads, 1), int64_t{1} << 30,
-        [&](const tbb::blocked_range<int64_t>& r) {
-          for (int64_t i = r.begin(); i < r.end(); ++i) {
-            started.fetch_add(1);
-            {
-              std::lock_guard<std::mutex> lock(mutex);
-              ids.push_back(std::this_thread::get_id());
-            }
-            const auto give_up =
-                std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (started.load() < threads &&
-                   std::chrono::steady_clock::now() < give_up) {
-              std::this_thread::sleep_for(std::chrono::microseconds(200));
-            }
-          }
-        });
-    std::sort(ids.begin(), ids.end());
-    EXPECT_EQ(std::unique(ids.begin(), ids.end()) - ids.begin(), threads)
-        << "distinct threads of a loop in an arena of " << threads;
-  }
-}
-
-TEST(ParallelTest, SerialLoopsScopeRunsLoopsWholeOnTheCallingThread) {
-  const tbb::blocked_range<int64_t> range(0, 1 << 20, 1024);
-  struct Call {
-    int64_t begin, end;
-    std::thread::id thread;
-  };
-  auto calls_of = [&] {
-    std::vector<Call> calls;
-    std::mutex mutex;
-    ParallelFor(range, range.size(), [&](const tbb::blocked_range<int64_t>& r) {
-      std::lock_guard<std::mutex> lock(mutex);
-      calls.push_back({r.begin(), r.end(), std::this_thread::get_id()});
-    });
-    return calls;
-  };
-  EXPECT_FALSE(SerialLoopsScope::Active());
-  {
-    const SerialLoopsScope serial;
-    EXPECT_TRUE(SerialLoopsScope::Active());
-    {
-      const SerialLoopsScope inactive(false);  // Nested: stays serial.
-      EXPECT_TRUE(SerialLoopsScope::Active());
-    }
-    const std::vector<Call> calls = calls_of();
-    ASSERT_EQ(calls.size(), 1u);
-    EXPECT_EQ(calls[0].begin, 0);
-    EXPECT_EQ(calls[0].end, 1 << 20);
-    EXPECT_EQ(calls[0].thread, std::this_thread::get_id());
-  }
-  EXPECT_FALSE(SerialLoopsScope::Active());
-  {
-    const SerialLoopsScope inactive(false);
-    EXPECT_FALSE(SerialLoopsScope::Active());
-  }
-  // Without a scope the loop is split (into many pieces, whatever the
-  // number of threads), covering the range once.
-  std::vector<Call> calls = calls_of();
-  EXPECT_GT(calls.size(), 1u);
-  int64_t covered = 0;
-  for (const Call& c : calls) covered += c.end - c.begin;
-  EXPECT_EQ(covered, 1 << 20);
 }
 
 TEST(DeterminismTest, GroupNormBitwiseEqualFor1AndNThreads) {
