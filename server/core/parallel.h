@@ -37,11 +37,11 @@ int ComputeConcurrency();
 // `threads` threads, even past the machine's cores (oversubscribed, which is
 // fine for comparing bits), and ComputeConcurrency() is `threads`. Every slot
 // is open to TBB's workers, so work handed over with EnqueueCompute runs on
-// `threads` threads too (an arena's default keeps a slot for an outside
-// thread, which enqueued work never has: one core of two stayed idle). The
-// server holds one for its lifetime (--tbb_threads); tests use them for
-// results at a thread count. Scopes nest. Not for use while other compute
-// runs (it replaces the process-wide arena).
+// `threads` threads too (the default arena, without a scope, keeps a slot
+// for an outside thread, which enqueued work never has, and so runs it on
+// one thread fewer). The server holds one for its lifetime (--tbb_threads);
+// tests use them for results at a thread count. Scopes nest. Not for use while
+// other compute runs (it replaces the process-wide arena).
 class ScopedComputeThreads {
  public:
   explicit ScopedComputeThreads(int threads);
