@@ -50,15 +50,15 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t sample_end = std::min(r1, r0 + kShiftSample);
   const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  int64_t j = 0;
-  for (; j + lanes <= count; j += lanes) {
+  const int64_t whole = count - count % lanes;
+  for (int64_t j = 0; j < whole; j += lanes) {
     auto sum = hn::Zero(d);
     for (int64_t r = r0; r < sample_end; ++r) {
       sum = hn::Add(sum, E::Load(d, x + r * stride + c + j));
     }
     hn::StoreU(hn::Mul(sum, hn::Set(d, inverse)), d, center + j);
   }
-  for (; j < count; ++j) {
+  for (int64_t j = whole; j < count; ++j) {
     float sum = 0.0f;
     for (int64_t r = r0; r < sample_end; ++r) {
       sum += E::Scalar(x[r * stride + c + j]);
@@ -93,6 +93,37 @@ struct ChannelsLastAffineWrite {
     StoreAffine<kType, kStream>(
         d, v, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
         hn::LoadU(d, c + channel), y + row * stride + channel);
+  }
+
+  // The same write for one tile of kTile channels from `first`, with the
+  // tile's constants in its own arrays: a store to y (for fp32 the same
+  // type as a, b and c) cannot change them, so the compiler keeps them in
+  // registers across the tile's rows instead of loading them for each.
+  struct Tile {
+    static constexpr bool kWrites = true;
+    typename Elements<kType>::Stored* HWY_RESTRICT y;
+    int64_t stride;
+    int64_t first;
+    alignas(64) float a[kTile];
+    alignas(64) float b[kTile];
+    alignas(64) float c[kTile];
+
+    template <class V>
+    HWY_INLINE void operator()(int64_t row, int64_t channel, V v) const {
+      const FloatVectorTag d;
+      const int64_t at = channel - first;
+      StoreAffine<kType, kStream>(d, v, hn::Load(d, a + at),
+                                  hn::Load(d, b + at), hn::Load(d, c + at),
+                                  y + row * stride + channel);
+    }
+  };
+  void CopyTile(int64_t first, Tile& tile) const {
+    tile.y = y;
+    tile.stride = stride;
+    tile.first = first;
+    std::copy_n(a + first, kTile, tile.a);
+    std::copy_n(b + first, kTile, tile.b);
+    std::copy_n(c + first, kTile, tile.c);
   }
 };
 
@@ -422,6 +453,18 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                         : left == stride ? left
                                          : static_cast<int64_t>(std::bit_floor(
                                                static_cast<uint64_t>(left)));
+      if constexpr (Write::kWrites) {
+        if (w == kTile) {
+          typename Write::Tile tile;
+          write.CopyTile(block.c0 + at, tile);
+          ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0,
+                                  block.r1, prefetch ? layout.outer : 0,
+                                  width * static_cast<int64_t>(sizeof(Stored)),
+                                  sum + at, dev + at, sq + at, tile);
+          at += w;
+          continue;
+        }
+      }
       ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
                               prefetch ? layout.outer : 0,
                               width * static_cast<int64_t>(sizeof(Stored)),
