@@ -146,10 +146,11 @@ fuzz-corpus:
 	done
 
 # ARM64: the core, its unit tests and normd cross-built with Debian's
-# g++-aarch64-linux-gnu against the :arm64 dev packages (multiarch), then
-# run under qemu-user-static: the core's tests once as a NEON CPU
-# (cortex-a72) and once as `-cpu max` (SVE), leaving out the slowest
-# (ARM64_SKIP_TESTS, tests/core/CMakeLists.txt); then
+# g++-aarch64-linux-gnu against the :arm64 dev packages (multiarch), with
+# line tables only as in the main build (full -g costs CI's budget most on
+# the Beast front end), then run under qemu-user-static: the core's tests
+# once as a NEON CPU (cortex-a72) and once as `-cpu max` (SVE), leaving out
+# the slowest (ARM64_SKIP_TESTS, tests/core/CMakeLists.txt); then
 # tests/deploy/arm64_smoke.py checks the ARM64 normd's bytes against this
 # machine's normd.
 ARM64_BUILD_DIR ?= build-arm64
@@ -162,6 +163,7 @@ test-arm64: build
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64
 	$(call install_missing,$(ARM64_PACKAGES))
 	cmake -S . -B $(ARM64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' \
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/.ci/aarch64-linux-gnu.cmake \
 	  -DNORMD_BUILD_BENCH=OFF
 	cmake --build $(ARM64_BUILD_DIR) -j $(JOBS) --target normd core_tests
