@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
@@ -38,8 +39,14 @@ STATE_DIR = "/var/lib/normd"
 
 
 def run(command, **kwargs):
+    """Runs command, failing on a non-zero exit; prints it and its wall time
+    (CI's budget: the image build is most of this test)."""
     print("+", " ".join(command), flush=True)
-    return subprocess.run(command, check=True, text=True, **kwargs)
+    start = time.monotonic()
+    result = subprocess.run(command, check=True, text=True, **kwargs)
+    print(f"+ {command[0]} {command[1]}: {time.monotonic() - start:.0f} s",
+          flush=True)
+    return result
 
 
 def output(command):
@@ -210,13 +217,14 @@ def python_recipe(failures):
         if before.returncode == 0:
             failures.append("the fresh container already has python3-wheel")
         script = "set -e\ncd /src\n" + block
+        start = time.monotonic()
         done = subprocess.run(
             ["buildah", "run", "--isolation=chroot", container, "--",
              "sh", "-c", script], capture_output=True, text=True,
             timeout=900)
         last = done.stdout.strip().splitlines()[-1:] or [""]
         print(f"python recipe in a fresh container: exit {done.returncode}, "
-              f"{last[0]!r}", flush=True)
+              f"{last[0]!r}, {time.monotonic() - start:.0f} s", flush=True)
         if done.returncode != 0 or last[0] != "normd client 1.0.0":
             failures.append(f"docs/clients.md's Python recipe in a fresh "
                             f"container: exit {done.returncode}: "
