@@ -18,7 +18,6 @@
 #include <future>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -68,36 +67,52 @@ Reply Get(int port, const std::string& target, std::chrono::seconds within) {
   return reply;
 }
 
-// Occupies every thread of the compute arena until released.
+// Occupies every thread of the compute arena until released (or
+// destroyed). Its tasks share their state with it, so that a task the
+// arena starts late finds it alive. Used from the test's thread.
 class BusyComputeArena {
  public:
   BusyComputeArena() : threads_(ComputeConcurrency()) {
     for (int i = 0; i < threads_; ++i) {
-      EnqueueCompute([this] {
-        started_.fetch_add(1);
-        release_.WaitForNotification();
-        finished_.fetch_add(1);
+      EnqueueCompute([state = state_] {
+        state->started.fetch_add(1);
+        state->release.WaitForNotification();
+        state->finished.fetch_add(1);
       });
     }
-    while (started_.load() < threads_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
   }
+  // Gives the started tasks up to 10 s to end, so that the next test finds
+  // the arena free.
   ~BusyComputeArena() {
     Release();
-    while (finished_.load() < threads_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (state_->finished.load() < state_->started.load() &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
     }
   }
+
+  // Whether every compute thread holds a task by `timeout`.
+  bool EveryThreadHeld(absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (state_->started.load() < threads_) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
   void Release() {
-    if (!release_.HasBeenNotified()) release_.Notify();
+    if (!state_->release.HasBeenNotified()) state_->release.Notify();
   }
 
  private:
+  struct State {
+    std::atomic<int> started{0};
+    std::atomic<int> finished{0};
+    absl::Notification release;
+  };
   const int threads_;
-  std::atomic<int> started_{0};
-  std::atomic<int> finished_{0};
-  absl::Notification release_;
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 class HttpServerThreadsTest : public ::testing::Test {
@@ -127,6 +142,7 @@ class HttpServerThreadsTest : public ::testing::Test {
 TEST_F(HttpServerThreadsTest, HealthProbesAreAnsweredWhileComputeIsBusy) {
   const int port = server_->port();
   BusyComputeArena busy;
+  ASSERT_TRUE(busy.EveryThreadHeld(absl::Seconds(10)));
 
   const Reply live = Get(port, "/v2/health/live", std::chrono::seconds(10));
   EXPECT_EQ(live.status, 200);
