@@ -118,19 +118,24 @@ test-tsan: deps
 
 # libFuzzer: each target for FUZZ_SECONDS from the seed corpus in
 # tests/fuzz/corpus, in the ASan build tree (built there by test-asan, or
-# here); new inputs go to $(ASAN_BUILD_DIR)/corpus, crashes to
-# $(ASAN_BUILD_DIR)/<target>-crash-* (add them to tests/fuzz/regressions).
+# here), JOBS targets at a time (a fuzzer runs on one core; each one's
+# output is printed whole when it ends); new inputs go to
+# $(ASAN_BUILD_DIR)/corpus, crashes to $(ASAN_BUILD_DIR)/<target>-crash-*
+# (add them to tests/fuzz/regressions).
 fuzz: deps
 	cmake -S . -B $(ASAN_BUILD_DIR) $(ASAN_CMAKE)
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS) \
 	  --target $(addsuffix _fuzzer,$(FUZZ_TARGETS))
-	for t in $(FUZZ_TARGETS); do \
-	  mkdir -p $(ASAN_BUILD_DIR)/corpus/$$t && \
-	  $(ASAN_BUILD_DIR)/$${t}_fuzzer -max_total_time=$(FUZZ_SECONDS) \
-	    -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-	    -artifact_prefix=$(ASAN_BUILD_DIR)/$$t- \
-	    $(ASAN_BUILD_DIR)/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
-	done
+	$(MAKE) --no-print-directory -j $(JOBS) --output-sync=target \
+	  $(addprefix fuzz-run-,$(FUZZ_TARGETS))
+
+# One fuzz target's run (see fuzz).
+fuzz-run-%:
+	mkdir -p $(ASAN_BUILD_DIR)/corpus/$*
+	$(ASAN_BUILD_DIR)/$*_fuzzer -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=8192 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+	  -artifact_prefix=$(ASAN_BUILD_DIR)/$*- \
+	  $(ASAN_BUILD_DIR)/corpus/$* tests/fuzz/corpus/$*
 
 # Keeps what fuzzing found: merges each target's $(ASAN_BUILD_DIR)/corpus
 # (from `make fuzz`, longer with FUZZ_SECONDS=600) into tests/fuzz/corpus
