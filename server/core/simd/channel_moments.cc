@@ -95,10 +95,11 @@ struct ChannelsLastAffineWrite {
         hn::LoadU(d, c + channel), y + row * stride + channel);
   }
 
-  // The same write for one tile of kTile channels from `first`, with the
-  // tile's constants in its own arrays: a store to y (for fp32 the same
-  // type as a, b and c) cannot change them, so the compiler keeps them in
-  // registers across the tile's rows instead of loading them for each.
+  // The same write for one tile of kTile channels from `first`, from the
+  // writer's own copy of the tile's constants. A streaming store may alias
+  // the writer's members, so the compiler reloads them for every vector:
+  // with pointers to a, b and c there, each vector's constants would wait
+  // on three pointer loads; arrays inside the tile sit at fixed addresses.
   struct Tile {
     static constexpr bool kWrites = true;
     typename Elements<kType>::Stored* HWY_RESTRICT y;
