@@ -49,10 +49,12 @@ deps:
 
 # RelWithDebInfo with line tables only (-g1): backtraces keep file and line,
 # and the build takes about a quarter less time than with full -g (CI's
-# budget); `cmake` run by hand keeps CMake's own -g.
+# budget); `cmake` run by hand keeps CMake's own -g. The main, ASan and
+# ARM64 builds use it.
+RELWITHDEBINFO_O2_G1 := '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 $(BUILD_DIR)/Makefile: CMakeLists.txt $(wildcard tests/CMakeLists.txt tests/*/CMakeLists.txt)
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
+	  $(RELWITHDEBINFO_O2_G1)
 
 build: deps $(BUILD_DIR)/Makefile
 	cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -90,7 +92,7 @@ test-main: build
 # choice for Highway's dispatch. AVX3 and SSE4 run in the main suite.
 SANITIZER_SIMD_SKIP = HWY_SSE4|HWY_AVX3
 ASAN_CMAKE = -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DNORMD_BUILD_BENCH=OFF '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' \
+  -DNORMD_BUILD_BENCH=OFF $(RELWITHDEBINFO_O2_G1) \
   -DNORMD_SANITIZE=address,undefined -DNORMD_FUZZ=ON \
   '-DNORMD_SIMD_SKIP=$(SANITIZER_SIMD_SKIP)'
 TSAN_CMAKE = -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -168,7 +170,7 @@ test-arm64: build
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) dpkg --add-architecture arm64
 	$(call install_missing,$(ARM64_PACKAGES))
 	cmake -S . -B $(ARM64_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' \
+	  $(RELWITHDEBINFO_O2_G1) \
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/.ci/aarch64-linux-gnu.cmake \
 	  -DNORMD_BUILD_BENCH=OFF
 	cmake --build $(ARM64_BUILD_DIR) -j $(JOBS) --target normd core_tests

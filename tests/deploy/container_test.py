@@ -44,7 +44,7 @@ def run(command, **kwargs):
     print("+", " ".join(command), flush=True)
     start = time.monotonic()
     result = subprocess.run(command, check=True, text=True, **kwargs)
-    print(f"+ {command[0]} {command[1]}: {time.monotonic() - start:.0f} s",
+    print(f"+ {' '.join(command[:2])}: {time.monotonic() - start:.0f} s",
           flush=True)
     return result
 
