@@ -100,6 +100,9 @@ struct ChannelsLastAffineWrite {
   // the writer's members, so the compiler reloads them for every vector:
   // with pointers to a, b and c there, each vector's constants would wait
   // on three pointer loads; arrays inside the tile sit at fixed addresses.
+  // BlockSums' call with it passes the width as the constant kTile, and GCC
+  // compiles ChannelsLastSums for that width (a .constprop clone); passing
+  // it through a generic lambda lost that.
   struct Tile {
     static constexpr bool kWrites = true;
     typename Elements<kType>::Stored* HWY_RESTRICT y;
