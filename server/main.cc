@@ -53,8 +53,9 @@ ABSL_FLAG(absl::Duration, http_linger_timeout, absl::Seconds(30),
           "After answering a REST request before reading its body (401, 413, "
           "429), how long normd goes on discarding what the client still "
           "sends before it closes the connection, so that the client reads "
-          "the answer rather than a reset (at no less than "
-          "--http_min_body_rate after the first second; >= 0s).");
+          "the answer rather than a reset (after the first "
+          "--http_idle_timeout, at no less than --http_min_body_rate; "
+          ">= 0s).");
 ABSL_FLAG(int64_t, http_max_header_bytes, 64 << 10,
           "Largest REST request line and headers together; past it the "
           "client gets 431 and the connection is closed.");

@@ -269,14 +269,16 @@ class Connection final
         });
   }
 
-  // When the body's average rate since `start` falls below the minimum if
-  // nothing more arrives (never before its first second).
-  Clock::time_point RateDeadline(Clock::time_point start,
-                                 int64_t received) const {
+  // When the average rate since `start` falls below the minimum if nothing
+  // more arrives (never before `grace` has passed).
+  Clock::time_point RateDeadline(
+      Clock::time_point start, int64_t received,
+      absl::Duration grace = absl::Seconds(1)) const {
     if (options().min_body_rate <= 0) return Clock::time_point::max();
     const double seconds =
-        std::max(1.0, static_cast<double>(received) /
-                          static_cast<double>(options().min_body_rate));
+        std::max(absl::ToDoubleSeconds(grace),
+                 static_cast<double>(received) /
+                     static_cast<double>(options().min_body_rate));
     return start + std::chrono::duration_cast<Clock::duration>(
                        std::chrono::duration<double>(seconds));
   }
@@ -430,8 +432,13 @@ class Connection final
   }
 
   void DiscardMore() {
-    SetDeadline(
-        std::min(linger_deadline_, RateDeadline(linger_start_, lingered_)));
+    // The rate rule starts only after the idle timeout: a client that
+    // pauses for a moment (a GC, a busy machine) before sending the rest
+    // must still find its answer, not a reset; one that keeps trickling is
+    // closed then.
+    SetDeadline(std::min(
+        linger_deadline_,
+        RateDeadline(linger_start_, lingered_, options().idle_timeout)));
     Socket(stream_).async_read_some(
         asio::buffer(discard_), [self = this->shared_from_this()](
                                     const beast::error_code& ec, size_t bytes) {

@@ -10,6 +10,9 @@ can lock anyone out, hold the server, or delay its shutdown.
   naming --http_min_body_rate after about a second;
 - 64 clients trickle their headers: each gets 408 naming
   --http_header_timeout;
+- a client without a token that pauses 2 s before sending the rest of its
+  body still reads its 401; one that trickles the rest is closed after
+  --http_idle_timeout;
 - with one client trickling a body just fast enough to stay, SIGTERM under
   --shutdown_grace=2s ends the process within the grace plus a second.
 
@@ -131,6 +134,42 @@ def check_header_tricklers(c, port):
         c, port, "header tricklers", b"G",
         b"ET /v2/health/live HTTP/1.1\r\nHost: x\r\n" * 4, 0.5, 408,
         b"--http_header_timeout", 8)
+
+
+def check_lingering(c, port):
+    """A body answered before it was read (401 here) is discarded while the
+    client still sends it: a client that pauses 2 s before sending the rest
+    can send it and then read its answer (no reset), and one that trickles
+    the rest is closed after the idle timeout (5 s), not held for the
+    linger timeout (30 s)."""
+    head = request("POST", INFER, headers=[
+        ("Content-Length", str(65536 + 4096 * 33))])
+    with Connection(port, timeout=10) as conn:
+        try:
+            conn.send(head + b"x" * 65536)
+            time.sleep(2)
+            for _ in range(33):  # In pieces, as an HTTP client sends.
+                conn.send(b"x" * 4096)
+                time.sleep(0.01)
+            reply = conn.response()
+        except OSError as e:
+            reply = f"{type(e).__name__} {e}"
+        c.expect(isinstance(reply, tuple) and reply[0] == 401 and
+                 b"Authorization" in reply[2],
+                 f"a client pausing 2 s before the rest of its body: "
+                 f"{reply if isinstance(reply, str) else reply[:2]}")
+    with Connection(port, timeout=10) as conn:
+        conn.send(request("POST", INFER,
+                          headers=[("Content-Length", "1000000")]))
+        reply = conn.response()
+        start = time.monotonic()
+        sent = conn.trickle(b"x" * 100, 0.25)
+        took = time.monotonic() - start
+        c.expect(reply is not None and reply[0] == 401 and sent < 100 and
+                 4.5 <= took < 8,
+                 f"a trickler after its answer: {reply and reply[0]}, "
+                 f"closed after {took:.1f} s and {sent} bytes (idle "
+                 f"timeout 5 s)")
 
 
 def check_shutdown_with_a_slow_client(c, token_file):
@@ -307,6 +346,7 @@ def main():
             check_tokenless_tricklers(c, port)
             check_body_tricklers(c, port)
             check_header_tricklers(c, port)
+            check_lingering(c, port)
             probe(c, port, "after every trickler")
         check_shutdown_with_a_slow_client(c, token_file)
         check_io_thread_never_computes(c, token_file)
