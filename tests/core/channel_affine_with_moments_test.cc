@@ -159,24 +159,40 @@ void CheckEveryCase() {
   }
 }
 
-TEST(ChannelAffineWithMomentsTest, EqualsTheMomentsAndTheAffineItFuses) {
-  for (int64_t streaming : {kDefaultStreamingOutputBytes, int64_t{0}}) {
-    SCOPED_TRACE(streaming == 0 ? "streaming stores" : "default stores");
-    SetStreamingOutputBytes(streaming);
-    ForEachSimdTarget([&](const std::string&) { CheckEveryCase(); });
-  }
+// Parameter: the output size from which the kernels store with streaming
+// stores (0: always).
+class ChannelAffineWithMomentsTest : public ::testing::TestWithParam<int64_t> {
+};
+
+TEST_P(ChannelAffineWithMomentsTest, EqualsTheMomentsAndTheAffineItFuses) {
+  SetStreamingOutputBytes(GetParam());
+  ForEachSimdTarget([&](const std::string&) { CheckEveryCase(); });
   SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
 }
 
-TEST(ChannelAffineWithMomentsTest, SameBitsOnOneThreadAndOnTwo) {
+INSTANTIATE_TEST_SUITE_P(Stores, ChannelAffineWithMomentsTest,
+                         ::testing::Values(kDefaultStreamingOutputBytes,
+                                           int64_t{0}),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param == 0 ? "Streaming" : "Default";
+                         });
+
+// Parameter: the compute threads.
+class ChannelAffineWithMomentsThreadsTest
+    : public ::testing::TestWithParam<int> {};
+
+TEST_P(ChannelAffineWithMomentsThreadsTest, SameBitsAsTheKernelsItFuses) {
   SetStreamingOutputBytes(0);
-  for (int threads : {1, 2}) {
-    SCOPED_TRACE(std::to_string(threads) + " threads");
-    const ScopedComputeThreads scope(threads);
-    CheckEveryCase();
-  }
+  const ScopedComputeThreads scope(GetParam());
+  CheckEveryCase();
   SetStreamingOutputBytes(kDefaultStreamingOutputBytes);
 }
+
+INSTANTIATE_TEST_SUITE_P(OneAndTwo, ChannelAffineWithMomentsThreadsTest,
+                         ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "Threads" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace normd
