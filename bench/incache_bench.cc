@@ -133,10 +133,12 @@ void HalfRows(DType dtype, const uint16_t* x, uint16_t* y,
 }
 #endif
 
-// Layouts: NCHW-like runs (inner 1024 and 49), channels-last (inner 1),
-// and few channels-last channels (as BatchNorm1d of [N, 8] features).
+// Layouts: NCHW-like runs (inner 1024, 16384 as kernel_bench's 128 x 128
+// images, and 49), channels-last (inner 1), and few channels-last channels
+// (as BatchNorm1d of [N, 8] features).
 ChannelLayout Layout(const std::string& name) {
   if (name == "nchw") return {8, 8, 1024};
+  if (name == "nchw16k") return {2, 2, 16384};
   if (name == "nchw49") return {8, 168, 49};  // 65856 > kValues: trimmed.
   if (name == "nc8") return {8192, 8, 1};
   return {1024, 64, 1};  // nhwc
@@ -144,6 +146,43 @@ ChannelLayout Layout(const std::string& name) {
 ChannelLayout Fitted(ChannelLayout layout) {
   while (layout.NumElements() > kValues) --layout.outer;
   return layout;
+}
+
+// The channel affine with the moments of its input in the same pass (a
+// drift observation of eval BatchNorm): beside ChannelAffine* of the same
+// layout, its cost over the affine alone. Not at baselines from before it.
+void RegisterAffineWithMoments(const char* layout_name,
+                               const ChannelLayout& layout,
+                               const std::vector<double>& mean,
+                               const std::vector<double>& scale,
+                               const std::vector<double>& shift) {
+#if __has_include("server/core/simd/affine_store-inl.h")
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    benchmark::RegisterBenchmark(
+        (std::string("ChannelAffineWithMoments/") +
+         (dtype == DType::kFloat32 ? "f32" : Name(dtype)) + "/" + layout_name)
+            .c_str(),
+        [=](auto& state) {
+          const int64_t size = ElementSize(dtype);
+          Buffer<char> x(kValues * size), y(kValues * size);
+          if (dtype == DType::kFloat32) {
+            std::copy_n(reinterpret_cast<const char*>(Floats().data()),
+                        x.size(), x.data());
+          } else {
+            const Buffer<uint16_t> halves = Halves(dtype);
+            std::copy_n(reinterpret_cast<const char*>(halves.data()), x.size(),
+                        x.data());
+          }
+          for (auto _ : state) {
+            benchmark::DoNotOptimize(ChannelAffineWithMoments(
+                dtype, x.data(), y.data(), layout, mean.data(), scale.data(),
+                shift.data()));
+            benchmark::ClobberMemory();
+          }
+          Report(state);
+        });
+  }
+#endif
 }
 
 void RegisterAll() {
@@ -195,7 +234,7 @@ void RegisterAll() {
           Report(state);
         });
   }
-  for (const char* layout_name : {"nchw", "nchw49", "nhwc", "nc8"}) {
+  for (const char* layout_name : {"nchw", "nchw16k", "nchw49", "nhwc", "nc8"}) {
     const ChannelLayout layout = Fitted(Layout(layout_name));
     benchmark::RegisterBenchmark(
         (std::string("ChannelMoments/f32/") + layout_name).c_str(),
@@ -246,6 +285,7 @@ void RegisterAll() {
             Report(state);
           });
     }
+    RegisterAffineWithMoments(layout_name, layout, mean, scale, shift);
   }
   for (int64_t row : {64, 768, 4096}) {
     const RowLayout rows{kValues / row, row};
