@@ -48,6 +48,39 @@ HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
   }
 }
 
+// StoreAffine of vector `place` of a moments panel (block_moments.cc's and
+// channel_moments.cc's writes): the panel's vectors 2j and 2j + 1 are
+// adjacent in y and come in that order. A 16-bit result of an even vector
+// waits in `held` for the odd one's, and the two are narrowed together with
+// one permute, as ChannelAffineWrite narrows (y of the pair aligned to the
+// stored vector with kStream); one at a time, each needs a shift and a
+// permute of its own. fp32, and every vector on scalar: StoreAffine.
+template <DType kType, bool kStream, class D>
+HWY_INLINE void StorePanelAffine(
+    D d, int place, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
+    typename Elements<kType>::Stored* HWY_RESTRICT y,
+    float* HWY_RESTRICT held) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (Elements<kType>::kHalf) {
+    const auto result = ExactMulAdd(d, hn::Sub(v, a), b, c);
+    if (place % 2 == 0) {
+      hn::StoreU(result, d, held);
+      return;
+    }
+    const hn::Repartition<uint16_t, D> dpair;
+    const auto out = NarrowPairToHalfBits<kType>(d, hn::LoadU(d, held), result);
+    auto* first = y - hn::Lanes(d);
+    if constexpr (kStream) {
+      hn::Stream(out, dpair, first);
+    } else {
+      hn::StoreU(out, dpair, first);
+    }
+    return;
+  }
+#endif
+  StoreAffine<kType, kStream>(d, v, a, b, c, y);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
 HWY_AFTER_NAMESPACE();

@@ -162,22 +162,25 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
 // LongMoments' `write` of nothing.
 struct NoWrite {
   template <class V>
-  HWY_INLINE void operator()(int64_t /*k*/, V /*values*/) const {}
+  HWY_INLINE void operator()(int64_t /*k*/, V /*values*/, int /*place*/) const {
+  }
 };
 
 // LongMoments' `write` of one channel's affine (ChannelAffineWrite's, the
 // same bits): y[k] = fma(x[k] - a, b, c) in fp32, narrowed to kType,
-// streamed with kStream (y aligned to 64 bytes) or stored.
+// streamed with kStream (y aligned to 64 bytes) or stored. One thread's:
+// it holds an even vector's result until the odd one's call.
 template <DType kType, bool kStream>
 struct AffineWrite {
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   float a, b, c;
+  alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
   template <class V>
-  HWY_INLINE void operator()(int64_t k, V values) const {
+  HWY_INLINE void operator()(int64_t k, V values, int place) const {
     const FloatVectorTag d;
-    StoreAffine<kType, kStream>(d, values, hn::Set(d, a), hn::Set(d, b),
-                                hn::Set(d, c), y + k);
+    StorePanelAffine<kType, kStream>(d, place, values, hn::Set(d, a),
+                                     hn::Set(d, b), hn::Set(d, c), y + k, held);
   }
 };
 
@@ -188,8 +191,8 @@ struct AffineWrite {
 // (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
 // each lane's sums the same; a specialization kept on measurement: AVX2,
 // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
-// `write(k, v)` gets every vector v of the lanes, values [k, k + lanes),
-// as it is read.
+// `write(k, f, v)` gets every vector f of the lanes, values [k, k + lanes),
+// as it is read, and v, its place in the panel (see StorePanelAffine).
 template <DType kType, bool kStore, bool kPairs = false, class Write = NoWrite>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
                     float* HWY_RESTRICT out, int64_t n,
@@ -213,6 +216,8 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   double wide_dev[kWideLanes];
   double wide_sq[kWideLanes];
   const int64_t i = n / kFloatLanes * kFloatLanes;  // Values in the lanes.
+  static_assert(kFloatLanes >= 4 * hn::MaxLanes(FloatVectorTag()),
+                "panels of 4 vectors: pairs for StorePanelAffine");
   AccumulateMoments<LaneSums::kFusedDeviations, kFloatLanes,
                     kFloatFlush / kFloatLanes>(
       d, kFloatLanes, n / kFloatLanes, SameShift{center},
@@ -233,7 +238,7 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
           return E::Load(d, x + k);
         }();
         if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + k);
-        write(k, f);
+        write(k, f, v);
         return f;
       },
       dev, sq,
@@ -318,10 +323,11 @@ Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
       const auto* values = static_cast<const Stored*>(x);
       auto* to = static_cast<Stored*>(y);
       result =
-          stream ? LongMoments<kType, false>(
-                       values, out, n, AffineWrite<kType, true>{to, a, b, c})
-                 : LongMoments<kType, false>(
-                       values, out, n, AffineWrite<kType, false>{to, a, b, c});
+          stream
+              ? LongMoments<kType, false>(
+                    values, out, n, AffineWrite<kType, true>{to, a, b, c, {}})
+              : LongMoments<kType, false>(
+                    values, out, n, AffineWrite<kType, false>{to, a, b, c, {}});
     }
   });
   return result;

@@ -71,13 +71,15 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 struct NoRowWrite {
   static constexpr bool kWrites = false;
   template <class V>
-  HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*v*/) const {}
+  HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*values*/,
+                             int /*place*/) const {}
 };
 
 // ChannelsLastSums' `write` of the channel affine (ChannelAffineWrite's,
 // the same bits) of each vector it reads: channel c's value of row r to
 // y[r * stride + c], fma(x - a[c], b[c], c[c]) in fp32 narrowed to kType,
-// streamed with kStream (every row aligned to 64 bytes) or stored.
+// streamed with kStream (every row aligned to 64 bytes) or stored. One
+// thread's: it holds an even vector's result until the odd one's call.
 template <DType kType, bool kStream>
 struct ChannelsLastAffineWrite {
   static constexpr bool kWrites = true;
@@ -86,13 +88,15 @@ struct ChannelsLastAffineWrite {
   const float* a;
   const float* b;
   const float* c;
+  alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
   template <class V>
-  HWY_INLINE void operator()(int64_t row, int64_t channel, V v) const {
+  HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
+                             int place) const {
     const FloatVectorTag d;
-    StoreAffine<kType, kStream>(
-        d, v, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
-        hn::LoadU(d, c + channel), y + row * stride + channel);
+    StorePanelAffine<kType, kStream>(
+        d, place, values, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
+        hn::LoadU(d, c + channel), y + row * stride + channel, held);
   }
 
   // The same write for one tile of kTile channels from `first`, from the
@@ -111,14 +115,16 @@ struct ChannelsLastAffineWrite {
     alignas(64) float a[kTile];
     alignas(64) float b[kTile];
     alignas(64) float c[kTile];
+    alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
     template <class V>
-    HWY_INLINE void operator()(int64_t row, int64_t channel, V v) const {
+    HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
+                               int place) const {
       const FloatVectorTag d;
       const int64_t at = channel - first;
-      StoreAffine<kType, kStream>(d, v, hn::Load(d, a + at),
-                                  hn::Load(d, b + at), hn::Load(d, c + at),
-                                  y + row * stride + channel);
+      StorePanelAffine<kType, kStream>(d, place, values, hn::Load(d, a + at),
+                                       hn::Load(d, b + at), hn::Load(d, c + at),
+                                       y + row * stride + channel, held);
     }
   };
   void CopyTile(int64_t first, Tile& tile) const {
@@ -142,7 +148,8 @@ struct ChannelsLastAffineWrite {
 // Narrow tiles are a specialization kept on measurement: AVX3 and AVX2,
 // bench case ChannelMoments*/nc8 (docs/design/kernels.md). Whole tiles prefetch
 // rows before `prefetch_end`, `prefetch_bytes` wide, and hand every vector
-// they read to `write` (narrow ones write nothing).
+// they read to `write` with its place in the panel (narrow ones write
+// nothing).
 template <DType kType, typename Stored, class Write = NoRowWrite>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
@@ -164,6 +171,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   constexpr bool kPairOrder =
       kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR && !Write::kWrites;
   const bool pairs = kPairOrder && !narrow;
+  static_assert(kTile >= 4 * hn::MaxLanes(FloatVectorTag()),
+                "panels of 4 vectors: pairs for StorePanelAffine");
   HWY_ALIGN float center[kMaxChannelsLastBlock];
   Shifts<kType>(x, stride, c, width, r0, r1, center);
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
@@ -273,7 +282,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
       const auto values = E::Load(d, row + at);
-      write(f + s, c + at, values);
+      write(f + s, c + at, values, v);
       return values;
     };
     add.template operator()<false>(f_end - f, 0, tile_rows, tile_rows);
@@ -507,13 +516,14 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
       // Every value is written by the fast pass; a block that lost accuracy
       // has its moments taken again, exactly.
       const bool accurate =
-          stream
-              ? BlockSums<kType>(
-                    values, layout, block, /*fast=*/true, scratch, out,
-                    ChannelsLastAffineWrite<kType, true>{to, stride, a, b, c})
-              : BlockSums<kType>(
-                    values, layout, block, /*fast=*/true, scratch, out,
-                    ChannelsLastAffineWrite<kType, false>{to, stride, a, b, c});
+          stream ? BlockSums<kType>(values, layout, block, /*fast=*/true,
+                                    scratch, out,
+                                    ChannelsLastAffineWrite<kType, true>{
+                                        to, stride, a, b, c, {}})
+                 : BlockSums<kType>(values, layout, block, /*fast=*/true,
+                                    scratch, out,
+                                    ChannelsLastAffineWrite<kType, false>{
+                                        to, stride, a, b, c, {}});
       if (!accurate) {
         BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
       }
