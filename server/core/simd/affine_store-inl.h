@@ -1,7 +1,7 @@
-// The channel affine of one vector of fp32 values, stored: the step every
-// kernel that writes ChannelAffineWrite's output shares, so that their
-// bits are the same. Include in files compiled per target, after
-// hwy/highway.h.
+// The channel affine of fp32 vectors, and its stores: the step that
+// ChannelAffineWrite and the kernels that write its output as they read
+// (the fused moments passes) share, so that their bits are the same.
+// Include in files compiled per target, after hwy/highway.h.
 
 // Per-target include guard: toggled for each pass of foreach_target.h.
 #if defined(NORMD_SERVER_CORE_SIMD_AFFINE_STORE_INL_H_) == \
@@ -21,30 +21,40 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// fma(v - a, b, c) in fp32 (ChannelAffineWrite's fp32 and 16-bit step),
-// narrowed to kType and stored at y: streamed with kStream (y aligned to
-// the stored vector) when the vector fills a register, else an ordinary
-// store.
+// The channel affine of fp32 values: fma(v - a, b, c), rounded once
+// (ChannelAffineWrite's step for fp32 and 16-bit values).
+template <class D>
+HWY_INLINE hn::Vec<D> FloatChannelAffine(D d, hn::Vec<D> v, hn::Vec<D> a,
+                                         hn::Vec<D> b, hn::Vec<D> c) {
+  return ExactMulAdd(d, hn::Sub(v, a), b, c);
+}
+
+// Stores `out` (tag `tag`) at y: streamed with kStream (y aligned to the
+// vector) when it fills a 16-byte register, else an ordinary store (a
+// stream writes whole registers: 16-bit values from 4 fp32 lanes are
+// narrower).
+template <bool kStream, class Tag, typename T>
+HWY_INLINE void StoreOrStream(Tag tag, hn::Vec<Tag> out, T* HWY_RESTRICT y) {
+  constexpr bool kWhole = sizeof(hn::TFromD<Tag>) * hn::MaxLanes(Tag()) >= 16;
+  if constexpr (kStream && kWhole) {
+    hn::Stream(out, tag, y);
+  } else {
+    hn::StoreU(out, tag, y);
+  }
+}
+
+// FloatChannelAffine of v, narrowed to kType and stored at y
+// (StoreOrStream).
 template <DType kType, bool kStream, class D>
 HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
                             hn::Vec<D> c,
                             typename Elements<kType>::Stored* HWY_RESTRICT y) {
-  const auto result = ExactMulAdd(d, hn::Sub(v, a), b, c);
-  auto store = [&](auto tag, auto out) NORMD_LAMBDA_INLINE {
-    using Tag = decltype(tag);
-    // Streams write whole 16-byte registers: narrower vectors (16-bit
-    // values from 4 fp32 lanes) are stored.
-    constexpr bool kWhole = sizeof(hn::TFromD<Tag>) * hn::MaxLanes(Tag()) >= 16;
-    if constexpr (kStream && kWhole) {
-      hn::Stream(out, tag, y);
-    } else {
-      hn::StoreU(out, tag, y);
-    }
-  };
+  const auto result = FloatChannelAffine(d, v, a, b, c);
   if constexpr (Elements<kType>::kHalf) {
-    store(HalfBitsTag<D>(), NarrowToHalfBits<kType>(d, result));
+    StoreOrStream<kStream>(HalfBitsTag<D>(), NarrowToHalfBits<kType>(d, result),
+                           y);
   } else {
-    store(d, result);
+    StoreOrStream<kStream>(d, result, y);
   }
 }
 
@@ -52,9 +62,9 @@ HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
 // channel_moments.cc's writes): the panel's vectors 2j and 2j + 1 are
 // adjacent in y and come in that order. A 16-bit result of an even vector
 // waits in `held` for the odd one's, and the two are narrowed together with
-// one permute, as ChannelAffineWrite narrows (y of the pair aligned to the
-// stored vector with kStream); one at a time, each needs a shift and a
-// permute of its own. fp32, and every vector on scalar: StoreAffine.
+// one permute and stored as one vector, as ChannelAffineWrite does; one at
+// a time, each would need a shift and a permute of its own. fp32, and every
+// vector on scalar: StoreAffine.
 template <DType kType, bool kStream, class D>
 HWY_INLINE void StorePanelAffine(
     D d, int place, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
@@ -62,19 +72,15 @@ HWY_INLINE void StorePanelAffine(
     float* HWY_RESTRICT held) {
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (Elements<kType>::kHalf) {
-    const auto result = ExactMulAdd(d, hn::Sub(v, a), b, c);
+    const auto result = FloatChannelAffine(d, v, a, b, c);
     if (place % 2 == 0) {
       hn::StoreU(result, d, held);
       return;
     }
-    const hn::Repartition<uint16_t, D> dpair;
-    const auto out = NarrowPairToHalfBits<kType>(d, hn::LoadU(d, held), result);
-    auto* first = y - hn::Lanes(d);
-    if constexpr (kStream) {
-      hn::Stream(out, dpair, first);
-    } else {
-      hn::StoreU(out, dpair, first);
-    }
+    StoreOrStream<kStream>(
+        hn::Repartition<uint16_t, D>(),
+        NarrowPairToHalfBits<kType>(d, hn::LoadU(d, held), result),
+        y - hn::Lanes(d));
     return;
   }
 #endif

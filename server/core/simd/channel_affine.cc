@@ -9,6 +9,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
+#include "server/core/simd/affine_store-inl.h"
 #include "server/core/simd/ops-inl.h"
 #include "server/core/simd/writer-inl.h"
 
@@ -42,7 +43,7 @@ void Range(const typename Elements<kType>::Stored* x,
     if constexpr (kType == DType::kFloat64) {
       return hn::Add(hn::Mul(hn::Sub(v, va), vb), vc);
     } else {
-      return ExactMulAdd(d, hn::Sub(v, va), vb, vc);
+      return FloatChannelAffine(d, v, va, vb, vc);
     }
   };
   // Writes out[from - begin, to - begin) from `value(j, count, v)`, the
