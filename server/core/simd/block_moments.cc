@@ -34,9 +34,10 @@ constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kShiftSample = 32;
 constexpr int kShortLanes = 16;
 constexpr int kExactLanes = 8;
-// How far ahead the 16-bit block loop prefetches (the hardware prefetcher
-// keeps up with the fp32 loop alone).
-constexpr int64_t kHalfPrefetchBytes = 8192;
+// How far ahead the block loop prefetches: 16-bit blocks always, fp32
+// blocks when they write as they read (the eval+observe pass: out of cache,
+// the hardware prefetcher keeps up with the fp32 loop alone, not with it).
+constexpr int64_t kBlockPrefetchBytes = 8192;
 
 // Exact two-pass moments of x[0..n), n >= 1, in fp64: the mean, then d =
 // x - mean0 and d^2 (not fused), the sum of d correcting for mean0's
@@ -223,12 +224,13 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
       d, kFloatLanes, n / kFloatLanes, SameShift{center},
       [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
         const int64_t k = s * kFloatLanes + at;
-        if constexpr (!kFloat) {
+        if constexpr (!kFloat || !std::is_same_v<Write, NoWrite>) {
           if (at == 0) {
             const char* ahead =
-                reinterpret_cast<const char*>(x + k) + kHalfPrefetchBytes;
-            hwy::Prefetch(ahead);
-            hwy::Prefetch(ahead + 64);
+                reinterpret_cast<const char*>(x + k) + kBlockPrefetchBytes;
+            for (size_t line = 0; line < sizeof(*x) * kFloatLanes; line += 64) {
+              hwy::Prefetch(ahead + line);
+            }
           }
         }
         const auto f = [&]() NORMD_LAMBDA_INLINE {
