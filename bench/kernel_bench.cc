@@ -2,10 +2,12 @@
 // memory-bus baselines — a plain parallel copy of the same size (for outputs)
 // and a parallel read-only sum (for statistics only), each also timed right
 // before every kernel iteration (see TimePaired). fp32 unless named, 64 MiB
-// tensors, oneTBB limited to NORMD_BENCH_THREADS (default 2).
+// tensors (NORMD_BENCH_MIB: larger ones), oneTBB limited to
+// NORMD_BENCH_THREADS (default 2).
 //
 //   build/bench/kernel_bench --benchmark_repetitions=5 \
 //       --benchmark_display_aggregates_only=true
+//   NORMD_BENCH_MIB=512 build/bench/kernel_bench --benchmark_filter=Observed
 #include <benchmark/benchmark.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
@@ -30,8 +32,15 @@
 namespace normd {
 namespace {
 
-constexpr int64_t kBytes = 64 << 20;
-constexpr int64_t kElements = kBytes / sizeof(float);
+// Every tensor's size: 64 MiB times the scale, NORMD_BENCH_MIB / 64 (set
+// by main before any benchmark runs); the shapes' first dimension grows
+// with it. 512 MiB, say, measures past a large last-level cache.
+int64_t tensor_scale = 1;
+int64_t Scale() { return tensor_scale; }
+int64_t TensorBytes() { return tensor_scale * (int64_t{64} << 20); }
+int64_t TensorElements() {
+  return TensorBytes() / static_cast<int64_t>(sizeof(float));
+}
 
 // Allocates 64-byte aligned (cache-line) storage, as the service's
 // BufferPool does for every tensor it computes into: kernels stream whole
@@ -57,7 +66,7 @@ using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
 const AlignedVector<float>& Input() {
   static const AlignedVector<float>* input = [] {
-    auto* v = new AlignedVector<float>(kElements);
+    auto* v = new AlignedVector<float>(TensorElements());
     std::mt19937 gen(1);
     std::normal_distribution<float> dist(3.0f, 2.0f);
     for (float& x : *v) x = dist(gen);
@@ -67,7 +76,7 @@ const AlignedVector<float>& Input() {
 }
 
 AlignedVector<float>& Output() {
-  static auto* output = new AlignedVector<float>(kElements, 1.0f);
+  static auto* output = new AlignedVector<float>(TensorElements(), 1.0f);
   return *output;
 }
 
@@ -79,7 +88,7 @@ void SetBytes(benchmark::State& state, int64_t bytes_per_iteration) {
 void RunCopy() {
   const float* src = Input().data();
   float* dst = Output().data();
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, kElements, 1 << 16),
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, TensorElements(), 1 << 16),
                     [&](const tbb::blocked_range<int64_t>& r) {
                       std::memcpy(dst + r.begin(), src + r.begin(),
                                   (r.end() - r.begin()) * sizeof(float));
@@ -88,7 +97,7 @@ void RunCopy() {
 }
 void BM_Copy(benchmark::State& state) {
   for (auto _ : state) RunCopy();
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_Copy)->UseRealTime();
 
@@ -113,14 +122,14 @@ void BM_CopyLoop(benchmark::State& state) {
   const float* src = Input().data();
   float* dst = Output().data();
   for (auto _ : state) {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kElements, 1 << 14),
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, TensorElements(), 1 << 14),
                       [&](const tbb::blocked_range<int64_t>& r) {
                         CopyLoop(src + r.begin(), dst + r.begin(),
                                  r.end() - r.begin());
                       });
     benchmark::ClobberMemory();
   }
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_CopyLoop)->UseRealTime();
 
@@ -143,7 +152,7 @@ BASELINE_LOOP float SumLoop(const float* __restrict src, int64_t n) {
 void RunReadSum() {
   const float* src = Input().data();
   float total = tbb::parallel_reduce(
-      tbb::blocked_range<int64_t>(0, kElements, 1 << 14), 0.0f,
+      tbb::blocked_range<int64_t>(0, TensorElements(), 1 << 14), 0.0f,
       [&](const tbb::blocked_range<int64_t>& r, float acc) {
         return acc + SumLoop(src + r.begin(), r.end() - r.begin());
       },
@@ -152,7 +161,7 @@ void RunReadSum() {
 }
 void BM_ReadSum(benchmark::State& state) {
   for (auto _ : state) RunReadSum();
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_ReadSum)->UseRealTime();
 
@@ -257,14 +266,14 @@ void BM_StreamCopy(benchmark::State& state) {
   const float* src = Input().data();
   float* dst = Output().data();
   for (auto _ : state) {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kElements, 1 << 14),
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, TensorElements(), 1 << 14),
                       [&](const tbb::blocked_range<int64_t>& r) {
                         StreamCopy(dst + r.begin(), src + r.begin(),
                                    r.end() - r.begin());
                       });
     benchmark::ClobberMemory();
   }
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_StreamCopy)->UseRealTime();
 
@@ -274,7 +283,7 @@ void BM_TwoPassFloor(benchmark::State& state) {
   float* dst = Output().data();
   for (auto _ : state) {
     tbb::parallel_for(
-        tbb::blocked_range<int64_t>(0, kElements / kSample, 1),
+        tbb::blocked_range<int64_t>(0, TensorElements() / kSample, 1),
         [&](const tbb::blocked_range<int64_t>& r) {
           for (int64_t s = r.begin(); s < r.end(); ++s) {
             benchmark::DoNotOptimize(SumLoop(src + s * kSample, kSample));
@@ -283,12 +292,12 @@ void BM_TwoPassFloor(benchmark::State& state) {
         });
     benchmark::ClobberMemory();
   }
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_TwoPassFloor)->UseRealTime();
 
 InputTensor View(const Shape& shape) {
-  return InputTensor{DType::kFloat32, shape, Input().data(), kElements};
+  return InputTensor{DType::kFloat32, shape, Input().data(), TensorElements()};
 }
 
 // The timed loop of the Normalize benchmarks (output into `output`, by
@@ -312,7 +321,7 @@ void TimeRows(benchmark::State& state, NormMode mode,
   NormalizeSpec spec;
   spec.mode = mode;
   // [1, T, D], T * D <= 64 MiB, leaving room for the offset.
-  const int64_t rows = kElements / d - (output_offset > 0 ? 1 : 0);
+  const int64_t rows = TensorElements() / d - (output_offset > 0 ? 1 : 0);
   spec.input = View({1, rows, d});
   spec.input.size = rows * d;
   TimeNormalize(state, engine, spec, Output().data() + output_offset);
@@ -337,20 +346,20 @@ BENCHMARK(BM_RmsNorm)->Arg(768)->Arg(4096)->UseManualTime();
 void BM_L2Norm(benchmark::State& state) { TimeRows(state, NormMode::kL2Norm); }
 BENCHMARK(BM_L2Norm)->Arg(768)->Arg(4096)->UseManualTime();
 
-// Weight Norm of a [4096, 4096] weight (64 MiB) at PyTorch's dim 0 (a norm
-// per row) or 1 (per column, the channels-last walk), with g: the norms'
-// pass over v, then the scaled copy.
+// Weight Norm of a [4096 * scale, 4096] weight (64 MiB each) at PyTorch's dim 0
+// (a norm per row) or 1 (per column, the channels-last walk), with g: the
+// norms' pass over v, then the scaled copy.
 void BM_WeightNorm(benchmark::State& state) {
   constexpr int64_t kSide = 4096;
-  static_assert(kSide * kSide == kElements);
   Engine engine;
   NormalizeSpec spec;
   spec.mode = NormMode::kWeightNorm;
-  spec.input = View({kSide, kSide});
+  spec.input = View({kSide * Scale(), kSide});
   spec.channel_axis = static_cast<int32_t>(state.range(0));
-  spec.weight = AffineParam{{kSide}, std::vector<double>(kSide, 1.5)};
+  const int64_t norms = spec.input.shape[state.range(0)];
+  spec.weight = AffineParam{{norms}, std::vector<double>(norms, 1.5)};
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_WeightNorm)->ArgName("dim")->Arg(0)->Arg(1)->UseManualTime();
 
@@ -360,10 +369,10 @@ BENCHMARK(BM_WeightNorm)->ArgName("dim")->Arg(0)->Arg(1)->UseManualTime();
 // 32 Mi bf16 values of Input() (64 MiB), built once.
 const AlignedVector<uint16_t>& Halves() {
   static const AlignedVector<uint16_t>* halves = [] {
-    auto* v = new AlignedVector<uint16_t>(2 * kElements);
+    auto* v = new AlignedVector<uint16_t>(2 * TensorElements());
     const AlignedVector<float>& src = Input();
-    for (int64_t i = 0; i < 2 * kElements; ++i) {
-      (*v)[i] = FloatToBFloat16(src[i % kElements]);
+    for (int64_t i = 0; i < 2 * TensorElements(); ++i) {
+      (*v)[i] = FloatToBFloat16(src[i % TensorElements()]);
     }
     return v;
   }();
@@ -377,10 +386,12 @@ void BM_HalfRows(benchmark::State& state) {
   Engine engine;
   NormalizeSpec spec;
   spec.mode = rms ? NormMode::kRmsNorm : NormMode::kLayerNorm;
-  spec.input = InputTensor{
-      dtype, {1, 2 * kElements / 4096, 4096}, halves->data(), 2 * kElements};
+  spec.input = InputTensor{dtype,
+                           {1, 2 * TensorElements() / 4096, 4096},
+                           halves->data(),
+                           2 * TensorElements()};
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_HalfRows)
     ->ArgNames({"float16", "rms"})
@@ -396,9 +407,9 @@ void BM_HalfLayerNormAffine(benchmark::State& state) {
   NormalizeSpec spec;
   spec.mode = NormMode::kLayerNorm;
   spec.input = InputTensor{DType::kBFloat16,
-                           {1, 2 * kElements / 4096, 4096},
+                           {1, 2 * TensorElements() / 4096, 4096},
                            Halves().data(),
-                           2 * kElements};
+                           2 * TensorElements()};
   std::vector<double> weight(4096), bias(4096);
   for (int64_t i = 0; i < 4096; ++i) {
     weight[i] = 0.5 + 0.001 * static_cast<double>(i % 1000);
@@ -407,7 +418,7 @@ void BM_HalfLayerNormAffine(benchmark::State& state) {
   spec.weight = AffineParam{{4096}, weight};
   spec.bias = AffineParam{{4096}, bias};
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_HalfLayerNormAffine)->UseManualTime();
 
@@ -418,7 +429,7 @@ BENCHMARK(BM_HalfLayerNormAffine)->UseManualTime();
 // 1: LayerNorm [1, 512, 4096].
 void BM_HalfRequests(benchmark::State& state) {
   constexpr int64_t kRequests = 16;
-  constexpr int64_t kValues = 2 * kElements / kRequests;
+  const int64_t values = 2 * TensorElements() / kRequests;
   const bool rows = state.range(0) != 0;
   Engine engine;
   NormalizeSpec spec;
@@ -426,20 +437,20 @@ void BM_HalfRequests(benchmark::State& state) {
   spec.num_groups = rows ? 0 : 32;
   spec.input = InputTensor{
       DType::kBFloat16,
-      rows ? Shape{1, kValues / 4096, 4096} : Shape{2, 64, 128, 128}, nullptr,
-      kValues};
+      rows ? Shape{1, values / 4096, 4096} : Shape{2 * Scale(), 64, 128, 128},
+      nullptr, values};
   auto* output = reinterpret_cast<uint16_t*>(Output().data());
   TimePaired(state, RunCopy, [&] {
     for (int64_t k = 0; k < kRequests; ++k) {
       NormalizeSpec request = spec;
-      request.input.data = Halves().data() + k * kValues;
-      if (!engine.Normalize(request, output + k * kValues).ok()) {
+      request.input.data = Halves().data() + k * values;
+      if (!engine.Normalize(request, output + k * values).ok()) {
         state.SkipWithError("normalize failed");
       }
     }
     benchmark::ClobberMemory();
   });
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_HalfRequests)->ArgNames({"rows"})->Arg(0)->Arg(1)->UseManualTime();
 
@@ -452,12 +463,12 @@ void BM_HalfGroupNorm(benchmark::State& state) {
   spec.mode = NormMode::kGroupNorm;
   spec.num_groups = 32;
   spec.channel_axis = channels_last ? -1 : 1;
-  spec.input = InputTensor{
-      DType::kBFloat16,
-      channels_last ? Shape{32, 128, 128, 64} : Shape{32, 64, 128, 128},
-      Halves().data(), 2 * kElements};
+  spec.input = InputTensor{DType::kBFloat16,
+                           channels_last ? Shape{32 * Scale(), 128, 128, 64}
+                                         : Shape{32 * Scale(), 64, 128, 128},
+                           Halves().data(), 2 * TensorElements()};
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_HalfGroupNorm)
     ->ArgNames({"channels_last"})
@@ -475,10 +486,10 @@ void BM_GroupNorm(benchmark::State& state) {
   spec.mode = instance ? NormMode::kInstanceNorm : NormMode::kGroupNorm;
   spec.num_groups = instance ? 0 : 32;
   spec.channel_axis = channels_last ? -1 : 1;
-  spec.input =
-      View(channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128});
+  spec.input = View(channels_last ? Shape{16 * Scale(), 128, 128, 64}
+                                  : Shape{16 * Scale(), 64, 128, 128});
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 BENCHMARK(BM_GroupNorm)
     ->ArgNames({"instance", "channels_last"})
@@ -490,7 +501,8 @@ BENCHMARK(BM_GroupNorm)
 
 // BatchNorm NCHW [16, 64, 128, 128] or channels-last [16, 128, 128, 64].
 Shape BatchNormShape(bool channels_last) {
-  return channels_last ? Shape{16, 128, 128, 64} : Shape{16, 64, 128, 128};
+  return channels_last ? Shape{16 * Scale(), 128, 128, 64}
+                       : Shape{16 * Scale(), 64, 128, 128};
 }
 
 // BatchNorm (eval or training, state.range(0)) of `input` with 64
@@ -509,7 +521,7 @@ void TimeBatchNorm(benchmark::State& state, const InputTensor& input,
   create.num_features = 64;
   if (!engine.store().Create(create).ok()) state.SkipWithError("create");
   TimeNormalize(state, engine, spec);
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 void TimeFit(benchmark::State& state, const InputTensor& input,
              bool channels_last) {
@@ -519,7 +531,7 @@ void TimeFit(benchmark::State& state, const InputTensor& input,
     auto result = engine.Fit(spec);
     if (!result.ok()) state.SkipWithError("fit failed");
   });
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 
 void BM_BatchNorm(benchmark::State& state) {
@@ -585,7 +597,7 @@ void TimeObservedBatchNorm(benchmark::State& state, const InputTensor& input,
     if (!result.ok()) state.SkipWithError("normalize failed");
     benchmark::ClobberMemory();
   });
-  SetBytes(state, kBytes);
+  SetBytes(state, TensorBytes());
 }
 void BM_BatchNormObserved(benchmark::State& state) {
   const bool channels_last = state.range(0) != 0;
@@ -601,10 +613,10 @@ BENCHMARK(BM_BatchNormObserved)
 // bf16 BatchNorm and Fit of [32, 64, 128, 128] or channels-last
 // [32, 128, 128, 64]: 64 MiB, as BM_Copy (16-bit values read in place).
 InputTensor HalfBatchNormInput(bool channels_last) {
-  return InputTensor{
-      DType::kBFloat16,
-      channels_last ? Shape{32, 128, 128, 64} : Shape{32, 64, 128, 128},
-      Halves().data(), 2 * kElements};
+  return InputTensor{DType::kBFloat16,
+                     channels_last ? Shape{32 * Scale(), 128, 128, 64}
+                                   : Shape{32 * Scale(), 64, 128, 128},
+                     Halves().data(), 2 * TensorElements()};
 }
 
 void BM_HalfBatchNorm(benchmark::State& state) {
@@ -642,6 +654,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
   }
+  if (const char* env = std::getenv("NORMD_BENCH_MIB")) {
+    const int64_t mib = std::atoll(env);
+    if (mib < 64 || mib % 64 != 0) {
+      std::fprintf(stderr, "NORMD_BENCH_MIB=%s: a multiple of 64 expected\n",
+                   env);
+      return 2;
+    }
+    normd::tensor_scale = mib / 64;
+  }
+  benchmark::AddCustomContext("tensor_mib",
+                              std::to_string(64 * normd::tensor_scale));
   int threads = 2;
   if (const char* env = std::getenv("NORMD_BENCH_THREADS")) {
     threads = std::atoi(env);
