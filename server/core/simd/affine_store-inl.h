@@ -63,9 +63,11 @@ HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
 // adjacent in y and come in that order. A 16-bit result of an even vector
 // waits in `held` for the odd one's, and the two are narrowed together with
 // one permute and stored as one vector, as ChannelAffineWrite does; one at
-// a time, each would need a shift and a permute of its own. fp32, and every
-// vector on scalar: StoreAffine.
-template <DType kType, bool kStream, class D>
+// a time, each would need a shift and a permute of its own. kPairOrder
+// (bfloat16): the two vectors are the pair's even and odd values (see
+// PairVector), merged with no permute. fp32, and every vector on scalar:
+// StoreAffine.
+template <DType kType, bool kStream, bool kPairOrder = false, class D>
 HWY_INLINE void StorePanelAffine(
     D d, int place, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
     typename Elements<kType>::Stored* HWY_RESTRICT y,
@@ -77,10 +79,17 @@ HWY_INLINE void StorePanelAffine(
       hn::StoreU(result, d, held);
       return;
     }
-    StoreOrStream<kStream>(
-        hn::Repartition<uint16_t, D>(),
-        NarrowPairToHalfBits<kType>(d, hn::LoadU(d, held), result),
-        y - hn::Lanes(d));
+    const hn::Repartition<uint16_t, D> d16;
+    const auto first = hn::LoadU(d, held);
+    if constexpr (kPairOrder) {
+      static_assert(kType == DType::kBFloat16, "pair order is bfloat16's");
+      StoreOrStream<kStream>(d16,
+                             hn::BitCast(d16, BFloat16Pairs(d, first, result)),
+                             y - hn::Lanes(d));
+    } else {
+      StoreOrStream<kStream>(d16, NarrowPairToHalfBits<kType>(d, first, result),
+                             y - hn::Lanes(d));
+    }
     return;
   }
 #endif

@@ -171,7 +171,7 @@ struct NoWrite {
 // same bits): y[k] = fma(x[k] - a, b, c) in fp32, narrowed to kType,
 // streamed with kStream (y aligned to 64 bytes) or stored. One thread's:
 // it holds an even vector's result until the odd one's call.
-template <DType kType, bool kStream>
+template <DType kType, bool kStream, bool kPairOrder = false>
 struct AffineWrite {
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   float a, b, c;
@@ -180,8 +180,9 @@ struct AffineWrite {
   template <class V>
   HWY_INLINE void operator()(int64_t k, V values, int place) const {
     const FloatVectorTag d;
-    StorePanelAffine<kType, kStream>(d, place, values, hn::Set(d, a),
-                                     hn::Set(d, b), hn::Set(d, c), y + k, held);
+    StorePanelAffine<kType, kStream, kPairOrder>(d, place, values,
+                                                 hn::Set(d, a), hn::Set(d, b),
+                                                 hn::Set(d, c), y + k, held);
   }
 };
 
@@ -324,12 +325,21 @@ Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
       using Stored = typename Elements<kType>::Stored;
       const auto* values = static_cast<const Stored*>(x);
       auto* to = static_cast<Stored*>(y);
-      result =
-          stream
-              ? LongMoments<kType, false>(
-                    values, out, n, AffineWrite<kType, true>{to, a, b, c, {}})
-              : LongMoments<kType, false>(
-                    values, out, n, AffineWrite<kType, false>{to, a, b, c, {}});
+      auto run = [&]<bool kStream>() {
+#if HWY_TARGET != HWY_SCALAR
+        if constexpr (kType == DType::kBFloat16) {
+          if (n >= 2 * kFloatFlush) {
+            return LongMoments<kType, false, true>(
+                values, out, n,
+                AffineWrite<kType, kStream, true>{to, a, b, c, {}});
+          }
+        }
+#endif
+        return LongMoments<kType, false>(
+            values, out, n, AffineWrite<kType, kStream>{to, a, b, c, {}});
+      };
+      result = stream ? run.template operator()<true>()
+                      : run.template operator()<false>();
     }
   });
   return result;

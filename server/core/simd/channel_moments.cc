@@ -75,6 +75,7 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // ChannelsLastSums' `write` of nothing.
 struct NoRowWrite {
   static constexpr bool kWrites = false;
+  static constexpr bool kPairOrder = true;
   template <class V>
   HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*values*/,
                              int /*place*/) const {}
@@ -88,6 +89,7 @@ struct NoRowWrite {
 template <DType kType, bool kStream>
 struct ChannelsLastAffineWrite {
   static constexpr bool kWrites = true;
+  static constexpr bool kPairOrder = false;
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   int64_t stride;
   const float* a;
@@ -114,6 +116,8 @@ struct ChannelsLastAffineWrite {
   // it through a generic lambda lost that.
   struct Tile {
     static constexpr bool kWrites = true;
+    static constexpr bool kPairOrder =
+        kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
     typename Elements<kType>::Stored* HWY_RESTRICT y;
     int64_t stride;
     int64_t first;
@@ -127,9 +131,9 @@ struct ChannelsLastAffineWrite {
                                int place) const {
       const FloatVectorTag d;
       const int64_t at = channel - first;
-      StorePanelAffine<kType, kStream>(d, place, values, hn::Load(d, a + at),
-                                       hn::Load(d, b + at), hn::Load(d, c + at),
-                                       y + row * stride + channel, held);
+      StorePanelAffine<kType, kStream, kPairOrder>(
+          d, place, values, hn::Load(d, a + at), hn::Load(d, b + at),
+          hn::Load(d, c + at), y + row * stride + channel, held);
     }
   };
   void CopyTile(int64_t first, Tile& tile) const {
@@ -139,6 +143,12 @@ struct ChannelsLastAffineWrite {
     std::copy_n(a + first, kTile, tile.a);
     std::copy_n(b + first, kTile, tile.b);
     std::copy_n(c + first, kTile, tile.c);
+    if constexpr (Tile::kPairOrder) {
+      const int64_t lanes = static_cast<int64_t>(hn::Lanes(FloatVectorTag()));
+      PairOrder(tile.a, kTile, lanes, /*back=*/false);
+      PairOrder(tile.b, kTile, lanes, /*back=*/false);
+      PairOrder(tile.c, kTile, lanes, /*back=*/false);
+    }
   }
 };
 
@@ -172,10 +182,11 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   const int64_t step_lanes = narrow ? kTile : width;
   // Whole bfloat16 tiles read in pair order (see EvenBFloat16), their
   // shifts and sums kept in it: a specialization kept on measurement: AVX2,
-  // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md). Not
-  // when writing: the output is in channel order (the sums are the same).
-  constexpr bool kPairOrder =
-      kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR && !Write::kWrites;
+  // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md). When
+  // writing, only for a writer whose constants are in pair order too
+  // (Write::kPairOrder); the sums are the same.
+  constexpr bool kPairOrder = kType == DType::kBFloat16 &&
+                              HWY_TARGET != HWY_SCALAR && Write::kPairOrder;
   const bool pairs = kPairOrder && !narrow;
   static_assert(kTile >= 4 * hn::MaxLanes(FloatVectorTag()),
                 "panels of 4 vectors: pairs for StorePanelAffine");
@@ -296,10 +307,12 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
           }
         }
       }
+      const auto values = [&]() NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-      if constexpr (kPairOrder) return PairVector(d, row + at, v);
+        if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
-      const auto values = E::Load(d, row + at);
+        return E::Load(d, row + at);
+      }();
       write(f + s, c + at, values, v);
       return values;
     };
