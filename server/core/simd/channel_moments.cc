@@ -13,7 +13,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
-#include "server/core/simd/affine_store-inl.h"
+#include "server/core/simd/channels_last_write-inl.h"
 #include "server/core/simd/half-inl.h"
 #include "server/core/simd/moments_accumulator-inl.h"
 #include "server/core/simd/ops-inl.h"
@@ -23,8 +23,7 @@ namespace normd {
 namespace HWY_NAMESPACE {
 namespace {
 
-// The fixed lanes (see channel_moments.h).
-constexpr int64_t kTile = 64;
+// The fixed lanes (see channel_moments.h; kTile: channels_last_write-inl.h).
 constexpr int64_t kTileFlush = 16;
 constexpr int64_t kShiftSample = 32;
 constexpr int kRunLanes = 16;
@@ -71,86 +70,6 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
     center[j] = sum * inverse;
   }
 }
-
-// ChannelsLastSums' `write` of nothing.
-struct NoRowWrite {
-  static constexpr bool kWrites = false;
-  static constexpr bool kPairOrder = true;
-  template <class V>
-  HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*values*/,
-                             int /*place*/) const {}
-};
-
-// ChannelsLastSums' `write` of the channel affine (ChannelAffineWrite's,
-// the same bits) of each vector it reads: channel c's value of row r to
-// y[r * stride + c], fma(x - a[c], b[c], c[c]) in fp32 narrowed to kType,
-// streamed with kStream (every row aligned to 64 bytes) or stored. One
-// thread's: it holds an even vector's result until the odd one's call.
-template <DType kType, bool kStream>
-struct ChannelsLastAffineWrite {
-  static constexpr bool kWrites = true;
-  static constexpr bool kPairOrder = false;
-  typename Elements<kType>::Stored* HWY_RESTRICT y;
-  int64_t stride;
-  const float* a;
-  const float* b;
-  const float* c;
-  alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
-
-  template <class V>
-  HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
-                             int place) const {
-    const FloatVectorTag d;
-    StorePanelAffine<kType, kStream>(
-        d, place, values, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
-        hn::LoadU(d, c + channel), y + row * stride + channel, held);
-  }
-
-  // The same write for one tile of kTile channels from `first`, from the
-  // writer's own copy of the tile's constants. A streaming store may alias
-  // the writer's members, so the compiler reloads them for every vector:
-  // with pointers to a, b and c there, each vector's constants would wait
-  // on three pointer loads; arrays inside the tile sit at fixed addresses.
-  // BlockSums' call with it passes the width as the constant kTile, and GCC
-  // compiles ChannelsLastSums for that width (a .constprop clone); passing
-  // it through a generic lambda lost that.
-  struct Tile {
-    static constexpr bool kWrites = true;
-    static constexpr bool kPairOrder =
-        kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
-    typename Elements<kType>::Stored* HWY_RESTRICT y;
-    int64_t stride;
-    int64_t first;
-    alignas(64) float a[kTile];
-    alignas(64) float b[kTile];
-    alignas(64) float c[kTile];
-    alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
-
-    template <class V>
-    HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
-                               int place) const {
-      const FloatVectorTag d;
-      const int64_t at = channel - first;
-      StorePanelAffine<kType, kStream, kPairOrder>(
-          d, place, values, hn::Load(d, a + at), hn::Load(d, b + at),
-          hn::Load(d, c + at), y + row * stride + channel, held);
-    }
-  };
-  void CopyTile(int64_t first, Tile& tile) const {
-    tile.y = y;
-    tile.stride = stride;
-    tile.first = first;
-    std::copy_n(a + first, kTile, tile.a);
-    std::copy_n(b + first, kTile, tile.b);
-    std::copy_n(c + first, kTile, tile.c);
-    if constexpr (Tile::kPairOrder) {
-      const int64_t lanes = static_cast<int64_t>(hn::Lanes(FloatVectorTag()));
-      PairOrder(tile.a, kTile, lanes, /*back=*/false);
-      PairOrder(tile.b, kTile, lanes, /*back=*/false);
-      PairOrder(tile.c, kTile, lanes, /*back=*/false);
-    }
-  }
-};
 
 // The sums of channels-last channels [c, c + width) over rows [r0, r1):
 // whole tiles (width a multiple of kTile) or a narrow tile (below kTile: a
