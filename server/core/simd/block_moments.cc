@@ -291,6 +291,15 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   return ExactMoments(values, n);
 }
 
+// Whether LongMoments reads a block of n values of kType in pair order:
+// bfloat16 (not on scalar) from two flush intervals on, which pay back
+// putting the lanes in order again.
+template <DType kType>
+constexpr bool ReadsPairs(int64_t n) {
+  return kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR &&
+         n >= 2 * kFloatFlush;
+}
+
 template <DType kType>
 Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
                     int64_t n, bool store_widened) {
@@ -307,10 +316,8 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
     return result;
   }
   if (store_widened) return LongMoments<kType, true>(x, out, n);
-  // bfloat16 in pair order (see LongMoments) from two flush intervals on,
-  // which pay back putting the lanes in order again.
-  if constexpr (kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR) {
-    if (n >= 2 * kFloatFlush) return LongMoments<kType, false, true>(x, out, n);
+  if constexpr (kType == DType::kBFloat16) {
+    if (ReadsPairs<kType>(n)) return LongMoments<kType, false, true>(x, out, n);
   }
   return LongMoments<kType, false>(x, out, n);
 }
@@ -326,15 +333,13 @@ Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
       const auto* values = static_cast<const Stored*>(x);
       auto* to = static_cast<Stored*>(y);
       auto run = [&]<bool kStream>() {
-#if HWY_TARGET != HWY_SCALAR
         if constexpr (kType == DType::kBFloat16) {
-          if (n >= 2 * kFloatFlush) {
+          if (ReadsPairs<kType>(n)) {
             return LongMoments<kType, false, true>(
                 values, out, n,
                 AffineWrite<kType, kStream, true>{to, a, b, c, {}});
           }
         }
-#endif
         return LongMoments<kType, false>(
             values, out, n, AffineWrite<kType, kStream>{to, a, b, c, {}});
       };
