@@ -31,10 +31,11 @@ constexpr int kExactChannels = 8;
 // How far ahead a block of two tiles or more prefetches rows into L2 (the
 // hardware prefetcher falls behind at 1 KiB rows).
 constexpr int64_t kRowsPrefetchBytes = 64 << 10;
-// How far ahead a fused pass over rows of one tile prefetches each row into
-// L1 as it reads one (out of cache, the hardware prefetcher falls behind
-// the reads and the writes; a burst of rows into L2, as above, costs such a
-// pass time in cache).
+// How far ahead a pass over whole rows of one tile prefetches each row into
+// L1 as it reads one: out of cache the hardware prefetcher falls behind the
+// reads of the moments alone as well as the reads and writes of a fused
+// pass; a burst of rows into L2, as above, costs the fused pass time in
+// cache.
 constexpr int64_t kTileRowPrefetchBytes = 2048;
 
 // into[j] += acc[j] in fp64, j < count.
@@ -82,9 +83,9 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // Narrow tiles are a specialization kept on measurement: AVX3 and AVX2,
 // bench case ChannelMoments*/nc8 (docs/design/kernels.md). Whole tiles prefetch
 // rows before `prefetch_end` (into L2, `prefetch_bytes` of each of a flush
-// interval's rows at a time; one tile of whole rows that `write` writes,
-// into L1, a row as it reads one), and hand every vector they read to `write`
-// with its place in the panel (narrow ones write nothing).
+// interval's rows at a time; one tile of whole rows into L1, a row as it
+// reads one), and hand every vector they read to `write` with its place in
+// the panel (narrow ones write nothing).
 template <DType kType, typename Stored, class Write = NoRowWrite>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
@@ -158,7 +159,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
     }
   };
   const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
-  const bool row_by_row = Write::kWrites && width == kTile && width == stride;
+  const bool row_by_row = width == kTile && width == stride;
   const int64_t ahead = std::max<int64_t>(
       1, (row_by_row ? kTileRowPrefetchBytes : kRowsPrefetchBytes) / row_bytes);
   for (int64_t f = r0; f < r1; f += kTileFlush * step_rows) {
@@ -217,13 +218,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
     }
     auto tile_rows = [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
       const Stored* row = x + (f + s) * stride + c;
-      if constexpr (Write::kWrites) {
-        if (row_by_row && at == 0 && f + s + ahead < prefetch_end) {
-          const char* next =
-              reinterpret_cast<const char*>(row + ahead * stride);
-          for (size_t line = 0; line < kTile * sizeof(Stored); line += 64) {
-            __builtin_prefetch(next + line, 0, 3);
-          }
+      if (row_by_row && at == 0 && f + s + ahead < prefetch_end) {
+        const char* next = reinterpret_cast<const char*>(row + ahead * stride);
+        for (size_t line = 0; line < kTile * sizeof(Stored); line += 64) {
+          __builtin_prefetch(next + line, 0, 3);
         }
       }
       const auto values = [&]() NORMD_LAMBDA_INLINE {
@@ -404,9 +402,10 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
   if constexpr (kType == DType::kFloat64) {
     // fp64: the exact loops alone.
   } else if (fast && inner == 1) {
-    // Blocks of two tiles or more prefetch, and fused ones of one tile.
+    // Blocks of two tiles or more prefetch, and those of one tile that are
+    // whole rows or fused.
     const bool prefetch =
-        Write::kWrites ||
+        Write::kWrites || width == stride ||
         width / kTile + std::popcount(static_cast<uint64_t>(width % kTile)) >=
             2;
     for (int64_t at = 0; at < width;) {
