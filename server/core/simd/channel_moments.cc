@@ -160,6 +160,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
           });
     }
   };
+  // The writer's own copy: a vector store may alias any object whose
+  // address the compiler has seen, so it would reload a caller's writer's
+  // pointer and stride for every vector; a local it keeps in registers.
+  const Write local_write = write;
   const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(Stored));
   const bool row_by_row = width == kTile && width == stride;
   const int64_t row_prefetch_bytes =
@@ -234,7 +238,7 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 #endif
         return E::Load(d, row + at);
       }();
-      write(f + s, c + at, values, v);
+      local_write(f + s, c + at, values, v);
       return values;
     };
     add.template operator()<false>(f_end - f, 0, tile_rows, tile_rows);

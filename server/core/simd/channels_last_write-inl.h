@@ -64,10 +64,10 @@ struct ChannelsLastAffineWrite {
   }
 
   // The same write for one tile of kTile channels from `first`, from the
-  // writer's own copy of the tile's constants. A streaming store may alias
-  // the writer's members, so the compiler reloads them for every vector:
-  // with pointers to a, b and c there, each vector's constants would wait
-  // on three pointer loads; arrays inside the tile sit at fixed addresses.
+  // writer's own copy of the tile's constants (in pair order where bfloat16
+  // tiles are read so). ChannelsLastSums works from a local copy of its
+  // writer: a vector store may alias any object whose address the compiler
+  // has seen, so it would reload a caller's members for every vector.
   // BlockSums' call with it passes the width as the constant kTile, and GCC
   // compiles ChannelsLastSums for that width (a .constprop clone); passing
   // it through a generic lambda lost that.
