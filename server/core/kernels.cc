@@ -481,7 +481,7 @@ class AffinePass final : public BlockPass {
         return;
       }
     }
-    ChannelRowBlockMoments(dtype_, x_, layout_, block, scratch, out);
+    ChannelRowBlockMoments(dtype_, x_, layout_, block, scratch, out, Hints());
     const int64_t length = block.width() * layout_.inner;
     if (length == row) {  // Every channel: one range.
       AfterRange(block.r0 * row, block.r1 * row);
@@ -500,6 +500,15 @@ class AffinePass final : public BlockPass {
   }
 
  private:
+  // The moments' shift hints, as the fused channels-last pass takes them:
+  // the fp32 means (none for fp64 data, whose moments are exact).
+  const float* Hints() const {
+    if constexpr (std::is_same_v<P, float>) {
+      return arrays_.hi.get();
+    } else {
+      return nullptr;
+    }
+  }
   // Whether streaming stores may start at y.
   bool Aligned(const char* y) const {
     return !stream_ || reinterpret_cast<uintptr_t>(y) % 64 == 0;

@@ -87,9 +87,11 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
                       layout, mean, scale, shift);
 }
 
-// ChannelAffineKernel of contiguous x that also returns ChannelMoments(x),
-// the same bits as each, in one read of x: every block of the moments is
-// normalized while it is still in cache. x == y allowed.
+// ChannelAffineKernel of contiguous x that also returns ChannelMoments(x,
+// layout, mean) (the means as shift hints: where channels-last tiles take
+// them, x - mean is taken once for both), the same bits as each, in one
+// read of x: every block of the moments is normalized while it is still in
+// cache. x == y allowed.
 std::vector<Moments> ChannelAffineWithMoments(
     DType dtype, const void* x, void* y, const ChannelLayout& layout,
     const double* mean, const double* scale, const double* shift);

@@ -27,17 +27,19 @@ Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
   return total;
 }
 
-// The pass of the plain reductions: the moments alone.
+// The pass of the plain reductions: the moments alone, with each channel's
+// shift hint (hints[c]: channels-last tiles take them) or none.
 struct MomentsOnly {
   DType dtype;
   const void* x;
   const ChannelLayout& layout;
+  const float* hints = nullptr;
   Moments RunBlock(int64_t at, int64_t n) const {
     return BlockAt(dtype, x, at, n);
   }
   void RunRowBlock(const ChannelRowBlock& block, double* scratch,
                    Moments* out) const {
-    ChannelRowBlockMoments(dtype, x, layout, block, scratch, out);
+    ChannelRowBlockMoments(dtype, x, layout, block, scratch, out, hints);
   }
   void AfterRange(int64_t, int64_t) const {}
 };
@@ -208,6 +210,14 @@ Moments ContiguousMoments(DType dtype, const void* x, int64_t n) {
 std::vector<Moments> ChannelMoments(DType dtype, const void* x,
                                     const ChannelLayout& layout) {
   return ChannelMomentsWith(dtype, x, layout, MomentsOnly{dtype, x, layout});
+}
+
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout,
+                                    const double* shift_hints) {
+  std::vector<float> hints(shift_hints, shift_hints + layout.channels);
+  return ChannelMomentsWith(dtype, x, layout,
+                            MomentsOnly{dtype, x, layout, hints.data()});
 }
 
 std::vector<Moments> ChannelMoments(DType dtype, const void* x,

@@ -73,6 +73,15 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
   return ChannelMoments(FloatingDType<T>(), x, layout);
 }
 
+// ChannelMoments with a shift hint per channel (channel c's at
+// shift_hints[c], taken as fp32): channels-last tiles of 64 channels shift
+// by them, not by their sample's means, where every one lies close enough
+// to its sample (simd/fold.h, HintFits). The moments
+// ChannelAffineWithMoments takes with mean = shift_hints, bit for bit.
+std::vector<Moments> ChannelMoments(DType dtype, const void* x,
+                                    const ChannelLayout& layout,
+                                    const double* shift_hints);
+
 // Work that rides on a reduction's read of x (ChannelAffineWithMoments):
 // every block is handed to it once, on the thread that reduces it, for its
 // moments and whatever else it does with the block in the same read, or

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "server/core/engine.h"
@@ -45,6 +46,49 @@ TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
     for (int64_t ch = 0; ch < c.channels; ++ch) {
       EXPECT_LE(RelErr(moments[ch].BiasedVariance(), ref.var[ch]), 1e-7) << ch;
       EXPECT_LE(RelErr(moments[ch].mean, ref.mean[ch]), 1e-12) << ch;
+    }
+  }
+}
+
+// The same bar for the moments of eval's fused channels-last pass, which
+// shift by the model's means where they lie close enough to the data
+// (fold::HintFits):
+// hints at the data's means and just off them (taken), and far off
+// (refused: the plain kernel's bits).
+TEST(AccuracyTest, OffsetTenThousandWithShiftHints) {
+  struct Case {
+    const char* name;
+    ChannelLayout layout;
+  };
+  const Case cases[] = {
+      {"nhwc64", {100'000, 64, 1}},
+      {"nhwc256", {25'000, 256, 1}},
+  };
+  for (const Case& c : cases) {
+    const auto x = RandomValues<float>(c.layout.NumElements(), 45, 1e4, 1.0);
+    const auto ref = ReferenceChannelStats(x, c.layout.outer, c.layout.channels,
+                                           c.layout.inner);
+    const auto plain = ChannelMoments(x.data(), c.layout);
+    for (double offset : {0.0, -0.1, 1.5}) {
+      SCOPED_TRACE(std::string(c.name) + " offset " + std::to_string(offset));
+      std::vector<double> hints(c.layout.channels);
+      for (int64_t ch = 0; ch < c.layout.channels; ++ch) {
+        hints[ch] = ref.mean[ch] + offset * std::sqrt(ref.var[ch]);
+      }
+      const auto moments =
+          ChannelMoments(DType::kFloat32, x.data(), c.layout, hints.data());
+      int64_t taken = 0;
+      for (int64_t ch = 0; ch < c.layout.channels; ++ch) {
+        EXPECT_LE(RelErr(moments[ch].BiasedVariance(), ref.var[ch]), 1e-7)
+            << ch;
+        EXPECT_LE(RelErr(moments[ch].mean, ref.mean[ch]), 1e-12) << ch;
+        taken += moments[ch].m2 != plain[ch].m2;
+      }
+      if (offset < 1.0) {
+        EXPECT_GT(taken, c.layout.channels / 2);
+      } else {
+        EXPECT_EQ(taken, 0);
+      }
     }
   }
 }

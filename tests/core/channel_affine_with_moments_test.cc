@@ -1,7 +1,9 @@
 // ChannelAffineWithMoments, the eval pass that also takes its input's
 // moments (drift observation), against the two kernels it fuses: its
-// moments must be ChannelMoments' bit for bit, and its output
-// ChannelAffineKernel's byte for byte, in every dtype and layout (each
+// moments must be ChannelMoments' with the means as shift hints bit for
+// bit, and its output ChannelAffineKernel's byte for byte, with means near
+// the data (hints taken) and far from it (hints refused: ChannelMoments'
+// own bits), in every dtype and layout (each
 // strategy of the reduction, blocks written as read and blocks written
 // from cache), in place and not, with streaming stores and without, with a
 // misaligned output, a constant channel (the exact path) and a NaN and an
@@ -33,6 +35,7 @@ using ::normd::testing::RandomValues;
 struct Case {
   const char* name;
   ChannelLayout layout;
+  bool takes_hints;  // Has channels-last tiles, which take shift hints.
 };
 
 // One per path: long runs in whole and partial blocks (NCHW), runs of one
@@ -40,32 +43,35 @@ struct Case {
 // read), channels-last narrow tiles and wide blocks split into channel
 // ranges (written from cache).
 const Case kCases[] = {
-    {"nchw", {.outer = 3, .channels = 5, .inner = 1000}},
-    {"nchw_two_blocks", {.outer = 2, .channels = 3, .inner = 70001}},
-    {"nchw_short_block", {.outer = 2, .channels = 2, .inner = 32768 + 200}},
-    {"one_run_channels", {.outer = 1, .channels = 37, .inner = 49}},
-    {"short_runs", {.outer = 40, .channels = 6, .inner = 9}},
-    {"nhwc64", {.outer = 3000, .channels = 64, .inner = 1}},
-    {"nhwc128", {.outer = 700, .channels = 128, .inner = 1}},
-    {"nhwc100", {.outer = 900, .channels = 100, .inner = 1}},
-    {"nhwc8", {.outer = 999, .channels = 8, .inner = 1}},
-    {"nhwc2048", {.outer = 40, .channels = 2048, .inner = 1}},
+    {"nchw", {.outer = 3, .channels = 5, .inner = 1000}, false},
+    {"nchw_two_blocks", {.outer = 2, .channels = 3, .inner = 70001}, false},
+    {"nchw_short_block",
+     {.outer = 2, .channels = 2, .inner = 32768 + 200},
+     false},
+    {"one_run_channels", {.outer = 1, .channels = 37, .inner = 49}, false},
+    {"short_runs", {.outer = 40, .channels = 6, .inner = 9}, false},
+    {"nhwc64", {.outer = 3000, .channels = 64, .inner = 1}, true},
+    {"nhwc128", {.outer = 700, .channels = 128, .inner = 1}, true},
+    {"nhwc100", {.outer = 900, .channels = 100, .inner = 1}, true},
+    {"nhwc8", {.outer = 999, .channels = 8, .inner = 1}, false},
+    {"nhwc2048", {.outer = 40, .channels = 2048, .inner = 1}, true},
 };
 
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
                              DType::kFloat64};
 
-// The tensor's bytes in `dtype`: normal values around 3, channel 1 constant
-// (its moments take the exact path), a NaN in channel 0 and an Inf in the
-// last channel when `special`.
+// The tensor's bytes in `dtype`: normal values around 3; when `special`,
+// channel 1 constant (its moments, and those of a channels-last block with
+// it, take the exact path), a NaN in channel 0 and an Inf in the last
+// channel.
 std::vector<char> TensorBytes(DType dtype, const ChannelLayout& layout,
                               bool special) {
   const int64_t n = layout.NumElements();
   std::vector<double> values = RandomValues<double>(n, 17, 3.0, 2.0);
-  for (int64_t i = 0; i < n; ++i) {
-    if ((i / layout.inner) % layout.channels == 1) values[i] = 1.25;
-  }
   if (special) {
+    for (int64_t i = 0; i < n; ++i) {
+      if ((i / layout.inner) % layout.channels == 1) values[i] = 1.25;
+    }
     values[0] = std::numeric_limits<double>::quiet_NaN();
     values[n - 1] = std::numeric_limits<double>::infinity();
   }
@@ -101,26 +107,39 @@ std::string MomentsBits(const std::vector<Moments>& moments) {
 }
 
 // Checks one case: the fused pass into a buffer at byte `offset` from a
-// 64-byte boundary (or in place) against the two kernels.
+// 64-byte boundary (or in place) against the two kernels, with means near
+// the data's (3) or `drifted` far from them.
 void CheckCase(const Case& c, DType dtype, bool special, int64_t offset,
-               bool in_place) {
+               bool in_place, bool drifted = false) {
   SCOPED_TRACE(std::string(c.name) + " dtype " +
                std::to_string(static_cast<int>(dtype)) +
                (special ? " special" : "") + " offset " +
-               std::to_string(offset) + (in_place ? " in place" : ""));
+               std::to_string(offset) + (in_place ? " in place" : "") +
+               (drifted ? " drifted" : ""));
   const ChannelLayout& layout = c.layout;
   const std::vector<char> input = TensorBytes(dtype, layout, special);
   const int64_t bytes = static_cast<int64_t>(input.size());
   std::vector<double> mean(layout.channels), scale(layout.channels),
       shift(layout.channels);
   for (int64_t k = 0; k < layout.channels; ++k) {
-    mean[k] = 3.0 + 0.01 * k;
+    // Near the data's means, or far from them.
+    mean[k] = (drifted ? 40.0 : 3.0) + 1e-5 * k;
     scale[k] = 0.5 + 0.125 * (k % 7);
     shift[k] = -1.0 + 0.25 * (k % 5);
   }
 
   const std::vector<Moments> want_moments =
-      ChannelMoments(dtype, input.data(), layout);
+      ChannelMoments(dtype, input.data(), layout, mean.data());
+  // Means near the data are taken as shifts (other bits than the plain
+  // kernel's) by channels-last tiles; far from it, by none. (A NaN or
+  // an Inf makes its channel's moments NaN either way.)
+  const bool hints_taken =
+      MomentsBits(want_moments) !=
+      MomentsBits(ChannelMoments(dtype, input.data(), layout));
+  if (!special) {
+    EXPECT_EQ(hints_taken,
+              !drifted && c.takes_hints && dtype != DType::kFloat64);
+  }
   std::vector<char> want(bytes);
   ChannelAffineKernel(dtype, {input.data()}, want.data(), layout, mean.data(),
                       scale.data(), shift.data());
@@ -155,6 +174,8 @@ void CheckEveryCase() {
       CheckCase(c, dtype, /*special=*/false, ElementSize(dtype),
                 /*in_place=*/false);
       CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/true);
+      CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/false,
+                /*drifted=*/true);
     }
   }
 }

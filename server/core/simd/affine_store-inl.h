@@ -43,13 +43,24 @@ HWY_INLINE void StoreOrStream(Tag tag, hn::Vec<Tag> out, T* HWY_RESTRICT y) {
   }
 }
 
-// FloatChannelAffine of v, narrowed to kType and stored at y
-// (StoreOrStream).
-template <DType kType, bool kStream, class D>
+// FloatChannelAffine of v, or with kDeviations of the v that is already v -
+// a (a unused; the same bits): fma(v, b, c).
+template <bool kDeviations, class D>
+HWY_INLINE hn::Vec<D> ChannelAffineOf(D d, hn::Vec<D> v, hn::Vec<D> a,
+                                      hn::Vec<D> b, hn::Vec<D> c) {
+  if constexpr (kDeviations) {
+    return ExactMulAdd(d, v, b, c);
+  } else {
+    return FloatChannelAffine(d, v, a, b, c);
+  }
+}
+
+// ChannelAffineOf v, narrowed to kType and stored at y (StoreOrStream).
+template <DType kType, bool kStream, bool kDeviations = false, class D>
 HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
                             hn::Vec<D> c,
                             typename Elements<kType>::Stored* HWY_RESTRICT y) {
-  const auto result = FloatChannelAffine(d, v, a, b, c);
+  const auto result = ChannelAffineOf<kDeviations>(d, v, a, b, c);
   if constexpr (Elements<kType>::kHalf) {
     StoreOrStream<kStream>(HalfBitsTag<D>(), NarrowToHalfBits<kType>(d, result),
                            y);
@@ -65,16 +76,17 @@ HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
 // one permute and stored as one vector, as ChannelAffineWrite does; one at
 // a time, each would need a shift and a permute of its own. kPairOrder
 // (bfloat16): the two vectors are the pair's even and odd values (see
-// PairVector), merged with no permute. fp32, and every vector on scalar:
-// StoreAffine.
-template <DType kType, bool kStream, bool kPairOrder = false, class D>
+// PairVector), merged with no permute. kDeviations: v is already v - a
+// (ChannelAffineOf). fp32, and every vector on scalar: StoreAffine.
+template <DType kType, bool kStream, bool kPairOrder = false,
+          bool kDeviations = false, class D>
 HWY_INLINE void StorePanelAffine(
     D d, int place, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
     typename Elements<kType>::Stored* HWY_RESTRICT y,
     float* HWY_RESTRICT held) {
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (Elements<kType>::kHalf) {
-    const auto result = FloatChannelAffine(d, v, a, b, c);
+    const auto result = ChannelAffineOf<kDeviations>(d, v, a, b, c);
     if (place % 2 == 0) {
       hn::StoreU(result, d, held);
       return;
@@ -93,7 +105,7 @@ HWY_INLINE void StorePanelAffine(
     return;
   }
 #endif
-  StoreAffine<kType, kStream>(d, v, a, b, c, y);
+  StoreAffine<kType, kStream, kDeviations>(d, v, a, b, c, y);
 }
 
 }  // namespace HWY_NAMESPACE

@@ -13,6 +13,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target.h first: it re-includes this file once per target.
 #include "hwy/highway.h"
+#include "server/core/simd/channels_last_shifts-inl.h"
 #include "server/core/simd/channels_last_write-inl.h"
 #include "server/core/simd/half-inl.h"
 #include "server/core/simd/moments_accumulator-inl.h"
@@ -25,7 +26,6 @@ namespace {
 
 // The fixed lanes (see channel_moments.h; kTile: channels_last_write-inl.h).
 constexpr int64_t kTileFlush = 16;
-constexpr int64_t kShiftSample = 32;
 constexpr int kRunLanes = 16;
 constexpr int kExactChannels = 8;
 // How far ahead a block of two tiles or more prefetches rows into L2 (the
@@ -46,34 +46,6 @@ void AddWidened(const float* HWY_RESTRICT acc, double* HWY_RESTRICT into,
   for (int64_t j = 0; j < count; ++j) into[j] += static_cast<double>(acc[j]);
 }
 
-// The shifts of `count` channels-last channels from `c`: the fp32 mean of
-// each one's first kShiftSample rows from r0 (an overflow gives a
-// non-finite shift, which NeedsExactPath catches).
-template <DType kType, typename Stored>
-void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
-            int64_t count, int64_t r0, int64_t r1, float* HWY_RESTRICT center) {
-  using E = Elements<kType>;
-  const FloatVectorTag d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t sample_end = std::min(r1, r0 + kShiftSample);
-  const float inverse = 1.0f / static_cast<float>(sample_end - r0);
-  const int64_t whole = count - count % lanes;
-  for (int64_t j = 0; j < whole; j += lanes) {
-    auto sum = hn::Zero(d);
-    for (int64_t r = r0; r < sample_end; ++r) {
-      sum = hn::Add(sum, E::Load(d, x + r * stride + c + j));
-    }
-    hn::StoreU(hn::Mul(sum, hn::Set(d, inverse)), d, center + j);
-  }
-  for (int64_t j = whole; j < count; ++j) {
-    float sum = 0.0f;
-    for (int64_t r = r0; r < sample_end; ++r) {
-      sum += E::Scalar(x[r * stride + c + j]);
-    }
-    center[j] = sum * inverse;
-  }
-}
-
 // The sums of channels-last channels [c, c + width) over rows [r0, r1):
 // whole tiles (width a multiple of kTile) or a narrow tile (below kTile: a
 // step of kTile / width rows, value q of a flush interval in lane q %
@@ -87,14 +59,17 @@ void Shifts(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
 // rows before `prefetch_end` (into L2, `prefetch_bytes` of each of a flush
 // interval's rows at a time; one tile of whole rows into L1, a row as it
 // reads one), and hand every vector they read to `write` with its place in
-// the panel (narrow ones write nothing).
+// the panel (narrow ones write nothing). Whole tiles take their channels'
+// shift hints (hints[c + j], if `hints`) where they fit (TakeHints); a
+// writing pass whose tiles all took them hands `write` x - hint, the
+// subtraction its affine would do (write's a are the hints).
 template <DType kType, typename Stored, class Write = NoRowWrite>
 void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                       int64_t width, int64_t r0, int64_t r1,
                       int64_t prefetch_end, int64_t prefetch_bytes,
                       double* HWY_RESTRICT center_out,
                       double* HWY_RESTRICT dev_out, double* HWY_RESTRICT sq_out,
-                      const Write& write = {}) {
+                      const float* hints, const Write& write = {}) {
   using E = Elements<kType>;
   const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -114,6 +89,9 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
                 "panels of 4 vectors: pairs for StorePanelAffine");
   HWY_ALIGN float center[kMaxChannelsLastBlock];
   Shifts<kType>(x, stride, c, width, r0, r1, center);
+  const bool hinted =
+      hints != nullptr && !narrow &&
+      TakeHints<kType>(x, stride, c, width, r0, r1, hints + c, center);
   for (int64_t l = width; l < step_lanes; ++l) center[l] = center[l % width];
   if (pairs) PairOrder(center, width, lanes, /*back=*/false);
   HWY_ALIGN float staged[kTileFlush * kTile];
@@ -133,7 +111,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   // only; kFull: steps of kTile values, the whole ones read by whole(s, at,
   // v) and the last, partial, by values; else steps of step_values, each
   // masked.
-  auto add = [&]<bool kMasked, bool kFull = true>(
+  // kGiven: values(s, at, v) gives x - shift.
+  auto add = [&]<bool kMasked, bool kFull = true, bool kGiven = false>(
       int64_t steps, int64_t valid, const auto& values, const auto& whole)
       NORMD_LAMBDA_INLINE {
     const LaneShifts<float> shift{center};
@@ -142,8 +121,10 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       AddWidened(acc_sq + p, sq + p, panel);
     };
     if constexpr (!kMasked) {
-      AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
-          d, step_lanes, steps, shift, values, acc_dev, acc_sq, flush);
+      constexpr LaneSums kAdd =
+          kGiven ? LaneSums::kFusedGiven : LaneSums::kFusedDeviations;
+      AccumulateMoments<kAdd, kTile>(d, step_lanes, steps, shift, values,
+                                     acc_dev, acc_sq, flush);
     } else if constexpr (kFull) {
       const int64_t full = valid / kTile;
       AccumulateMoments<LaneSums::kFusedDeviations, kTile>(
@@ -170,78 +151,95 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
       Write::kWrites ? kFusedTileRowPrefetchBytes : kTileRowPrefetchBytes;
   const int64_t ahead = std::max<int64_t>(
       1, (row_by_row ? row_prefetch_bytes : kRowsPrefetchBytes) / row_bytes);
-  for (int64_t f = r0; f < r1; f += kTileFlush * step_rows) {
-    const int64_t f_end = std::min(r1, f + kTileFlush * step_rows);
-    if (narrow) {
-      const int64_t values = (f_end - f) * width;
-      const int64_t steps = (values + step_values - 1) / step_values;
-      if (width == stride) {
-        // Whole rows: the interval's values are contiguous. kFull: the steps
-        // fill the kTile lanes (a constant step, which AVX2 needs for speed).
-        const Stored* interval = x + f * stride;
-        auto read = [&]<bool kFull>() NORMD_LAMBDA_INLINE {
-          const int64_t step = kFull ? kTile : step_values;
-          // Lanes past the step read the next step's values (add masks them
-          // off); only the interval's end is not read past.
-          auto part = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-            const int64_t q = s * step + at;
-            return E::Load(
-                interval, q,
-                static_cast<size_t>(std::clamp<int64_t>(values - q, 0, lanes)));
+  // The intervals in turn; kGiven: the shifts taken off once, for the sums
+  // and the write.
+  auto intervals = [&]<bool kGiven>() NORMD_LAMBDA_INLINE {
+    for (int64_t f = r0; f < r1; f += kTileFlush * step_rows) {
+      const int64_t f_end = std::min(r1, f + kTileFlush * step_rows);
+      if (!kGiven && narrow) {
+        const int64_t values = (f_end - f) * width;
+        const int64_t steps = (values + step_values - 1) / step_values;
+        if (width == stride) {
+          // Whole rows: the interval's values are contiguous. kFull: the steps
+          // fill the kTile lanes (a constant step, which AVX2 needs for speed).
+          const Stored* interval = x + f * stride;
+          auto read = [&]<bool kFull>() NORMD_LAMBDA_INLINE {
+            const int64_t step = kFull ? kTile : step_values;
+            // Lanes past the step read the next step's values (add masks them
+            // off); only the interval's end is not read past.
+            auto part = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+              const int64_t q = s * step + at;
+              return E::Load(interval, q,
+                             static_cast<size_t>(
+                                 std::clamp<int64_t>(values - q, 0, lanes)));
+            };
+            auto whole = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+              return E::Load(d, interval + s * kTile + at);
+            };
+            add.template operator()<true, kFull>(steps, values, part, whole);
           };
-          auto whole = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-            return E::Load(d, interval + s * kTile + at);
-          };
-          add.template operator()<true, kFull>(steps, values, part, whole);
-        };
-        if (step_values == kTile) {
-          read.template operator()<true>();
-        } else {
-          read.template operator()<false>();
+          if (step_values == kTile) {
+            read.template operator()<true>();
+          } else {
+            read.template operator()<false>();
+          }
+          continue;
         }
+        for (int64_t r = f; r < f_end; ++r) {
+          const Stored* from = x + r * stride + c;
+          float* to = staged + (r - f) * width;
+          int64_t j = 0;
+          for (; j + lanes <= width; j += lanes) {
+            hn::StoreU(E::Load(d, from + j), d, to + j);
+          }
+          for (; j < width; ++j) to[j] = E::Scalar(from[j]);
+        }
+        auto from_staged = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
+          return hn::Load(d, staged + s * kTile + at);
+        };
+        add.template operator()<true>(steps, values, from_staged, from_staged);
         continue;
       }
-      for (int64_t r = f; r < f_end; ++r) {
-        const Stored* from = x + r * stride + c;
-        float* to = staged + (r - f) * width;
-        int64_t j = 0;
-        for (; j + lanes <= width; j += lanes) {
-          hn::StoreU(E::Load(d, from + j), d, to + j);
-        }
-        for (; j < width; ++j) to[j] = E::Scalar(from[j]);
-      }
-      auto from_staged = [&](int64_t s, int64_t at, int) NORMD_LAMBDA_INLINE {
-        return hn::Load(d, staged + s * kTile + at);
-      };
-      add.template operator()<true>(steps, values, from_staged, from_staged);
-      continue;
-    }
-    for (int64_t r = f; !row_by_row && r < f_end && r + ahead < prefetch_end;
-         ++r) {
-      const char* row =
-          reinterpret_cast<const char*>(x + (r + ahead) * stride + c);
-      for (int64_t line = 0; line < prefetch_bytes; line += 64) {
-        __builtin_prefetch(row + line, 0, 2);
-      }
-    }
-    auto tile_rows = [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
-      const Stored* row = x + (f + s) * stride + c;
-      if (row_by_row && at == 0 && f + s + ahead < prefetch_end) {
-        const char* next = reinterpret_cast<const char*>(row + ahead * stride);
-        for (size_t line = 0; line < kTile * sizeof(Stored); line += 64) {
-          __builtin_prefetch(next + line, 0, 3);
+      for (int64_t r = f; !row_by_row && r < f_end && r + ahead < prefetch_end;
+           ++r) {
+        const char* row =
+            reinterpret_cast<const char*>(x + (r + ahead) * stride + c);
+        for (int64_t line = 0; line < prefetch_bytes; line += 64) {
+          __builtin_prefetch(row + line, 0, 2);
         }
       }
-      const auto values = [&]() NORMD_LAMBDA_INLINE {
+      auto tile_rows = [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
+        const Stored* row = x + (f + s) * stride + c;
+        if (row_by_row && at == 0 && f + s + ahead < prefetch_end) {
+          const char* next =
+              reinterpret_cast<const char*>(row + ahead * stride);
+          for (size_t line = 0; line < kTile * sizeof(Stored); line += 64) {
+            __builtin_prefetch(next + line, 0, 3);
+          }
+        }
+        const auto values = [&]() NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-        if constexpr (kPairOrder) return PairVector(d, row + at, v);
+          if constexpr (kPairOrder) return PairVector(d, row + at, v);
 #endif
-        return E::Load(d, row + at);
-      }();
-      local_write(f + s, c + at, values, v);
-      return values;
-    };
-    add.template operator()<false>(f_end - f, 0, tile_rows, tile_rows);
+          return E::Load(d, row + at);
+        }();
+        if constexpr (kGiven) {
+          const auto e = hn::Sub(values, hn::Load(d, center + at));
+          local_write.template Store<true>(f + s, c + at, e, v);
+          return e;
+        } else {
+          local_write.template Store<false>(f + s, c + at, values, v);
+          return values;
+        }
+      };
+      add.template operator()<false, true, kGiven>(f_end - f, 0, tile_rows,
+                                                   tile_rows);
+    }
+  };
+  if (Write::kWrites && hinted) {
+    intervals.template operator()<Write::kWrites>();
+  } else {
+    intervals.template operator()<false>();
   }
   if (pairs) {
     PairOrder(center, width, lanes, /*back=*/true);
@@ -393,13 +391,13 @@ void ExactChannelSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
 // dev, sq, then its moments into out: by the fast paths where `fast` and
 // the layout allow, else the exact loops. False when a fast result lost
 // accuracy.
-// `write`: ChannelsLastSums'.
+// `hints` and `write`: ChannelsLastSums'.
 template <DType kType, typename Stored = typename Elements<kType>::Stored,
           class Write = NoRowWrite>
 bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
                const ChannelRowBlock& block, bool fast,
                double* HWY_RESTRICT scratch, Moments* HWY_RESTRICT out,
-               const Write& write = {}) {
+               const float* hints = nullptr, const Write& write = {}) {
   const int64_t width = block.width();
   const int64_t inner = layout.inner;
   const int64_t stride = layout.channels * inner;
@@ -431,7 +429,7 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
           ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0,
                                   block.r1, prefetch ? layout.outer : 0,
                                   width * static_cast<int64_t>(sizeof(Stored)),
-                                  sum + at, dev + at, sq + at, tile);
+                                  sum + at, dev + at, sq + at, hints, tile);
           at += w;
           continue;
         }
@@ -439,7 +437,7 @@ bool BlockSums(const Stored* HWY_RESTRICT x, const ChannelLayout& layout,
       ChannelsLastSums<kType>(x, stride, block.c0 + at, w, block.r0, block.r1,
                               prefetch ? layout.outer : 0,
                               width * static_cast<int64_t>(sizeof(Stored)),
-                              sum + at, dev + at, sq + at, write);
+                              sum + at, dev + at, sq + at, hints, write);
       at += w;
     }
     done = width;
@@ -471,15 +469,15 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
       const auto* values = static_cast<const Stored*>(x);
       auto* to = static_cast<Stored*>(y);
       const int64_t stride = layout.channels;
-      // Every value is written by the fast pass; a block that lost accuracy
-      // has its moments taken again, exactly.
+      // Every value is written by the fast pass, a the shift hints; a block
+      // that lost accuracy has its moments taken again, exactly.
       const bool accurate =
           stream ? BlockSums<kType>(values, layout, block, /*fast=*/true,
-                                    scratch, out,
+                                    scratch, out, a,
                                     ChannelsLastAffineWrite<kType, true>{
                                         to, stride, a, b, c, {}})
                  : BlockSums<kType>(values, layout, block, /*fast=*/true,
-                                    scratch, out,
+                                    scratch, out, a,
                                     ChannelsLastAffineWrite<kType, false>{
                                         to, stride, a, b, c, {}});
       if (!accurate) {
@@ -490,13 +488,14 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
 }
 
 void RowBlockMoments(DType dtype, const void* x, const ChannelLayout& layout,
-                     const ChannelRowBlock& block, double* scratch,
-                     Moments* out) {
+                     const ChannelRowBlock& block, const float* hints,
+                     double* scratch, Moments* out) {
   ForDType(dtype, [&]<DType kType>() {
     const auto* values =
         static_cast<const typename Elements<kType>::Stored*>(x);
     if (kType == DType::kFloat64 ||
-        !BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out)) {
+        !BlockSums<kType>(values, layout, block, /*fast=*/true, scratch, out,
+                          hints)) {
       BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
     }
   });
@@ -515,8 +514,9 @@ HWY_EXPORT(RowBlockWithAffine);
 void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
-                            Moments* out) {
-  HWY_DYNAMIC_DISPATCH(RowBlockMoments)(dtype, x, layout, block, scratch, out);
+                            Moments* out, const float* shift_hints) {
+  HWY_DYNAMIC_DISPATCH(RowBlockMoments)
+  (dtype, x, layout, block, shift_hints, scratch, out);
 }
 
 void ChannelRowBlockMomentsWithAffine(DType dtype, const void* x, void* y,

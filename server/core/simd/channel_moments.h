@@ -3,7 +3,8 @@
 // of the short-run channel reductions (moments.cc). On Highway, the same
 // bits on every target: lanes are fixed, whatever the vector width.
 // - Channels-last (inner == 1), fp32 and 16-bit: each channel its own fp32
-//   lane, shifted by the fp32 mean of its first 32 rows, d and d^2 (fused)
+//   lane, shifted by the fp32 mean of its first 32 rows (or a hint that
+//   fits, in tiles of 64 channels), d and d^2 (fused)
 //   flushed into fp64 every 16 rows; 64 channels per tile, and narrow tiles
 //   of 32, 16, .., 1 channels whose 64 lanes take 64 / width rows a step
 //   (fewer than 64 channels that are whole rows: one narrow tile of them
@@ -28,14 +29,19 @@ namespace normd {
 inline constexpr int64_t kMaxChannelsLastBlock = 1024;
 
 // The moments of each channel of `block` of x (`dtype` any) into
-// out[0, width). `scratch` holds 3 * width doubles.
+// out[0, width). `scratch` holds 3 * width doubles. `shift_hints` (channel
+// c's at shift_hints[c], or null): a channels-last tile of 64 channels
+// shifts by its hints where every one of them lies close enough to its
+// sample's mean (fold::HintFits), as the pass fused with the affine does
+// with its a: the same bits as that pass.
 void ChannelRowBlockMoments(DType dtype, const void* x,
                             const ChannelLayout& layout,
                             const ChannelRowBlock& block, double* scratch,
-                            Moments* out);
+                            Moments* out, const float* shift_hints = nullptr);
 
 // ChannelRowBlockMoments of a channels-last block (inner == 1) of whole
-// tiles (width a multiple of 64) of fp32 or 16-bit x that also writes the
+// tiles (width a multiple of 64) of fp32 or 16-bit x, a the shift hints,
+// that also writes the
 // block's ChannelAffineWrite, the same bits: y[r * channels + c] =
 // fma(x - a[c], b[c], c[c]) in fp32 narrowed to `dtype`, in the same read
 // of x, each vector stored as soon as the sums have it. `stream`: streaming

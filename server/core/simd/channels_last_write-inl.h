@@ -29,13 +29,16 @@ inline constexpr int64_t kTile = 64;
 
 // ChannelsLastSums' `write` of nothing. Every write says whether it writes
 // (kWrites) and whether whole bfloat16 tiles may be read for it in pair
-// order (kPairOrder: its constants, if any, are in pair order too).
+// order (kPairOrder: its constants, if any, are in pair order too). Its
+// Store<kDeviations>(row, c, v, place) gets vector v of channels from c of
+// row `row`, its place in the panel, and with kDeviations v is already x -
+// a (the pass shifted its moments by the write's own a).
 struct NoRowWrite {
   static constexpr bool kWrites = false;
   static constexpr bool kPairOrder = true;
-  template <class V>
-  HWY_INLINE void operator()(int64_t /*row*/, int64_t /*c*/, V /*values*/,
-                             int /*place*/) const {}
+  template <bool kDeviations, class V>
+  HWY_INLINE void Store(int64_t /*row*/, int64_t /*c*/, V /*values*/,
+                        int /*place*/) const {}
 };
 
 // ChannelsLastSums' `write` of the channel affine (ChannelAffineWrite's,
@@ -54,13 +57,14 @@ struct ChannelsLastAffineWrite {
   const float* c;
   alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
-  template <class V>
-  HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
-                             int place) const {
+  template <bool kDeviations, class V>
+  HWY_INLINE void Store(int64_t row, int64_t channel, V values,
+                        int place) const {
     const FloatVectorTag d;
-    StorePanelAffine<kType, kStream>(
-        d, place, values, hn::LoadU(d, a + channel), hn::LoadU(d, b + channel),
-        hn::LoadU(d, c + channel), y + row * stride + channel, held);
+    StorePanelAffine<kType, kStream, false, kDeviations>(
+        d, place, values, kDeviations ? values : hn::LoadU(d, a + channel),
+        hn::LoadU(d, b + channel), hn::LoadU(d, c + channel),
+        y + row * stride + channel, held);
   }
 
   // The same write for one tile of kTile channels from `first`, from the
@@ -83,14 +87,15 @@ struct ChannelsLastAffineWrite {
     alignas(64) float c[kTile];
     alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
-    template <class V>
-    HWY_INLINE void operator()(int64_t row, int64_t channel, V values,
-                               int place) const {
+    template <bool kDeviations, class V>
+    HWY_INLINE void Store(int64_t row, int64_t channel, V values,
+                          int place) const {
       const FloatVectorTag d;
       const int64_t at = channel - first;
-      StorePanelAffine<kType, kStream, kPairOrder>(
-          d, place, values, hn::Load(d, a + at), hn::Load(d, b + at),
-          hn::Load(d, c + at), y + row * stride + channel, held);
+      StorePanelAffine<kType, kStream, kPairOrder, kDeviations>(
+          d, place, values, kDeviations ? values : hn::Load(d, a + at),
+          hn::Load(d, b + at), hn::Load(d, c + at), y + row * stride + channel,
+          held);
     }
   };
   void CopyTile(int64_t first, Tile& tile) const {

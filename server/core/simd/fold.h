@@ -96,6 +96,30 @@ template <int N>
   return result;
 }
 
+// Eval's affine takes off a mean a; with a moments pass fused into it, a
+// channels-last tile shifts by a (a hint), not by its sample's mean, where
+// a lies
+// within sqrt(kMaxHintOffset2) = 0.4 of the sample's standard deviations of
+// that mean: the subtraction is then done once for both. Not further: a
+// shift off the mean makes the fp32 S2 larger, and at the accuracy bar's
+// offset of 1e4 (values on a coarse grid) its rounding errors, which do not
+// average out, with it: about (1 + 3 offset^2) times those of a shift at
+// the mean, which is 4e-8 of the variance there (measured). A sample of
+// 128 rows keeps the decision's noise (0.09 standard deviations) well
+// inside that, so that a model's running means, which match its inputs,
+// fit in all 64 channels of a tile.
+inline constexpr double kMaxHintOffset2 = 0.16;
+
+// True when a hint `offset` from the mean of `count` sample values whose
+// squared deviations sum to `squares` is taken (false for NaN). A constant
+// sample takes any: a constant channel's moments are redone exactly
+// whatever its shift (NeedsExactPath), and it should not keep its tile's
+// other channels from their hints.
+inline bool HintFits(double offset, double squares, int64_t count) {
+  return squares == 0.0 || offset * offset * static_cast<double>(count) <=
+                               kMaxHintOffset2 * squares;
+}
+
 // True when a fast-path result may have lost accuracy: not finite, a
 // variance so small that fp32 squares were denormal, or S2 (`squares`)
 // beyond kMaxCancellation times M2.

@@ -41,9 +41,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // What one accumulation adds in each lane.
 enum class LaneSums {
-  kSums,            // dev += x (no shift; sq as it starts).
-  kDeviations,      // dev += e, sq += e * e rounded, then added.
-  kFusedDeviations  // dev += e, sq += e * e rounded once (ExactMulAdd).
+  kSums,             // dev += x (no shift; sq as it starts).
+  kDeviations,       // dev += e, sq += e * e rounded, then added.
+  kFusedDeviations,  // dev += e, sq += e * e rounded once (ExactMulAdd).
+  kFusedGiven        // As kFusedDeviations, x already e (its shift taken off).
 };
 
 // The shift rules: one shift for every lane, or shift[lane] (lanes). Not
@@ -101,9 +102,12 @@ enum class StartFrom { kZero, kSums };
 template <LaneSums kAdd, class D, class V = hn::Vec<D>>
 HWY_INLINE void AddLanes(D d, V x, V shift, V& dev, V& sq,
                          int64_t count = INT64_MAX) {
-  const V e = kAdd == LaneSums::kSums ? x : hn::Sub(x, shift);
+  const V e = kAdd == LaneSums::kSums || kAdd == LaneSums::kFusedGiven
+                  ? x
+                  : hn::Sub(x, shift);
   V square = sq;
-  if constexpr (kAdd == LaneSums::kFusedDeviations) {
+  if constexpr (kAdd == LaneSums::kFusedDeviations ||
+                kAdd == LaneSums::kFusedGiven) {
     square = ExactMulAdd(d, e, e, sq);
   } else if constexpr (kAdd == LaneSums::kDeviations) {
     square = hn::Add(sq, hn::Mul(e, e));
@@ -166,7 +170,8 @@ HWY_INLINE void AccumulateMoments(D d, int64_t lanes, int64_t steps,
                    sq_v = hn::LoadU(d, sq + at);
                  }
                  // Held in registers (GCC reloads them every step otherwise).
-                 if constexpr (kAdd != LaneSums::kSums) {
+                 if constexpr (kAdd != LaneSums::kSums &&
+                               kAdd != LaneSums::kFusedGiven) {
                    if (!Shift::kSame || v == 0) shift_v = shift(d, at);
                  }
                });
