@@ -73,6 +73,8 @@ void ChannelsLastSums(const Stored* HWY_RESTRICT x, int64_t stride, int64_t c,
   using E = Elements<kType>;
   const FloatVectorTag d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  // A one-tile writer's width as a constant: the narrow paths drop out.
+  if constexpr (Write::kOneTile) width = kTile;
   const bool narrow = width < kTile;
   const int64_t step_rows = narrow ? kTile / width : 1;
   const int64_t step_values = step_rows * width;

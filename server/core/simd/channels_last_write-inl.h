@@ -36,6 +36,7 @@ inline constexpr int64_t kTile = 64;
 struct NoRowWrite {
   static constexpr bool kWrites = false;
   static constexpr bool kPairOrder = true;
+  static constexpr bool kOneTile = false;  // Writes any width (see Tile).
   template <bool kDeviations, class V>
   HWY_INLINE void Store(int64_t /*row*/, int64_t /*c*/, V /*values*/,
                         int /*place*/) const {}
@@ -50,6 +51,7 @@ template <DType kType, bool kStream>
 struct ChannelsLastAffineWrite {
   static constexpr bool kWrites = true;
   static constexpr bool kPairOrder = false;
+  static constexpr bool kOneTile = false;
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   int64_t stride;
   const float* a;
@@ -72,13 +74,13 @@ struct ChannelsLastAffineWrite {
   // tiles are read so). ChannelsLastSums works from a local copy of its
   // writer: a vector store may alias any object whose address the compiler
   // has seen, so it would reload a caller's members for every vector.
-  // BlockSums' call with it passes the width as the constant kTile, and GCC
-  // compiles ChannelsLastSums for that width (a .constprop clone); passing
-  // it through a generic lambda lost that.
+  // ChannelsLastSums takes its width as the constant kTile (kOneTile), so
+  // that its copy for this writer is compiled for that width alone.
   struct Tile {
     static constexpr bool kWrites = true;
     static constexpr bool kPairOrder =
         kType == DType::kBFloat16 && HWY_TARGET != HWY_SCALAR;
+    static constexpr bool kOneTile = true;  // Writes kTile channels only.
     typename Elements<kType>::Stored* HWY_RESTRICT y;
     int64_t stride;
     int64_t first;
