@@ -8,7 +8,8 @@
 // - the flush interval (kFlushSteps): the steps summed before `flush` takes
 //   the sums (into fp64, for fp32 lanes);
 // - the shift rule: the lanes' shifts (SameShift, LaneShifts), or none
-//   (LaneSums::kSums: a two-pass mean's first pass);
+//   (LaneSums::kSums: a two-pass mean's first pass; kFusedGiven: load
+//   gives e, the caller took the shift off);
 // - e^2 rounded once (kFusedDeviations) or twice (kDeviations), and where
 //   the sums start (StartFrom).
 // The kernels: ExactMoments (8 fp64 lanes), ShortMoments (16 fp32 lanes),
