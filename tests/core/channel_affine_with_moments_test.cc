@@ -62,8 +62,11 @@ constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
 
 // The tensor's bytes in `dtype`: normal values around 3; when `special`,
 // channel 1 constant (its moments, and those of a channels-last block with
-// it, take the exact path), a NaN in channel 0 and an Inf in the last
-// channel.
+// it, take the exact path), a NaN in channel 0, an Inf in the last channel
+// and, in 16-bit tensors, NaN patterns that the narrowing's integer steps
+// would not make canonical (a negative NaN, a signaling one) in the middle
+// of channel 0's first run and of the last channel's last; and 3e38 (Inf
+// in float16) in the middle of channel 1's last run.
 std::vector<char> TensorBytes(DType dtype, const ChannelLayout& layout,
                               bool special) {
   const int64_t n = layout.NumElements();
@@ -74,6 +77,8 @@ std::vector<char> TensorBytes(DType dtype, const ChannelLayout& layout,
     }
     values[0] = std::numeric_limits<double>::quiet_NaN();
     values[n - 1] = std::numeric_limits<double>::infinity();
+    values[((layout.outer - 1) * layout.channels + 1) * layout.inner +
+           layout.inner / 2] = 3e38;
   }
   const int64_t size = ElementSize(dtype);
   std::vector<char> bytes(n * size);
@@ -88,6 +93,21 @@ std::vector<char> TensorBytes(DType dtype, const ChannelLayout& layout,
       const uint16_t v = DoubleToHalf(dtype, values[i]);
       std::memcpy(at, &v, 2);
     }
+  }
+  if (special && ElementSize(dtype) == 2) {
+    const uint16_t negative_nan = 0xffff;
+    const uint16_t signaling_nan = dtype == DType::kBFloat16 ? 0x7f81 : 0x7c01;
+    // Channels-last: in the middle row.
+    const bool last = layout.inner == 1;
+    auto at = [&](int64_t row, int64_t channel) {
+      return bytes.data() + ((row * layout.channels + channel) * layout.inner +
+                             layout.inner / 2) *
+                                2;
+    };
+    std::memcpy(at(last ? layout.outer / 2 : 0, 0), &negative_nan, 2);
+    std::memcpy(
+        at(last ? layout.outer / 2 : layout.outer - 1, layout.channels - 1),
+        &signaling_nan, 2);
   }
   return bytes;
 }
@@ -126,6 +146,13 @@ void CheckCase(const Case& c, DType dtype, bool special, int64_t offset,
     mean[k] = (drifted ? 40.0 : 3.0) + 1e-5 * k;
     scale[k] = 0.5 + 0.125 * (k % 7);
     shift[k] = -1.0 + 0.25 * (k % 5);
+  }
+  // Pruned channels: the last one's Inf, and channel 1's 3e38 minus its
+  // mean (an fp32 overflow), times 0 make NaNs from values that are not.
+  if (special) {
+    scale[1] = 0.0;
+    mean[1] = -3e38;
+    scale[layout.channels - 1] = 0.0;
   }
 
   const std::vector<Moments> want_moments =

@@ -55,15 +55,17 @@ HWY_INLINE hn::Vec<D> ChannelAffineOf(D d, hn::Vec<D> v, hn::Vec<D> a,
   }
 }
 
-// ChannelAffineOf v, narrowed to kType and stored at y (StoreOrStream).
-template <DType kType, bool kStream, bool kDeviations = false, class D>
+// ChannelAffineOf v, narrowed to kType (NaNs as kNaNs) and stored at y
+// (StoreOrStream).
+template <DType kType, bool kStream, bool kDeviations = false,
+          NaNs kNaNs = NaNs::kCanonical, class D>
 HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
                             hn::Vec<D> c,
                             typename Elements<kType>::Stored* HWY_RESTRICT y) {
   const auto result = ChannelAffineOf<kDeviations>(d, v, a, b, c);
   if constexpr (Elements<kType>::kHalf) {
-    StoreOrStream<kStream>(HalfBitsTag<D>(), NarrowToHalfBits<kType>(d, result),
-                           y);
+    StoreOrStream<kStream>(HalfBitsTag<D>(),
+                           NarrowToHalfBits<kType, kNaNs>(d, result), y);
   } else {
     StoreOrStream<kStream>(d, result, y);
   }
@@ -77,9 +79,10 @@ HWY_INLINE void StoreAffine(D d, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b,
 // a time, each would need a shift and a permute of its own. kPairOrder
 // (bfloat16): the two vectors are the pair's even and odd values (see
 // PairVector), merged with no permute. kDeviations: v is already v - a
-// (ChannelAffineOf). fp32, and every vector on scalar: StoreAffine.
+// (ChannelAffineOf). kNaNs: as the narrowing takes them (NaNs). fp32, and
+// every vector on scalar: StoreAffine.
 template <DType kType, bool kStream, bool kPairOrder = false,
-          bool kDeviations = false, class D>
+          bool kDeviations = false, NaNs kNaNs = NaNs::kCanonical, class D>
 HWY_INLINE void StorePanelAffine(
     D d, int place, hn::Vec<D> v, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c,
     typename Elements<kType>::Stored* HWY_RESTRICT y,
@@ -95,17 +98,18 @@ HWY_INLINE void StorePanelAffine(
     const auto first = hn::LoadU(d, held);
     if constexpr (kPairOrder) {
       static_assert(kType == DType::kBFloat16, "pair order is bfloat16's");
-      StoreOrStream<kStream>(d16,
-                             hn::BitCast(d16, BFloat16Pairs(d, first, result)),
-                             y - hn::Lanes(d));
+      StoreOrStream<kStream>(
+          d16, hn::BitCast(d16, BFloat16Pairs<kNaNs>(d, first, result)),
+          y - hn::Lanes(d));
     } else {
-      StoreOrStream<kStream>(d16, NarrowPairToHalfBits<kType>(d, first, result),
-                             y - hn::Lanes(d));
+      StoreOrStream<kStream>(
+          d16, NarrowPairToHalfBits<kType, kNaNs>(d, first, result),
+          y - hn::Lanes(d));
     }
     return;
   }
 #endif
-  StoreAffine<kType, kStream, kDeviations>(d, v, a, b, c, y);
+  StoreAffine<kType, kStream, kDeviations, kNaNs>(d, v, a, b, c, y);
 }
 
 }  // namespace HWY_NAMESPACE

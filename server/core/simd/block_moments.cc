@@ -2,6 +2,7 @@
 #include "server/core/simd/block_moments.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -9,6 +10,7 @@
 #include "server/core/half.h"
 #include "server/core/simd/channel_affine.h"
 #include "server/core/simd/fold.h"
+#include "server/core/simd/streaming.h"
 #include "server/core/staging.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -168,10 +170,11 @@ struct NoWrite {
 };
 
 // LongMoments' `write` of one channel's affine (ChannelAffineWrite's, the
-// same bits): y[k] = fma(x[k] - a, b, c) in fp32, narrowed to kType,
-// streamed with kStream (y aligned to 64 bytes) or stored. One thread's:
-// it holds an even vector's result until the odd one's call.
-template <DType kType, bool kStream, bool kPairOrder = false>
+// same bits but for NaNs with kUnchecked): y[k] = fma(x[k] - a, b, c) in
+// fp32, narrowed to kType (NaNs as kNaNs), streamed with kStream (y
+// aligned to 64 bytes) or stored. One thread's: it holds an even vector's
+// result until the odd one's call.
+template <DType kType, bool kStream, NaNs kNaNs, bool kPairOrder = false>
 struct AffineWrite {
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   float a, b, c;
@@ -180,9 +183,9 @@ struct AffineWrite {
   template <class V>
   HWY_INLINE void operator()(int64_t k, V values, int place) const {
     const FloatVectorTag d;
-    StorePanelAffine<kType, kStream, kPairOrder>(d, place, values,
-                                                 hn::Set(d, a), hn::Set(d, b),
-                                                 hn::Set(d, c), y + k, held);
+    StorePanelAffine<kType, kStream, kPairOrder, /*kDeviations=*/false, kNaNs>(
+        d, place, values, hn::Set(d, a), hn::Set(d, b), hn::Set(d, c), y + k,
+        held);
   }
 };
 
@@ -194,11 +197,12 @@ struct AffineWrite {
 // each lane's sums the same; a specialization kept on measurement: AVX2,
 // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
 // `write(k, f, v)` gets every vector f of the lanes, values [k, k + lanes),
-// as it is read, and v, its place in the panel (see StorePanelAffine).
+// as it is read, and v, its place in the panel (see StorePanelAffine);
+// taken by value: a local whose constants the loop holds in registers
+// (through a reference, the compiler reloads them after every store).
 template <DType kType, bool kStore, bool kPairs = false, class Write = NoWrite>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
-                    float* HWY_RESTRICT out, int64_t n,
-                    const Write& write = {}) {
+                    float* HWY_RESTRICT out, int64_t n, Write write = {}) {
   using E = Elements<kType>;
   constexpr bool kFloat = kType == DType::kFloat32;
   const FloatVectorTag d;
@@ -325,26 +329,34 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
 }  // namespace
 
 Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
-                        int64_t n, float a, float b, float c, bool stream) {
+                        int64_t n, float a, float b, float c, bool stream,
+                        bool unchecked_nans) {
   Moments result;
   ForDType(dtype, [&]<DType kType>() {
     if constexpr (kType != DType::kFloat64) {
       using Stored = typename Elements<kType>::Stored;
       const auto* values = static_cast<const Stored*>(x);
       auto* to = static_cast<Stored*>(y);
-      auto run = [&]<bool kStream>() {
+      auto run = [&]<bool kStream, NaNs kNaNs>() {
         if constexpr (kType == DType::kBFloat16) {
           if (ReadsPairs<kType>(n)) {
             return LongMoments<kType, false, true>(
                 values, out, n,
-                AffineWrite<kType, kStream, true>{to, a, b, c, {}});
+                AffineWrite<kType, kStream, kNaNs, true>{to, a, b, c, {}});
           }
         }
         return LongMoments<kType, false>(
-            values, out, n, AffineWrite<kType, kStream>{to, a, b, c, {}});
+            values, out, n,
+            AffineWrite<kType, kStream, kNaNs>{to, a, b, c, {}});
       };
-      result = stream ? run.template operator()<true>()
-                      : run.template operator()<false>();
+      // fp32 has no NaN step to leave out.
+      if (Elements<kType>::kHalf && unchecked_nans) {
+        result = stream ? run.template operator()<true, NaNs::kUnchecked>()
+                        : run.template operator()<false, NaNs::kUnchecked>();
+      } else {
+        result = stream ? run.template operator()<true, NaNs::kCanonical>()
+                        : run.template operator()<false, NaNs::kCanonical>();
+      }
     }
   });
   return result;
@@ -401,15 +413,25 @@ Moments BlockMoments(DType dtype, const void* x, int64_t n, float* out,
 
 Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,
                                float a, float b, float c, bool stream) {
+  // With finite constants and b != 0, fma(x - a, b, c) is NaN only where x
+  // is (an infinite x - a stays infinite): the 16-bit narrowing leaves its
+  // NaN step out, and a block that held a NaN, whose moments then are not
+  // finite, is written again in full. A specialization kept on
+  // measurement: kernel_bench's bf16 NCHW eval+observe (docs/design/
+  // kernels.md).
+  const bool unchecked_nans =
+      std::isfinite(a) && std::isfinite(b) && std::isfinite(c) && b != 0.0f;
   const Moments result = HWY_DYNAMIC_DISPATCH(BlockWithAffine)(
       dtype, x, Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock), y, n,
-      a, b, c, stream);
-  // The values past the last whole step of the lanes.
+      a, b, c, stream, unchecked_nans);
+  // The values in the lanes, then those past the last whole step of them.
   const int64_t done = n / kBlockLanes * kBlockLanes;
-  if (done == n) return result;
+  const int64_t from = unchecked_nans && !result.IsFinite() ? 0 : done;
+  if (from == n) return result;
+  if (from < done && stream) StreamFence();  // Before plain stores over them.
   const int64_t size = ElementSize(dtype);
-  ChannelAffineWrite(dtype, static_cast<const char*>(x) + done * size,
-                     static_cast<char*>(y) + done * size, done, n,
+  ChannelAffineWrite(dtype, static_cast<const char*>(x) + from * size,
+                     static_cast<char*>(y) + from * size, from, n,
                      /*channels=*/1, /*inner=*/n, /*period=*/1, &a, &b, &c, {});
   return result;
 }

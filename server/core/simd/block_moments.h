@@ -40,9 +40,10 @@ Moments BlockMoments(DType dtype, const void* x, int64_t n,
 // BlockMoments of x[0..n) (fp32 or 16-bit, kShortRow < n <= kMomentsBlock)
 // that also writes one channel's ChannelAffineWrite of it, the same bits,
 // y[k] = fma(x[k] - a, b, c) in fp32 narrowed to `dtype`, in the same read
-// of x: each vector stored as soon as the sums have it. `stream`: streaming
-// stores (y aligned to 64 bytes; the caller fences). y must not overlap x
-// (a block that takes the exact path reads x again).
+// of x: each vector stored as soon as the sums have it (a 16-bit block
+// that held a NaN is written again). `stream`: streaming stores (y aligned
+// to 64 bytes; the caller fences). y must not overlap x (a block that takes
+// the exact path reads x again).
 Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,
                                float a, float b, float c, bool stream);
 

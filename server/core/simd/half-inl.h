@@ -70,9 +70,15 @@ HWY_INLINE hn::Vec<DF> WidenHalfBits(DF df, hn::Vec<HalfBitsTag<DF>> h) {
 #endif
 }
 
+// What a narrowing makes of NaNs: the canonical pattern, as half.h's
+// scalar functions do; or, kUnchecked, whatever the rounding's integer
+// steps make of them (not always a NaN), for callers that write again
+// every block that held a NaN: a step or two fewer per vector.
+enum class NaNs { kCanonical, kUnchecked };
+
 // fp32 to bfloat16 in the high half of each lane (the low half garbage):
-// plus 0x7fff and the lowest kept bit; NaN gives the canonical NaN.
-template <class DF>
+// plus 0x7fff and the lowest kept bit; NaN gives the canonical NaN (kNaNs).
+template <NaNs kNaNs = NaNs::kCanonical, class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
     DF df, hn::Vec<DF> f) {
   const hn::RebindToUnsigned<DF> du32;
@@ -87,6 +93,7 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16InHighHalves(
   const auto rounded = hn::Add(bits, hn::IfThenElse(odd, hn::Set(du32, 0x8000u),
                                                     hn::Set(du32, 0x7fffu)));
 #endif
+  if constexpr (kNaNs == NaNs::kUnchecked) return rounded;
   // Not NaN: f == f (GCC 12 reloads f from memory for IsNaN's class test
   // on AVX-512).
   return hn::IfThenElse(hn::RebindMask(du32, hn::Eq(f, f)), rounded,
@@ -114,15 +121,17 @@ HWY_INLINE hn::Vec<D16> CanonicalFloat16NaNs(D16 d16, hn::Vec<D16> h) {
 }
 #endif
 
-// fp32 to kType's patterns, round to nearest even, canonical NaN (float16:
-// overflow gives infinity).
-template <DType kType, class DF>
+// fp32 to kType's patterns, round to nearest even, canonical NaN (kNaNs;
+// float16: overflow gives infinity).
+template <DType kType, NaNs kNaNs = NaNs::kCanonical, class DF>
 HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
   if constexpr (kType == DType::kBFloat16) {
-    return hn::TruncateTo(HalfBitsTag<DF>(),
-                          hn::ShiftRight<16>(BFloat16InHighHalves(df, f)));
+    return hn::TruncateTo(
+        HalfBitsTag<DF>(),
+        hn::ShiftRight<16>(BFloat16InHighHalves<kNaNs>(df, f)));
   }
 #if NORMD_HWY_EXACT_F16
+  if constexpr (kNaNs == NaNs::kUnchecked) return Float16Bits(df, f);
   return CanonicalFloat16NaNs(HalfBitsTag<DF>(), Float16Bits(df, f));
 #else
   return LaneByLane(HalfBitsTag<DF>(), df, f, FloatToFloat16);
@@ -130,20 +139,23 @@ HWY_INLINE hn::Vec<HalfBitsTag<DF>> NarrowToHalfBits(DF df, hn::Vec<DF> f) {
 }
 
 // Two fp32 vectors narrowed into one vector of 16-bit patterns, `lo`
-// first (bfloat16: the high halves in one permute). Not on scalar.
+// first (bfloat16: the high halves in one permute; NaNs as kNaNs). Not on
+// scalar.
 #if HWY_TARGET != HWY_SCALAR
-template <DType kType, class DF>
+template <DType kType, NaNs kNaNs = NaNs::kCanonical, class DF>
 HWY_INLINE hn::Vec<hn::Repartition<uint16_t, DF>> NarrowPairToHalfBits(
     DF df, hn::Vec<DF> lo, hn::Vec<DF> hi) {
   const hn::Repartition<uint16_t, DF> dpair;
   if constexpr (kType == DType::kBFloat16) {
-    return hn::ConcatOdd(dpair,
-                         hn::BitCast(dpair, BFloat16InHighHalves(df, hi)),
-                         hn::BitCast(dpair, BFloat16InHighHalves(df, lo)));
+    return hn::ConcatOdd(
+        dpair, hn::BitCast(dpair, BFloat16InHighHalves<kNaNs>(df, hi)),
+        hn::BitCast(dpair, BFloat16InHighHalves<kNaNs>(df, lo)));
   }
 #if NORMD_HWY_EXACT_F16
-  return CanonicalFloat16NaNs(
-      dpair, hn::Combine(dpair, Float16Bits(df, hi), Float16Bits(df, lo)));
+  const auto both =
+      hn::Combine(dpair, Float16Bits(df, hi), Float16Bits(df, lo));
+  if constexpr (kNaNs == NaNs::kUnchecked) return both;
+  return CanonicalFloat16NaNs(dpair, both);
 #else
   return hn::Combine(dpair, NarrowToHalfBits<kType>(df, hi),
                      NarrowToHalfBits<kType>(df, lo));
@@ -182,15 +194,16 @@ HWY_INLINE hn::Vec<DF> PairVector(DF df, const uint16_t* at, int v) {
   return v % 2 == 0 ? EvenBFloat16(df, pairs) : OddBFloat16(df, pairs);
 }
 
-// The bfloat16 patterns of even and odd elements' results, in pair order.
-template <class DF>
+// The bfloat16 patterns of even and odd elements' results, in pair order
+// (NaNs as kNaNs).
+template <NaNs kNaNs = NaNs::kCanonical, class DF>
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> BFloat16Pairs(DF df,
                                                            hn::Vec<DF> even,
                                                            hn::Vec<DF> odd) {
   const hn::RebindToUnsigned<DF> du32;
   return hn::Or(
-      hn::And(BFloat16InHighHalves(df, odd), hn::Set(du32, 0xffff0000u)),
-      hn::ShiftRight<16>(BFloat16InHighHalves(df, even)));
+      hn::And(BFloat16InHighHalves<kNaNs>(df, odd), hn::Set(du32, 0xffff0000u)),
+      hn::ShiftRight<16>(BFloat16InHighHalves<kNaNs>(df, even)));
 }
 #endif
 
