@@ -452,7 +452,7 @@ class AffinePass final : public BlockPass {
     char* y = y_ + at * size_;
     if constexpr (std::is_same_v<P, float>) {
       if (x_ != y_ && n > kShortRow && Aligned(y)) {
-        const int64_t channel = (at / layout_.inner) % layout_.channels;
+        const int64_t channel = layout_.ChannelOf(at);
         const Moments moments = BlockMomentsWithAffine(
             dtype_, x, y, n, arrays_.hi[channel], arrays_.mul[channel],
             arrays_.add[channel], stream_);
@@ -460,9 +460,11 @@ class AffinePass final : public BlockPass {
         return moments;
       }
     }
-    const Moments moments =
-        BlockMoments(dtype_, x, n,
-                     Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock));
+    const float* hints = Hints();
+    const Moments moments = BlockMoments(
+        dtype_, x, n, Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock),
+        /*store_widened=*/false,
+        hints == nullptr ? nullptr : hints + layout_.ChannelOf(at));
     AfterRange(at, at + n);
     return moments;
   }
@@ -500,8 +502,8 @@ class AffinePass final : public BlockPass {
   }
 
  private:
-  // The moments' shift hints, as the fused channels-last pass takes them:
-  // the fp32 means (none for fp64 data, whose moments are exact).
+  // The moments' shift hints, as the fused blocks and tiles take them: the
+  // fp32 means (none for fp64 data, whose moments are exact).
   const float* Hints() const {
     if constexpr (std::is_same_v<P, float>) {
       return arrays_.hi.get();

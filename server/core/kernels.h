@@ -88,8 +88,9 @@ void ChannelAffineKernel(const T* x, T* y, const ChannelLayout& layout,
 }
 
 // ChannelAffineKernel of contiguous x that also returns ChannelMoments(x,
-// layout, mean) (the means as shift hints: where channels-last tiles take
-// them, x - mean is taken once for both), the same bits as each, in one
+// layout, mean) (the means as shift hints: where long blocks and
+// channels-last tiles take them, x - mean is taken once for both), the same
+// bits as each, in one
 // read of x: every block of the moments is normalized while it is still in
 // cache. x == y allowed.
 std::vector<Moments> ChannelAffineWithMoments(

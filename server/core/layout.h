@@ -21,6 +21,10 @@ struct ChannelLayout {
   // Values per channel (m in docs/api.md).
   int64_t PerChannel() const { return outer * inner; }
   int64_t NumElements() const { return outer * channels * inner; }
+  // The channel of the element at flat index `element`.
+  int64_t ChannelOf(int64_t element) const {
+    return element / inner % channels;
+  }
 };
 
 // Channels [c0, c1) over rows (outer indices) [r0, r1) of a ChannelLayout.

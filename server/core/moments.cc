@@ -14,11 +14,14 @@
 namespace normd {
 namespace {
 
-// The moments of x[at, at + n) of `dtype`, n <= kMomentsBlock.
-Moments BlockAt(DType dtype, const void* x, int64_t at, int64_t n) {
-  return BlockMoments(
-      dtype, static_cast<const char*>(x) + at * ElementSize(dtype), n,
-      Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock));
+// The moments of x[at, at + n) of `dtype`, n <= kMomentsBlock, with the
+// shift hint at `hint` (if not null).
+Moments BlockAt(DType dtype, const void* x, int64_t at, int64_t n,
+                const float* hint = nullptr) {
+  return BlockMoments(dtype,
+                      static_cast<const char*>(x) + at * ElementSize(dtype), n,
+                      Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock),
+                      /*store_widened=*/false, hint);
 }
 
 Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
@@ -28,14 +31,16 @@ Moments FoldInOrder(const Moments* parts, int64_t count, int64_t stride) {
 }
 
 // The pass of the plain reductions: the moments alone, with each channel's
-// shift hint (hints[c]: channels-last tiles take them) or none.
+// shift hint (hints[c]: channels-last tiles and long blocks take them) or
+// none.
 struct MomentsOnly {
   DType dtype;
   const void* x;
   const ChannelLayout& layout;
   const float* hints = nullptr;
   Moments RunBlock(int64_t at, int64_t n) const {
-    return BlockAt(dtype, x, at, n);
+    return BlockAt(dtype, x, at, n,
+                   hints == nullptr ? nullptr : hints + layout.ChannelOf(at));
   }
   void RunRowBlock(const ChannelRowBlock& block, double* scratch,
                    Moments* out) const {

@@ -74,9 +74,10 @@ std::vector<Moments> ChannelMoments(const T* x, const ChannelLayout& layout) {
 }
 
 // ChannelMoments with a shift hint per channel (channel c's at
-// shift_hints[c], taken as fp32): channels-last tiles of 64 channels shift
-// by them, not by their sample's means, where every one lies close enough
-// to its sample (simd/fold.h, HintFits). The moments
+// shift_hints[c], taken as fp32): channels-last tiles of 64 channels, and
+// blocks of more than kShortRow values of one channel, shift by them, not
+// by their sample's means, where every one lies close enough to its sample
+// (simd/fold.h, HintFits). The moments
 // ChannelAffineWithMoments takes with mean = shift_hints, bit for bit.
 std::vector<Moments> ChannelMoments(DType dtype, const void* x,
                                     const ChannelLayout& layout,

@@ -50,11 +50,10 @@ TEST(AccuracyTest, OffsetTenThousandChannelsLastTiles) {
   }
 }
 
-// The same bar for the moments of eval's fused channels-last pass, which
-// shift by the model's means where they lie close enough to the data
-// (fold::HintFits):
-// hints at the data's means and just off them (taken), and far off
-// (refused: the plain kernel's bits).
+// The same bar for the moments of eval's fused pass, whose long blocks and
+// channels-last tiles shift by the model's means where they lie close
+// enough to the data (fold::HintFits): hints at the data's means and just
+// off them (taken), and far off (refused: the plain kernel's bits).
 TEST(AccuracyTest, OffsetTenThousandWithShiftHints) {
   struct Case {
     const char* name;
@@ -63,6 +62,7 @@ TEST(AccuracyTest, OffsetTenThousandWithShiftHints) {
   const Case cases[] = {
       {"nhwc64", {100'000, 64, 1}},
       {"nhwc256", {25'000, 256, 1}},
+      {"nchw", {20, 8, 40'000}},  // Blocks of 32768 and 7232 values.
   };
   for (const Case& c : cases) {
     const auto x = RandomValues<float>(c.layout.NumElements(), 45, 1e4, 1.0);

@@ -35,7 +35,8 @@ using ::normd::testing::RandomValues;
 struct Case {
   const char* name;
   ChannelLayout layout;
-  bool takes_hints;  // Has channels-last tiles, which take shift hints.
+  // Has long blocks or channels-last whole tiles, which take shift hints.
+  bool takes_hints;
 };
 
 // One per path: long runs in whole and partial blocks (NCHW), runs of one
@@ -43,11 +44,11 @@ struct Case {
 // read), channels-last narrow tiles and wide blocks split into channel
 // ranges (written from cache).
 const Case kCases[] = {
-    {"nchw", {.outer = 3, .channels = 5, .inner = 1000}, false},
-    {"nchw_two_blocks", {.outer = 2, .channels = 3, .inner = 70001}, false},
+    {"nchw", {.outer = 3, .channels = 5, .inner = 1000}, true},
+    {"nchw_two_blocks", {.outer = 2, .channels = 3, .inner = 70001}, true},
     {"nchw_short_block",
      {.outer = 2, .channels = 2, .inner = 32768 + 200},
-     false},
+     true},
     {"one_run_channels", {.outer = 1, .channels = 37, .inner = 49}, false},
     {"short_runs", {.outer = 40, .channels = 6, .inner = 9}, false},
     {"nhwc64", {.outer = 3000, .channels = 64, .inner = 1}, true},
@@ -224,6 +225,38 @@ INSTANTIATE_TEST_SUITE_P(Stores, ChannelAffineWithMomentsTest,
                          [](const ::testing::TestParamInfo<int64_t>& info) {
                            return info.param == 0 ? "Streaming" : "Default";
                          });
+
+// The moments (with shift hints taken, and refused by a drifted model) and
+// the output are the same bits on every target: the hints' tests are too.
+TEST(ChannelAffineWithMomentsTargetsTest, SameBitsOnEveryTarget) {
+  for (const Case& c : kCases) {
+    for (DType dtype : kDTypes) {
+      for (double means : {3.0, 40.0}) {
+        SCOPED_TRACE(std::string(c.name) + " dtype " +
+                     std::to_string(static_cast<int>(dtype)) + " means " +
+                     std::to_string(means));
+        const std::vector<char> input =
+            TensorBytes(dtype, c.layout, /*special=*/false);
+        std::vector<double> mean(c.layout.channels, means),
+            scale(c.layout.channels, 0.75), shift(c.layout.channels, 0.5);
+        std::vector<std::string> targets, results;
+        ForEachSimdTarget([&](const std::string& target) {
+          std::vector<char> out(input.size());
+          const std::vector<Moments> moments = ChannelAffineWithMoments(
+              dtype, input.data(), out.data(), c.layout, mean.data(),
+              scale.data(), shift.data());
+          targets.push_back(target);
+          results.push_back(MomentsBits(moments) +
+                            std::string(out.begin(), out.end()));
+        });
+        for (size_t t = 1; t < results.size(); ++t) {
+          EXPECT_TRUE(results[t] == results[0])
+              << targets[t] << " against " << targets[0];
+        }
+      }
+    }
+  }
+}
 
 // Parameter: the compute threads.
 class ChannelAffineWithMomentsThreadsTest

@@ -34,6 +34,8 @@ constexpr int kFloatLanes = kBlockLanes;
 constexpr int kWideLanes = kFloatLanes / 2;
 constexpr int64_t kFloatFlush = 16 * kFloatLanes;
 constexpr int64_t kShiftSample = 32;
+// The values that decide whether a block takes its shift hint.
+constexpr int64_t kHintSample = 128;
 constexpr int kShortLanes = 16;
 constexpr int kExactLanes = 8;
 // How far ahead the block loop prefetches: 16-bit blocks always, fp32
@@ -79,6 +81,31 @@ float ShiftCenter(const float* HWY_RESTRICT x) {
               sums + j);
   }
   return FoldArray<kHalf>(sums) / static_cast<float>(kShiftSample);
+}
+
+// Whether a block whose first kHintSample values (at x) have the fp32 mean
+// `center` of its first kShiftSample takes the shift `hint`: fold::HintFits
+// on the sample's sums about center, in 64 fp32 lanes (two steps of
+// independent chains) folded pairwise (the same decision on every target),
+// but never for a constant sample: unlike a tile's channel, a block's
+// values past it may vary (an image's margin).
+bool HintFitsBlock(const float* HWY_RESTRICT x, float center, float hint) {
+  constexpr int kLanes = 64;
+  const hn::CappedTag<float, kLanes> d;
+  HWY_ALIGN float dev[kLanes];
+  HWY_ALIGN float sq[kLanes];
+  AccumulateValues<LaneSums::kFusedDeviations, kLanes>(
+      d, x, kHintSample, center,
+      [&](const float* p, int64_t values) NORMD_LAMBDA_INLINE {
+        return LoadPart(d, p, static_cast<size_t>(values));
+      },
+      dev, sq);
+  const double sum = FoldArray<kLanes>(dev);
+  const double squares = FoldArray<kLanes>(sq);
+  const double mean = sum / kHintSample;
+  const double m2 = squares - sum * mean;
+  return m2 > 0.0 && fold::HintFits(static_cast<double>(hint) - center - mean,
+                                    m2, kHintSample);
 }
 
 // The fast path of `count` (at most kShortBatch) blocks of n <= kShortRow
@@ -164,26 +191,25 @@ void ShortMoments(const float* HWY_RESTRICT x, int64_t n, int64_t count,
 
 // LongMoments' `write` of nothing.
 struct NoWrite {
-  template <class V>
-  HWY_INLINE void operator()(int64_t /*k*/, V /*values*/, int /*place*/) const {
-  }
+  template <bool kDeviations, class V>
+  HWY_INLINE void Store(int64_t /*k*/, V /*values*/, int /*place*/) const {}
 };
 
 // LongMoments' `write` of one channel's affine (ChannelAffineWrite's, the
 // same bits but for NaNs with kUnchecked): y[k] = fma(x[k] - a, b, c) in
 // fp32, narrowed to kType (NaNs as kNaNs), streamed with kStream (y
-// aligned to 64 bytes) or stored. One thread's: it holds an even vector's
-// result until the odd one's call.
+// aligned to 64 bytes) or stored; Store<true> is handed x[k] - a. One
+// thread's: it holds an even vector's result until the odd one's call.
 template <DType kType, bool kStream, NaNs kNaNs, bool kPairOrder = false>
 struct AffineWrite {
   typename Elements<kType>::Stored* HWY_RESTRICT y;
   float a, b, c;
   alignas(64) mutable float held[hn::MaxLanes(FloatVectorTag())];
 
-  template <class V>
-  HWY_INLINE void operator()(int64_t k, V values, int place) const {
+  template <bool kDeviations, class V>
+  HWY_INLINE void Store(int64_t k, V values, int place) const {
     const FloatVectorTag d;
-    StorePanelAffine<kType, kStream, kPairOrder, /*kDeviations=*/false, kNaNs>(
+    StorePanelAffine<kType, kStream, kPairOrder, kDeviations, kNaNs>(
         d, place, values, hn::Set(d, a), hn::Set(d, b), hn::Set(d, c), y + k,
         held);
   }
@@ -196,13 +222,17 @@ struct AffineWrite {
 // (bfloat16, not kStore): the values read in pair order (see EvenBFloat16),
 // each lane's sums the same; a specialization kept on measurement: AVX2,
 // kernel_bench's bf16 rows against AVX3 (docs/design/kernels.md).
-// `write(k, f, v)` gets every vector f of the lanes, values [k, k + lanes),
-// as it is read, and v, its place in the panel (see StorePanelAffine);
-// taken by value: a local whose constants the loop holds in registers
-// (through a reference, the compiler reloads them after every store).
+// The shift is the block's own sample mean (ShiftCenter), or `hint` (if
+// not null) where it fits the first kHintSample values (HintFitsBlock).
+// `write.Store<kDeviations>(k, f, v)` gets every vector f of the lanes,
+// values [k, k + lanes) as read or, kDeviations, less the hint it took, as
+// it is read, and v, its place in the panel (see StorePanelAffine); taken
+// by value: a local whose constants the loop holds in registers (through a
+// reference, the compiler reloads them after every store).
 template <DType kType, bool kStore, bool kPairs = false, class Write = NoWrite>
 Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
-                    float* HWY_RESTRICT out, int64_t n, Write write = {}) {
+                    float* HWY_RESTRICT out, int64_t n, Write write = {},
+                    const float* hint = nullptr) {
   using E = Elements<kType>;
   constexpr bool kFloat = kType == DType::kFloat32;
   const FloatVectorTag d;
@@ -212,11 +242,15 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
     values = x;
   } else {
     // Widened a vector at a time, as ShiftCenter reads them.
-    for (int64_t i = 0; i < kShiftSample; i += lanes) {
+    const int64_t sample = hint != nullptr ? kHintSample : kShiftSample;
+    for (int64_t i = 0; i < sample; i += lanes) {
       hn::StoreU(E::Load(d, x + i), d, out + i);
     }
   }
-  const float center = ShiftCenter(values);
+  const float sample_center = ShiftCenter(values);
+  const bool hinted =
+      hint != nullptr && HintFitsBlock(values, sample_center, *hint);
+  const float center = hinted ? *hint : sample_center;
   HWY_ALIGN float dev[kFloatLanes];
   HWY_ALIGN float sq[kFloatLanes];
   double wide_dev[kWideLanes];
@@ -224,53 +258,76 @@ Moments LongMoments(const typename Elements<kType>::Stored* HWY_RESTRICT x,
   const int64_t i = n / kFloatLanes * kFloatLanes;  // Values in the lanes.
   static_assert(kFloatLanes >= 4 * hn::MaxLanes(FloatVectorTag()),
                 "panels of 4 vectors: pairs for StorePanelAffine");
-  AccumulateMoments<LaneSums::kFusedDeviations, kFloatLanes,
-                    kFloatFlush / kFloatLanes>(
-      d, kFloatLanes, n / kFloatLanes, SameShift{center},
-      [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
-        const int64_t k = s * kFloatLanes + at;
-        if constexpr (!kFloat || !std::is_same_v<Write, NoWrite>) {
-          if (at == 0) {
-            const char* ahead =
-                reinterpret_cast<const char*>(x + k) + kBlockPrefetchBytes;
-            for (size_t line = 0; line < sizeof(*x) * kFloatLanes; line += 64) {
-              hwy::Prefetch(ahead + line);
+  // kGiven: the loads take the shift off, and the writer gets x - shift.
+  auto accumulate = [&]<bool kGiven>(float shift) NORMD_LAMBDA_INLINE {
+    AccumulateMoments<kGiven ? LaneSums::kFusedGiven
+                             : LaneSums::kFusedDeviations,
+                      kFloatLanes, kFloatFlush / kFloatLanes>(
+        d, kFloatLanes, n / kFloatLanes, SameShift{shift},
+        [&](int64_t s, int64_t at, int v) NORMD_LAMBDA_INLINE {
+          const int64_t k = s * kFloatLanes + at;
+          if constexpr (!kFloat || !std::is_same_v<Write, NoWrite>) {
+            if (at == 0) {
+              const char* ahead =
+                  reinterpret_cast<const char*>(x + k) + kBlockPrefetchBytes;
+              for (size_t line = 0; line < sizeof(*x) * kFloatLanes;
+                   line += 64) {
+                hwy::Prefetch(ahead + line);
+              }
             }
           }
-        }
-        const auto f = [&]() NORMD_LAMBDA_INLINE {
+          const auto f = [&]() NORMD_LAMBDA_INLINE {
 #if HWY_TARGET != HWY_SCALAR
-          if constexpr (kPairs) return PairVector(d, x + k, v);
+            if constexpr (kPairs) return PairVector(d, x + k, v);
 #endif
-          return E::Load(d, x + k);
-        }();
-        if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + k);
-        write(k, f, v);
-        return f;
-      },
-      dev, sq,
-      // The flush, once every panel is summed: lane j + 32 onto lane j in
-      // fp32, then into fp64; in vectors, stored as SumLanes reads them (a
-      // narrower store read back wider stalls on store forwarding).
-      [&](int64_t first, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
-        if (p + panel < kFloatLanes) return;
-        const hn::CappedTag<double, 8> dd;
-        const hn::Rebind<float, decltype(dd)> df;
-        auto flush = [&](const float* acc, double* wide) NORMD_LAMBDA_INLINE {
-          for (int j = 0; j < kWideLanes; j += hn::Lanes(dd)) {
-            const auto pair =
-                hn::PromoteTo(dd, hn::Add(hn::LoadU(df, acc + j),
-                                          hn::LoadU(df, acc + j + kWideLanes)));
-            if (first == 0) {
-              hn::StoreU(pair, dd, wide + j);
-            } else {
-              hn::StoreU(hn::Add(hn::LoadU(dd, wide + j), pair), dd, wide + j);
-            }
+            return E::Load(d, x + k);
+          }();
+          if constexpr (!kFloat && kStore) hn::StoreU(f, d, out + k);
+          if constexpr (kGiven) {
+            const auto e = hn::Sub(f, hn::Set(d, shift));
+            write.template Store<true>(k, e, v);
+            return e;
+          } else {
+            write.template Store<false>(k, f, v);
+            return f;
           }
-        };
-        flush(dev, wide_dev);
-        flush(sq, wide_sq);
-      });
+        },
+        dev, sq,
+        // The flush, once every panel is summed: lane j + 32 onto lane j in
+        // fp32, then into fp64; in vectors, stored as SumLanes reads them (a
+        // narrower store read back wider stalls on store forwarding).
+        [&](int64_t first, int64_t p, int64_t panel) NORMD_LAMBDA_INLINE {
+          if (p + panel < kFloatLanes) return;
+          const hn::CappedTag<double, 8> dd;
+          const hn::Rebind<float, decltype(dd)> df;
+          auto flush = [&](const float* acc, double* wide) NORMD_LAMBDA_INLINE {
+            for (int j = 0; j < kWideLanes; j += hn::Lanes(dd)) {
+              const auto pair = hn::PromoteTo(
+                  dd, hn::Add(hn::LoadU(df, acc + j),
+                              hn::LoadU(df, acc + j + kWideLanes)));
+              if (first == 0) {
+                hn::StoreU(pair, dd, wide + j);
+              } else {
+                hn::StoreU(hn::Add(hn::LoadU(dd, wide + j), pair), dd,
+                           wide + j);
+              }
+            }
+          };
+          flush(dev, wide_dev);
+          flush(sq, wide_sq);
+        });
+  };
+  // The moments alone subtract the hint as they do a sample's mean, the
+  // same bits as a writer that is handed the differences. A writer's loop
+  // reads the hint, not `center`, so that it need not wait for the test
+  // (its branch is predicted), which cost 1024-value blocks 10-30%.
+  if constexpr (std::is_same_v<Write, NoWrite>) {
+    accumulate.template operator()<false>(center);
+  } else if (hinted) {
+    accumulate.template operator()<true>(*hint);
+  } else {
+    accumulate.template operator()<false>(sample_center);
+  }
   const int64_t pair_lanes = kPairs ? lanes : 0;
   const double lanes_dev = i > 0 ? fold::SumLanes(wide_dev, pair_lanes) : 0.0;
   const double lanes_sq = i > 0 ? fold::SumLanes(wide_sq, pair_lanes) : 0.0;
@@ -306,7 +363,7 @@ constexpr bool ReadsPairs(int64_t n) {
 
 template <DType kType>
 Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
-                    int64_t n, bool store_widened) {
+                    int64_t n, bool store_widened, const float* hint) {
   if (n <= kShortRow) {
     const FloatVectorTag d;
     const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
@@ -319,11 +376,13 @@ Moments HalfMoments(const uint16_t* HWY_RESTRICT x, float* HWY_RESTRICT out,
     ShortMoments(out, n, 1, &result);
     return result;
   }
-  if (store_widened) return LongMoments<kType, true>(x, out, n);
+  if (store_widened) return LongMoments<kType, true>(x, out, n, {}, hint);
   if constexpr (kType == DType::kBFloat16) {
-    if (ReadsPairs<kType>(n)) return LongMoments<kType, false, true>(x, out, n);
+    if (ReadsPairs<kType>(n)) {
+      return LongMoments<kType, false, true>(x, out, n, {}, hint);
+    }
   }
-  return LongMoments<kType, false>(x, out, n);
+  return LongMoments<kType, false>(x, out, n, {}, hint);
 }
 
 }  // namespace
@@ -342,12 +401,12 @@ Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
           if (ReadsPairs<kType>(n)) {
             return LongMoments<kType, false, true>(
                 values, out, n,
-                AffineWrite<kType, kStream, kNaNs, true>{to, a, b, c, {}});
+                AffineWrite<kType, kStream, kNaNs, true>{to, a, b, c, {}}, &a);
           }
         }
         return LongMoments<kType, false>(
-            values, out, n,
-            AffineWrite<kType, kStream, kNaNs>{to, a, b, c, {}});
+            values, out, n, AffineWrite<kType, kStream, kNaNs>{to, a, b, c, {}},
+            &a);
       };
       // fp32 has no NaN step to leave out.
       if (Elements<kType>::kHalf && unchecked_nans) {
@@ -375,7 +434,7 @@ void FloatRows(const float* x, int64_t n, int64_t count, Moments* out) {
 }
 
 Moments Block(DType dtype, const void* x, float* out, int64_t n,
-              bool store_widened) {
+              bool store_widened, const float* hint) {
   Moments result;
   ForDType(dtype, [&]<DType kType>() {
     const auto* values =
@@ -383,9 +442,13 @@ Moments Block(DType dtype, const void* x, float* out, int64_t n,
     if constexpr (kType == DType::kFloat64) {
       result = ExactMoments(values, n);
     } else if constexpr (kType == DType::kFloat32) {
-      FloatRows(values, n, 1, &result);
+      if (n > kShortRow) {
+        result = LongMoments<kType, false>(values, nullptr, n, {}, hint);
+      } else {
+        FloatRows(values, n, 1, &result);
+      }
     } else {
-      result = HalfMoments<kType>(values, out, n, store_widened);
+      result = HalfMoments<kType>(values, out, n, store_widened, hint);
     }
   });
   return result;
@@ -407,8 +470,9 @@ void FloatRowsMoments(const float* x, int64_t n, int64_t count, Moments* out) {
 }
 
 Moments BlockMoments(DType dtype, const void* x, int64_t n, float* out,
-                     bool store_widened) {
-  return HWY_DYNAMIC_DISPATCH(Block)(dtype, x, out, n, store_widened);
+                     bool store_widened, const float* shift_hint) {
+  return HWY_DYNAMIC_DISPATCH(Block)(dtype, x, out, n, store_widened,
+                                     shift_hint);
 }
 
 Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,

@@ -97,17 +97,17 @@ template <int N>
 }
 
 // Eval's affine takes off a mean a; with a moments pass fused into it, a
-// channels-last tile shifts by a (a hint), not by its sample's mean, where
-// a lies
-// within sqrt(kMaxHintOffset2) = 0.4 of the sample's standard deviations of
-// that mean: the subtraction is then done once for both. Not further: a
-// shift off the mean makes the fp32 S2 larger, and at the accuracy bar's
-// offset of 1e4 (values on a coarse grid) its rounding errors, which do not
-// average out, with it: about (1 + 3 offset^2) times those of a shift at
-// the mean, which is 4e-8 of the variance there (measured). A sample of
-// 128 rows keeps the decision's noise (0.09 standard deviations) well
-// inside that, so that a model's running means, which match its inputs,
-// fit in all 64 channels of a tile.
+// channels-last tile or a long block shifts by a (a hint), not by its
+// sample's mean, where a lies within sqrt(kMaxHintOffset2) = 0.4 of the
+// sample's standard deviations of that mean: the subtraction is then done
+// once for both. Not further: a shift off the mean makes the fp32 S2
+// larger, and at the accuracy bar's offset of 1e4 (values on a coarse
+// grid) its rounding errors, which do not average out, with it: about (1 +
+// 3 offset^2) times those of a shift at the mean, which is 4e-8 of the
+// variance there (measured). A sample of 128 rows (values, for a block)
+// keeps the decision's noise (0.09 standard deviations) well inside that,
+// so that a model's running means, which match its inputs, fit in all 64
+// channels of a tile.
 inline constexpr double kMaxHintOffset2 = 0.16;
 
 // True when a hint `offset` from the mean of `count` sample values whose
