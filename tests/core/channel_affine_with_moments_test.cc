@@ -3,11 +3,12 @@
 // moments must be ChannelMoments' with the means as shift hints bit for
 // bit, and its output ChannelAffineKernel's byte for byte, with means near
 // the data (hints taken) and far from it (hints refused: ChannelMoments'
-// own bits), in every dtype and layout (each
-// strategy of the reduction, blocks written as read and blocks written
-// from cache), in place and not, with streaming stores and without, with a
-// misaligned output, a constant channel (the exact path) and a NaN and an
-// Inf, on every SIMD target and at 1 and 2 threads.
+// own bits), in every dtype and layout (each strategy of the reduction,
+// blocks written as read and blocks written from cache), in place and not,
+// with streaming stores and without, with a misaligned output, a constant
+// channel (the exact path), NaNs (of patterns the narrowing would not make
+// canonical) and Infs, and channels pruned to scale 0 (NaNs from values
+// that are not), on every SIMD target and at 1 and 2 threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -129,14 +130,14 @@ std::string MomentsBits(const std::vector<Moments>& moments) {
 
 // Checks one case: the fused pass into a buffer at byte `offset` from a
 // 64-byte boundary (or in place) against the two kernels, with means near
-// the data's (3) or `drifted` far from them.
+// the data's (3) or `drifted` far from them, and `pruned` channels.
 void CheckCase(const Case& c, DType dtype, bool special, int64_t offset,
-               bool in_place, bool drifted = false) {
+               bool in_place, bool drifted = false, bool pruned = false) {
   SCOPED_TRACE(std::string(c.name) + " dtype " +
                std::to_string(static_cast<int>(dtype)) +
                (special ? " special" : "") + " offset " +
                std::to_string(offset) + (in_place ? " in place" : "") +
-               (drifted ? " drifted" : ""));
+               (drifted ? " drifted" : "") + (pruned ? " pruned" : ""));
   const ChannelLayout& layout = c.layout;
   const std::vector<char> input = TensorBytes(dtype, layout, special);
   const int64_t bytes = static_cast<int64_t>(input.size());
@@ -148,9 +149,10 @@ void CheckCase(const Case& c, DType dtype, bool special, int64_t offset,
     scale[k] = 0.5 + 0.125 * (k % 7);
     shift[k] = -1.0 + 0.25 * (k % 5);
   }
-  // Pruned channels: the last one's Inf, and channel 1's 3e38 minus its
-  // mean (an fp32 overflow), times 0 make NaNs from values that are not.
-  if (special) {
+  // Pruned channels (scale 0): with special values, the last one's Inf, and
+  // channel 1's 3e38 minus its mean (an fp32 overflow), times 0 make NaNs
+  // from values that are not.
+  if (pruned) {
     scale[1] = 0.0;
     mean[1] = -3e38;
     scale[layout.channels - 1] = 0.0;
@@ -199,6 +201,8 @@ void CheckEveryCase() {
     for (DType dtype : kDTypes) {
       CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/false);
       CheckCase(c, dtype, /*special=*/true, 0, /*in_place=*/false);
+      CheckCase(c, dtype, /*special=*/true, 0, /*in_place=*/false,
+                /*drifted=*/false, /*pruned=*/true);
       CheckCase(c, dtype, /*special=*/false, ElementSize(dtype),
                 /*in_place=*/false);
       CheckCase(c, dtype, /*special=*/false, 0, /*in_place=*/true);

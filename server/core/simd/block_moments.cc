@@ -477,14 +477,11 @@ Moments BlockMoments(DType dtype, const void* x, int64_t n, float* out,
 
 Moments BlockMomentsWithAffine(DType dtype, const void* x, void* y, int64_t n,
                                float a, float b, float c, bool stream) {
-  // With finite constants and b != 0, fma(x - a, b, c) is NaN only where x
-  // is (an infinite x - a stays infinite): the 16-bit narrowing leaves its
-  // NaN step out, and a block that held a NaN, whose moments then are not
-  // finite, is written again in full. A specialization kept on
-  // measurement: kernel_bench's bf16 NCHW eval+observe (docs/design/
-  // kernels.md).
-  const bool unchecked_nans =
-      std::isfinite(a) && std::isfinite(b) && std::isfinite(c) && b != 0.0f;
+  // Where NaNs come only from x, the 16-bit narrowing leaves its NaN step
+  // out, and a block that held a NaN, whose moments then are not finite, is
+  // written again in full. A specialization kept on measurement:
+  // kernel_bench's bf16 eval+observe (docs/design/kernels.md).
+  const bool unchecked_nans = NaNOnlyFromInput(a, b, c);
   const Moments result = HWY_DYNAMIC_DISPATCH(BlockWithAffine)(
       dtype, x, Staging<float, StagingSlot::kBlockScratch>(kMomentsBlock), y, n,
       a, b, c, stream, unchecked_nans);

@@ -4,6 +4,7 @@
 #ifndef NORMD_SERVER_CORE_SIMD_CHANNEL_AFFINE_H_
 #define NORMD_SERVER_CORE_SIMD_CHANNEL_AFFINE_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "server/core/tensor.h"
@@ -30,6 +31,14 @@ void ChannelAffineWrite(DType dtype, const void* x, void* out, int64_t begin,
                         int64_t end, int64_t channels, int64_t inner,
                         int64_t period, const void* a, const void* b,
                         const void* c, const ChannelWrite& write);
+
+// True when fma(x - a, b, c) in fp32 is NaN only where x is: finite
+// constants and b != 0 (an x - a that overflows stays infinite). The fused
+// passes then narrow 16-bit results without their NaN step and write again
+// what held a NaN.
+inline bool NaNOnlyFromInput(float a, float b, float c) {
+  return std::isfinite(a) && std::isfinite(b) && std::isfinite(c) && b != 0.0f;
+}
 
 }  // namespace normd
 

@@ -6,7 +6,9 @@
 #include <bit>
 #include <cstdint>
 
+#include "server/core/simd/channel_affine.h"
 #include "server/core/simd/fold.h"
+#include "server/core/simd/streaming.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "server/core/simd/channel_moments.cc"
@@ -464,7 +466,7 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
                         const ChannelLayout& layout,
                         const ChannelRowBlock& block, const float* a,
                         const float* b, const float* c, bool stream,
-                        double* scratch, Moments* out) {
+                        bool unchecked_nans, double* scratch, Moments* out) {
   ForDType(dtype, [&]<DType kType>() {
     if constexpr (kType != DType::kFloat64) {
       using Stored = typename Elements<kType>::Stored;
@@ -473,15 +475,19 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
       const int64_t stride = layout.channels;
       // Every value is written by the fast pass, a the shift hints; a block
       // that lost accuracy has its moments taken again, exactly.
+      auto fast = [&]<bool kStream, NaNs kNaNs>() {
+        return BlockSums<kType>(values, layout, block, /*fast=*/true, scratch,
+                                out, a,
+                                ChannelsLastAffineWrite<kType, kStream, kNaNs>{
+                                    to, stride, a, b, c, {}});
+      };
+      // fp32 has no NaN step to leave out.
       const bool accurate =
-          stream ? BlockSums<kType>(values, layout, block, /*fast=*/true,
-                                    scratch, out, a,
-                                    ChannelsLastAffineWrite<kType, true>{
-                                        to, stride, a, b, c, {}})
-                 : BlockSums<kType>(values, layout, block, /*fast=*/true,
-                                    scratch, out, a,
-                                    ChannelsLastAffineWrite<kType, false>{
-                                        to, stride, a, b, c, {}});
+          Elements<kType>::kHalf && unchecked_nans
+              ? (stream ? fast.template operator()<true, NaNs::kUnchecked>()
+                        : fast.template operator()<false, NaNs::kUnchecked>())
+              : (stream ? fast.template operator()<true, NaNs::kCanonical>()
+                        : fast.template operator()<false, NaNs::kCanonical>());
       if (!accurate) {
         BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
       }
@@ -527,8 +533,30 @@ void ChannelRowBlockMomentsWithAffine(DType dtype, const void* x, void* y,
                                       const float* a, const float* b,
                                       const float* c, bool stream,
                                       double* scratch, Moments* out) {
+  // Where NaNs come only from x, the 16-bit narrowing leaves its NaN step
+  // out, and a block that held a NaN, whose moments then are not all
+  // finite, is written again (as BlockMomentsWithAffine does).
+  bool unchecked_nans = true;
+  for (int64_t k = block.c0; k < block.c1; ++k) {
+    unchecked_nans = unchecked_nans && NaNOnlyFromInput(a[k], b[k], c[k]);
+  }
   HWY_DYNAMIC_DISPATCH(RowBlockWithAffine)
-  (dtype, x, y, layout, block, a, b, c, stream, scratch, out);
+  (dtype, x, y, layout, block, a, b, c, stream, unchecked_nans, scratch, out);
+  if (!unchecked_nans ||
+      std::all_of(out, out + block.width(),
+                  [](const Moments& m) { return m.IsFinite(); })) {
+    return;
+  }
+  if (stream) StreamFence();  // Before plain stores over the streamed ones.
+  const int64_t size = ElementSize(dtype);
+  const int64_t channels = layout.channels;
+  for (int64_t r = block.r0; r < block.r1; ++r) {
+    const int64_t begin = r * channels + block.c0;
+    ChannelAffineWrite(dtype, static_cast<const char*>(x) + begin * size,
+                       static_cast<char*>(y) + begin * size, begin,
+                       begin + block.width(), channels, /*inner=*/1,
+                       /*period=*/channels, a, b, c, {});
+  }
 }
 
 }  // namespace normd

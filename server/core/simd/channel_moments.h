@@ -44,9 +44,10 @@ void ChannelRowBlockMoments(DType dtype, const void* x,
 // that also writes the
 // block's ChannelAffineWrite, the same bits: y[r * channels + c] =
 // fma(x - a[c], b[c], c[c]) in fp32 narrowed to `dtype`, in the same read
-// of x, each vector stored as soon as the sums have it. `stream`: streaming
-// stores (every row of y aligned to 64 bytes; the caller fences). y must
-// not overlap x (a block that loses accuracy reads x again).
+// of x, each vector stored as soon as the sums have it (a 16-bit block that
+// held a NaN is written again). `stream`: streaming stores (every row of y
+// aligned to 64 bytes; the caller fences). y must not overlap x (a block
+// that loses accuracy reads x again).
 void ChannelRowBlockMomentsWithAffine(DType dtype, const void* x, void* y,
                                       const ChannelLayout& layout,
                                       const ChannelRowBlock& block,

@@ -43,11 +43,12 @@ struct NoRowWrite {
 };
 
 // ChannelsLastSums' `write` of the channel affine (ChannelAffineWrite's,
-// the same bits) of each vector it reads: channel c's value of row r to
-// y[r * stride + c], fma(x - a[c], b[c], c[c]) in fp32 narrowed to kType,
-// streamed with kStream (every row aligned to 64 bytes) or stored. One
-// thread's: it holds an even vector's result until the odd one's call.
-template <DType kType, bool kStream>
+// the same bits but for NaNs with kUnchecked) of each vector it reads:
+// channel c's value of row r to y[r * stride + c], fma(x - a[c], b[c],
+// c[c]) in fp32 narrowed to kType (NaNs as kNaNs), streamed with kStream
+// (every row aligned to 64 bytes) or stored. One thread's: it holds an even
+// vector's result until the odd one's call.
+template <DType kType, bool kStream, NaNs kNaNs = NaNs::kCanonical>
 struct ChannelsLastAffineWrite {
   static constexpr bool kWrites = true;
   static constexpr bool kPairOrder = false;
@@ -63,7 +64,7 @@ struct ChannelsLastAffineWrite {
   HWY_INLINE void Store(int64_t row, int64_t channel, V values,
                         int place) const {
     const FloatVectorTag d;
-    StorePanelAffine<kType, kStream, false, kDeviations>(
+    StorePanelAffine<kType, kStream, false, kDeviations, kNaNs>(
         d, place, values, kDeviations ? values : hn::LoadU(d, a + channel),
         hn::LoadU(d, b + channel), hn::LoadU(d, c + channel),
         y + row * stride + channel, held);
@@ -94,7 +95,7 @@ struct ChannelsLastAffineWrite {
                           int place) const {
       const FloatVectorTag d;
       const int64_t at = channel - first;
-      StorePanelAffine<kType, kStream, kPairOrder, kDeviations>(
+      StorePanelAffine<kType, kStream, kPairOrder, kDeviations, kNaNs>(
           d, place, values, kDeviations ? values : hn::Load(d, a + at),
           hn::Load(d, b + at), hn::Load(d, c + at), y + row * stride + channel,
           held);
