@@ -112,6 +112,21 @@ HWY_INLINE void StorePanelAffine(
   StoreAffine<kType, kStream, kDeviations, kNaNs>(d, v, a, b, c, y);
 }
 
+// f.template operator()<kStream, kNaNs>() for a fused writer of kType:
+// streamed or stored, and 16-bit results narrowed without the NaN step
+// where `unchecked_nans` (NaNOnlyFromInput; fp32 has no such step).
+template <DType kType, class F>
+HWY_INLINE auto ForWriteRule(bool stream, bool unchecked_nans, const F& f) {
+  if constexpr (Elements<kType>::kHalf) {
+    if (unchecked_nans) {
+      return stream ? f.template operator()<true, NaNs::kUnchecked>()
+                    : f.template operator()<false, NaNs::kUnchecked>();
+    }
+  }
+  return stream ? f.template operator()<true, NaNs::kCanonical>()
+                : f.template operator()<false, NaNs::kCanonical>();
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace normd
 HWY_AFTER_NAMESPACE();

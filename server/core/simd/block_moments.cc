@@ -408,14 +408,7 @@ Moments BlockWithAffine(DType dtype, const void* x, float* out, void* y,
             values, out, n, AffineWrite<kType, kStream, kNaNs>{to, a, b, c, {}},
             &a);
       };
-      // fp32 has no NaN step to leave out.
-      if (Elements<kType>::kHalf && unchecked_nans) {
-        result = stream ? run.template operator()<true, NaNs::kUnchecked>()
-                        : run.template operator()<false, NaNs::kUnchecked>();
-      } else {
-        result = stream ? run.template operator()<true, NaNs::kCanonical>()
-                        : run.template operator()<false, NaNs::kCanonical>();
-      }
+      result = ForWriteRule<kType>(stream, unchecked_nans, run);
     }
   });
   return result;

@@ -481,13 +481,7 @@ void RowBlockWithAffine(DType dtype, const void* x, void* y,
                                 ChannelsLastAffineWrite<kType, kStream, kNaNs>{
                                     to, stride, a, b, c, {}});
       };
-      // fp32 has no NaN step to leave out.
-      const bool accurate =
-          Elements<kType>::kHalf && unchecked_nans
-              ? (stream ? fast.template operator()<true, NaNs::kUnchecked>()
-                        : fast.template operator()<false, NaNs::kUnchecked>())
-              : (stream ? fast.template operator()<true, NaNs::kCanonical>()
-                        : fast.template operator()<false, NaNs::kCanonical>());
+      const bool accurate = ForWriteRule<kType>(stream, unchecked_nans, fast);
       if (!accurate) {
         BlockSums<kType>(values, layout, block, /*fast=*/false, scratch, out);
       }
